@@ -1,0 +1,11 @@
+"""The Celery app. Distributed mode uses Redis as broker; embedded mode runs tasks in-process."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("agent_registry")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

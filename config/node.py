@@ -1,0 +1,69 @@
+"""A node's lifecycle: startup and shutdown hooks shared by every way of serving the app.
+
+Apps register coroutines with :func:`on_startup` / :func:`on_shutdown` (the gateway's
+Subscriber Manager does, from its AppConfig). Uvicorn reaches them through the ASGI lifespan
+protocol (:func:`lifespan_app`); Daphne has no lifespan, so ``manage.py serve`` calls
+:func:`start` and :func:`stop` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+logger = logging.getLogger(__name__)
+
+Hook = Callable[[], Awaitable[None]]
+_startup: list[Hook] = []
+_shutdown: list[Hook] = []
+_started = False
+
+
+def on_startup(fn: Hook) -> Hook:
+    if fn not in _startup:
+        _startup.append(fn)
+    return fn
+
+
+def on_shutdown(fn: Hook) -> Hook:
+    if fn not in _shutdown:
+        _shutdown.append(fn)
+    return fn
+
+
+async def start() -> None:
+    global _started
+    if _started:
+        return
+    _started = True
+    for fn in _startup:
+        await fn()
+
+
+async def stop() -> None:
+    global _started
+    if not _started:
+        return
+    _started = False
+    for fn in reversed(_shutdown):
+        try:
+            await fn()
+        except Exception:
+            logger.exception("shutdown hook %r failed", fn)
+
+
+async def lifespan_app(scope, receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            try:
+                await start()
+            except Exception as exc:
+                logger.exception("node startup failed")
+                await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                return
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await stop()
+            await send({"type": "lifespan.shutdown.complete"})
+            return

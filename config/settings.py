@@ -1,0 +1,245 @@
+"""The one settings module. Every value comes from the environment through config.env.
+
+With no environment at all the platform runs *embedded*: a SQLite file in ``data/``, the
+in-memory channel layer, Celery tasks run in-process. ``DATABASE_URL`` selects PostgreSQL and
+``REDIS_URL`` selects Redis for the channel layer, the Celery broker and locks (*distributed*).
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_choice, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("A2A_DATA_DIR", str(BASE_DIR / "data")))
+
+DATABASE_URL = env_str("DATABASE_URL")
+REDIS_URL = env_str("REDIS_URL")
+EMBEDDED = not REDIS_URL
+TESTING = "pytest" in sys.modules or env_bool("A2A_TESTING")
+
+DEBUG = env_bool("DEBUG", False)
+
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not (EMBEDDED or DEBUG or TESTING):
+        raise ImproperlyConfigured("SECRET_KEY must be set in distributed mode (REDIS_URL set).")
+    # Embedded/dev only: a key generated once and kept in the data folder so sessions survive
+    # restarts. Never used when SECRET_KEY is configured.
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    _key_file = DATA_DIR / ".secret_key"
+    if not _key_file.exists():
+        _key_file.write_text(secrets.token_urlsafe(50))
+        _key_file.chmod(0o600)
+    SECRET_KEY = _key_file.read_text().strip()
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["*"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+# Proxies whose X-Forwarded-Proto / X-Forwarded-Host are believed (IPs). Empty: none.
+A2A_TRUSTED_PROXIES = env_list("A2A_TRUSTED_PROXIES")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework_api_key",
+    "django_filters",
+    "drf_spectacular",
+    "django_celery_beat",
+    "channels",
+    "registry",
+    "gateway",
+    "discovery",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+else:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env_str("A2A_SQLITE_PATH", str(DATA_DIR / "registry.sqlite3")),
+            # WAL + a busy timeout let the server, Celery tasks and tests share the file.
+            "OPTIONS": {
+                "timeout": 20,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    }
+# Under ASGI every request may run in another thread: persistent connections leak there.
+for _db in DATABASES.values():
+    _db["CONN_MAX_AGE"] = 0
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+# --- caches and channel layer ------------------------------------------------------------
+if REDIS_URL:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
+    _layer = env_choice("A2A_CHANNEL_LAYER", "pubsub", ("pubsub", "core"))
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": (
+                "channels_redis.pubsub.RedisPubSubChannelLayer"
+                if _layer == "pubsub"
+                else "channels_redis.core.RedisChannelLayer"
+            ),
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_connect_timeout": 2,
+                        # Above the core layer's 5 s blocking read (see PERFORMANCE.md).
+                        "socket_timeout": 10,
+                    }
+                ],
+                **({"capacity": 10000, "expiry": 60} if _layer == "core" else {}),
+            },
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 10000}}
+    }
+
+# --- Celery ----------------------------------------------------------------------------------
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ALWAYS_EAGER = EMBEDDED
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = TIME_ZONE
+A2A_EXPIRY_INTERVAL_SECONDS = env_float("A2A_EXPIRY_INTERVAL_SECONDS", 5.0, minimum=0.1)
+DISCOVERY_INTERVAL_SECONDS = env_float("DISCOVERY_INTERVAL_SECONDS", 60.0, minimum=1)
+# Every entry expires within its interval so a backlog never piles up (STYLE.md rule 10).
+CELERY_BEAT_SCHEDULE = {
+    "registry-expire-agents": {
+        "task": "registry.tasks.agents_expire_task",
+        "schedule": timedelta(seconds=A2A_EXPIRY_INTERVAL_SECONDS),
+        "options": {"expires": A2A_EXPIRY_INTERVAL_SECONDS},
+    },
+}
+
+# --- REST framework ----------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "registry.auth.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["registry.auth.IsAuthenticatedOrAnonymousAllowed"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "registry.api.exceptions.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "A2A Agent Registry",
+    "DESCRIPTION": "Registry, gateway and discovery for A2A agents.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- the platform ------------------------------------------------------------------------------
+NODE_ID = env_str("NODE_ID") or f"{socket.gethostname()}:{env_str('A2A_PORT', '8000')}"
+A2A_PUBLIC_BASE_URL = (env_str("A2A_PUBLIC_BASE_URL") or "").rstrip("/")
+A2A_ALLOW_ANONYMOUS = env_bool("A2A_ALLOW_ANONYMOUS", False)
+A2A_ERROR_PROFILE = env_choice("A2A_ERROR_PROFILE", "a2a", ("a2a", "kubemq"))
+A2A_CALLER_ID_HEADER = env_str("A2A_CALLER_ID_HEADER", "X-KubeMQ-Caller-ID")
+A2A_DEFAULT_TTL_SECONDS = env_int("A2A_DEFAULT_TTL_SECONDS", 90, minimum=1)
+A2A_MAX_TTL_SECONDS = env_int("A2A_MAX_TTL_SECONDS", 86400, minimum=1)
+A2A_EXPIRED_RETENTION_SECONDS = env_int("A2A_EXPIRED_RETENTION_SECONDS", 3600, minimum=0)
+A2A_AGENT_MAX_CONCURRENCY = env_int("A2A_AGENT_MAX_CONCURRENCY", 100, minimum=1)
+A2A_DEFAULT_TIMEOUT_SECONDS = env_float("A2A_DEFAULT_TIMEOUT_SECONDS", 300)
+A2A_MAX_TIMEOUT_SECONDS = env_float("A2A_MAX_TIMEOUT_SECONDS", 3600)
+A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS = env_float("A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS", 10)
+A2A_MAX_REQUEST_BYTES = env_int("A2A_MAX_REQUEST_BYTES", 10 * 1024 * 1024, minimum=1)
+A2A_MAX_RESPONSE_BYTES = env_int("A2A_MAX_RESPONSE_BYTES", 10 * 1024 * 1024, minimum=1)
+A2A_SSE_KEEPALIVE_SECONDS = env_float("A2A_SSE_KEEPALIVE_SECONDS", 30, minimum=0.05)
+A2A_SSE_IDLE_TIMEOUT_SECONDS = env_float("A2A_SSE_IDLE_TIMEOUT_SECONDS", 300, minimum=0.1)
+A2A_AGENT_URL_ALLOWLIST = env_list("A2A_AGENT_URL_ALLOWLIST")
+A2A_MAX_CARD_BYTES = env_int("A2A_MAX_CARD_BYTES", 64 * 1024, minimum=1)
+A2A_CARD_VALIDATION = env_choice("A2A_CARD_VALIDATION", "lenient", ("lenient", "strict"))
+A2A_CARD_FETCH_TIMEOUT_SECONDS = env_float("A2A_CARD_FETCH_TIMEOUT_SECONDS", 5)
+A2A_CARDS_REQUIRE_TOKEN = env_bool("A2A_CARDS_REQUIRE_TOKEN", False)
+A2A_RATE_LIMIT_PER_SECOND = env_float("A2A_RATE_LIMIT_PER_SECOND", 0)  # 0: off
+A2A_RATE_LIMIT_BURST = env_int("A2A_RATE_LIMIT_BURST", 0)
+A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
+A2A_ROUTING_RESYNC_SECONDS = env_float("A2A_ROUTING_RESYNC_SECONDS", 30, minimum=1)
+A2A_NODE_HEARTBEAT_SECONDS = env_float("A2A_NODE_HEARTBEAT_SECONDS", 10, minimum=1)
+DISCOVERY_CONFIG = env_str("DISCOVERY_CONFIG")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+        "celery.app.trace": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+    },
+}

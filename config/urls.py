@@ -1,0 +1,21 @@
+"""Django URLs: admin, the /api/v1 REST API, the KubeMQ-compatible surface, health checks.
+
+The /a2a/ gateway is not here: config.asgi routes it to a lean ASGI handler before Django.
+"""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from config import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("registry.api.urls")),
+    path("api/v1/", include("discovery.api_urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("healthz", views.healthz),
+    path("readyz", views.readyz),
+    path("", include("registry.kubemq_urls")),
+]

@@ -1,0 +1,1 @@
+"""Discovery: sources, resolver, card cache, matcher, health, snapshots and session pins."""

@@ -1,0 +1,1 @@
+"""The agent registry: agents, their cards and history, API clients and nodes."""

@@ -1,0 +1,43 @@
+"""One error shape for the REST API: ``{"error": "<message>"}`` (plus ``fields`` if any)."""
+
+from __future__ import annotations
+
+from django.core.exceptions import RequestDataTooBig
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from registry.permissions import PermissionDenied
+from registry.services import AgentNotFound, InvalidInput
+
+
+def _flatten(detail) -> str:
+    if isinstance(detail, dict):
+        return "; ".join(f"{k}: {_flatten(v)}" for k, v in detail.items())
+    if isinstance(detail, list):
+        return "; ".join(_flatten(v) for v in detail)
+    return str(detail)
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, AgentNotFound):
+        return Response({"error": "agent not found", "agent_id": exc.agent_id}, status=404)
+    if isinstance(exc, InvalidInput):
+        return Response({"error": str(exc)}, status=400)
+    if isinstance(exc, PermissionDenied):
+        return Response({"error": str(exc)}, status=403)
+    if isinstance(exc, RequestDataTooBig):
+        return Response({"error": "request body too large"}, status=413)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+    body = {"error": _flatten(detail)}
+    if isinstance(exc, exceptions.ValidationError) and isinstance(detail, dict):
+        body["fields"] = detail
+    response.data = body
+    if response.status_code == status.HTTP_403_FORBIDDEN and isinstance(
+        exc, exceptions.NotAuthenticated
+    ):
+        response.status_code = 401
+    return response

@@ -1,0 +1,74 @@
+"""Input and output shapes of the /api/v1 registry API."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from registry.models import Agent
+
+
+class StrictInput(serializers.Serializer):
+    """Refuses unknown fields instead of silently ignoring them."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class StrictInteger(serializers.IntegerField):
+    """An integer that refuses strings, floats and booleans."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class AgentRegisterInput(StrictInput):
+    agent_id = serializers.CharField(max_length=200, trim_whitespace=False)
+    url = serializers.CharField(max_length=2048, required=False, trim_whitespace=False)
+    card = serializers.JSONField(required=False)
+    ttl_seconds = StrictInteger(required=False, min_value=1)
+    max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
+
+    def validate_card(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("card must be a JSON object")
+        return value
+
+
+class AgentUpdateInput(StrictInput):
+    url = serializers.CharField(max_length=2048, required=False, trim_whitespace=False)
+    card = serializers.JSONField(required=False)
+    ttl_seconds = StrictInteger(required=False, min_value=1)
+    max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
+
+    validate_card = AgentRegisterInput.validate_card
+
+
+class AgentOutput(serializers.ModelSerializer):
+    tags = serializers.ListField(child=serializers.CharField(), read_only=True)
+    routable = serializers.BooleanField(source="is_routable", read_only=True)
+    owner = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Agent
+        fields = [
+            "agent_id", "name", "description", "url", "status", "routable", "source",
+            "ttl_seconds", "max_concurrency", "registered_at", "last_seen", "expires_at",
+            "node_id", "owner", "card_sha256", "tags", "card",
+        ]
+
+    def get_owner(self, agent: Agent) -> str | None:
+        return agent.owner.client_id if agent.owner_id and agent.owner else None
+
+
+class HeartbeatOutput(serializers.Serializer):
+    agent_id = serializers.CharField()
+    last_seen = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    ttl_seconds = serializers.IntegerField()

@@ -1,0 +1,3 @@
+"""The KubeMQ-compatible registry surface."""
+
+urlpatterns: list = []

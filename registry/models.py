@@ -1,0 +1,143 @@
+"""Registry models: agents, their card history, API clients and nodes."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from rest_framework_api_key.models import AbstractAPIKey
+
+
+class AgentQuerySet(models.QuerySet):
+    def routable(self) -> AgentQuerySet:
+        """Active and within their TTL: what the gateway may call."""
+        return self.filter(status=Agent.Status.ACTIVE, expires_at__gt=timezone.now())
+
+    def with_tag(self, tag: str) -> AgentQuerySet:
+        return self.filter(tags_index__contains=f"|{tag}|")
+
+
+class Agent(models.Model):
+    """A registered A2A agent: where it lives, its current card and its lease (TTL)."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "active"
+        EXPIRED = "expired", "expired"
+
+    class Source(models.TextChoices):
+        API = "api", "REST API"
+        KUBEMQ = "kubemq", "KubeMQ API"
+        ADMIN = "admin", "admin"
+        DISCOVERY = "discovery", "discovery"
+
+    agent_id = models.CharField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    url = models.URLField(max_length=2048, help_text="The endpoint the gateway POSTs to.")
+    card = models.JSONField()
+    card_raw = models.TextField(help_text="The card exactly as registered (signatures intact).")
+    card_sha256 = models.CharField(max_length=64)
+    card_shape = models.CharField(max_length=16)
+    # Denormalised, '|'-delimited indexes so list filters work the same on SQLite and PostgreSQL.
+    tags_index = models.TextField(blank=True, default="")
+    skills_index = models.TextField(blank=True, default="")
+    input_modes_index = models.TextField(blank=True, default="")
+    output_modes_index = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.API)
+    ttl_seconds = models.PositiveIntegerField()
+    max_concurrency = models.PositiveIntegerField()
+    registered_at = models.DateTimeField()
+    last_seen = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+    node_id = models.CharField(max_length=200, blank=True, help_text="The owning node.")
+    owner = models.ForeignKey(
+        "registry.ApiClient", null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="agents",
+    )
+
+    objects = AgentQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["agent_id"]
+        indexes = [models.Index(fields=["status", "expires_at"])]
+        constraints = [
+            models.CheckConstraint(condition=Q(ttl_seconds__gte=1), name="agent_ttl_positive"),
+            models.CheckConstraint(
+                condition=Q(max_concurrency__gte=1), name="agent_concurrency_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.agent_id
+
+    @property
+    def tags(self) -> list[str]:
+        return [t for t in self.tags_index.split("|") if t]
+
+    @property
+    def is_routable(self) -> bool:
+        return self.status == self.Status.ACTIVE and self.expires_at > timezone.now()
+
+
+class CardVersion(models.Model):
+    """Every distinct card an agent has published, so skill-list and endpoint changes show."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="card_versions")
+    sha256 = models.CharField(max_length=64)
+    card = models.JSONField()
+    card_raw = models.TextField()
+    endpoint = models.URLField(max_length=2048)
+    skill_ids = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["agent", "sha256"], name="card_version_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id}@{self.sha256[:12]}"
+
+
+class ApiClient(AbstractAPIKey):
+    """A caller of the API and the gateway. Its token is stored hashed (sha512), shown once."""
+
+    class Scope(models.TextChoices):
+        REGISTER = "register", "register"
+        CALL = "call", "call"
+        ADMIN = "admin", "admin"
+
+    client_id = models.SlugField(
+        max_length=100, unique=True,
+        help_text="Identity sent to agents in the caller-id header.",
+    )
+    scopes = models.JSONField(default=list, help_text='Any of "register", "call", "admin".')
+    allowed_agents = models.JSONField(
+        default=list, blank=True,
+        help_text="Agent ids this client may call or register. Empty: any.",
+    )
+
+    class Meta(AbstractAPIKey.Meta):
+        verbose_name = "API client"
+        verbose_name_plural = "API clients"
+        ordering = ["client_id"]
+
+    def __str__(self) -> str:
+        return self.client_id
+
+
+class Node(models.Model):
+    """A server process of the cluster: it owns the virtual subscribers of agents on it."""
+
+    node_id = models.CharField(max_length=200, unique=True)
+    address = models.CharField(max_length=300, blank=True)
+    started_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node_id"]
+
+    def __str__(self) -> str:
+        return self.node_id

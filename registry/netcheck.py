@@ -1,0 +1,128 @@
+"""Agent URL checks: http(s) only, never link-local or cloud-metadata, optional allowlist."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+from django.conf import settings
+
+# Instance-metadata endpoints of the major clouds. Link-local ranges cover most of them; these
+# are the ones outside those ranges or reachable by name.
+METADATA_HOSTS = frozenset(
+    {
+        "metadata.google.internal",
+        "metadata.goog",
+        "metadata",
+        "instance-data",
+        "instance-data.ec2.internal",
+        "metadata.azure.com",
+    }
+)
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a)
+    for a in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200", "192.0.0.192")
+)
+
+
+class UnsafeUrl(ValueError):
+    """The URL may not be used as an agent endpoint."""
+
+
+def _forbidden_address(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
+        addr = addr.ipv4_mapped
+    if addr in METADATA_ADDRESSES:
+        return "cloud metadata addresses are refused"
+    if addr.is_link_local:
+        return "link-local addresses are refused"
+    if addr.is_multicast or addr.is_unspecified or addr.is_reserved:
+        return "multicast, unspecified and reserved addresses are refused"
+    return None
+
+
+def _parse_allowlist(entries: list[str]) -> tuple[set[str], list]:
+    hosts: set[str] = set()
+    networks = []
+    for entry in entries:
+        entry = entry.strip().lower()
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            hosts.add(entry.rstrip("."))
+    return hosts, networks
+
+
+def host_allowed(host: str, allowlist: list[str]) -> bool:
+    """Whether ``host`` is on ``allowlist`` (host names, ``*.suffix`` wildcards, IPs, CIDRs)."""
+    if not allowlist:
+        return True
+    host = host.lower().rstrip(".")
+    hosts, networks = _parse_allowlist(allowlist)
+    if host in hosts:
+        return True
+    if any(h.startswith("*.") and host.endswith(h[1:]) for h in hosts):
+        return True
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return any(addr in net for net in networks)
+
+
+def check_agent_url(
+    url: object, *, allowlist: list[str] | None = None, resolve: bool = True
+) -> str:
+    """Return the URL if it may be an agent endpoint, else raise :class:`UnsafeUrl`.
+
+    Host names are resolved (when ``resolve``) so a name pointing at a metadata or link-local
+    address is refused too; a name that does not resolve now is accepted (the agent may not be
+    up yet) and fails later as ``unreachable``.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise UnsafeUrl("url must be a non-empty string")
+    if len(url) > 2048:
+        raise UnsafeUrl("url is longer than 2048 characters")
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise UnsafeUrl(f"url is not valid: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise UnsafeUrl("url must be an absolute http or https URL")
+    host = (parts.hostname or "").lower()
+    if not host:
+        raise UnsafeUrl("url has no host")
+    if parts.username or parts.password:
+        raise UnsafeUrl("url must not carry credentials")
+    del port
+    if host.rstrip(".") in METADATA_HOSTS:
+        raise UnsafeUrl("cloud metadata hosts are refused")
+    allow = settings.A2A_AGENT_URL_ALLOWLIST if allowlist is None else allowlist
+    if not host_allowed(host, allow):
+        raise UnsafeUrl(f"host {host} is not on the agent URL allowlist")
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None:
+        reason = _forbidden_address(literal)
+        if reason:
+            raise UnsafeUrl(reason)
+    elif resolve:
+        try:
+            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            infos = []
+        for info in infos:
+            try:
+                addr = ipaddress.ip_address(info[4][0].split("%")[0])
+            except ValueError:
+                continue
+            reason = _forbidden_address(addr)
+            if reason:
+                raise UnsafeUrl(f"{host} resolves to a refused address: {reason}")
+    return url.strip()

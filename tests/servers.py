@@ -1,0 +1,56 @@
+"""Real servers on loopback for tests: uvicorn serving any ASGI app in a background thread."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ThreadedUvicorn:
+    """An ASGI app served by a real uvicorn on 127.0.0.1 in a thread of the test process."""
+
+    def __init__(self, app, *, port: int | None = None, lifespan: str = "on") -> None:
+        self.port = port or free_port()
+        self.config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, lifespan=lifespan, log_level="warning",
+            loop="asyncio", timeout_graceful_shutdown=2,
+        )
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ThreadedUvicorn:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn on port {self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@contextmanager
+def serve_app(app, **kwargs) -> Iterator[ThreadedUvicorn]:
+    server = ThreadedUvicorn(app, **kwargs).start()
+    try:
+        yield server
+    finally:
+        server.stop()
