@@ -7,6 +7,7 @@ in-memory channel layer, Celery tasks run in-process. ``DATABASE_URL`` selects P
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import sys
@@ -96,6 +97,7 @@ TEMPLATES = [
 
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -108,6 +110,9 @@ else:
                 "transaction_mode": "IMMEDIATE",
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
+            # A file, not :memory:, so the live server's threads and subprocesses share it; one
+            # per test process so parallel runs never share a database.
+            "TEST": {"NAME": str(DATA_DIR / f"test-registry-{os.getpid()}.sqlite3")},
         }
     }
 # Under ASGI every request may run in another thread: persistent connections leak there.
