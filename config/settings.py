@@ -77,6 +77,8 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "config.urls"
+# Registry bodies carry one card (64 KiB cap); anything far larger is refused with 413.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("A2A_MAX_API_BODY_BYTES", 1024 * 1024, minimum=1024)
 ASGI_APPLICATION = "config.asgi.application"
 APPEND_SLASH = False
 

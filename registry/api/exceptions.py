@@ -32,6 +32,8 @@ def exception_handler(exc, context):
     if response is None:
         return None
     detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+    if isinstance(exc, exceptions.NotAuthenticated):
+        detail = "authentication required: send Authorization: Bearer <token>"
     body = {"error": _flatten(detail)}
     if isinstance(exc, exceptions.ValidationError) and isinstance(detail, dict):
         body["fields"] = detail

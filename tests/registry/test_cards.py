@@ -1,0 +1,101 @@
+"""Card shapes, endpoint resolution, lenient and strict validation, rewriting."""
+
+import pytest
+
+from registry.cards import (
+    SHAPE_A2A_03,
+    SHAPE_A2A_10,
+    SHAPE_KUBEMQ,
+    CardError,
+    parse_card,
+    rewrite_card_endpoints,
+)
+from tests.registry.cards import card_03, card_10, card_kubemq
+
+
+def test_shapes_and_endpoints():
+    p03 = parse_card(card_03("http://a.example/"))
+    assert (p03.shape, p03.endpoint) == (SHAPE_A2A_03, "http://a.example/")
+    p10 = parse_card(card_10("http://b.example/a2a"))
+    assert (p10.shape, p10.endpoint) == (SHAPE_A2A_10, "http://b.example/a2a")
+    pk = parse_card(card_kubemq(url="http://c.example/"))
+    assert (pk.shape, pk.endpoint) == (SHAPE_KUBEMQ, "http://c.example/")
+
+
+def test_registration_url_wins_over_card():
+    assert parse_card(card_03("http://card.example/"), url="http://reg.example/").endpoint == (
+        "http://reg.example/"
+    )
+
+
+def test_index_fields():
+    parsed = parse_card(card_10())
+    assert parsed.tags == ["warranty"]
+    assert parsed.skill_ids == ["claims"]
+    assert "image/png" in parsed.input_modes and "text/plain" in parsed.input_modes
+    assert parsed.output_modes == ["application/json"]
+    assert parsed.streaming is True
+
+
+def test_raw_bytes_kept_exactly():
+    raw = b'{ "name" : "X",\n  "url": "http://x.example/", "signatures": [{"protected": "e30", "signature": "abc"}] }'
+    parsed = parse_card(raw)
+    assert parsed.raw == raw
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda c: c.pop("name"), "card.name is required"),
+        (lambda c: c.update(name=""), "card.name is required"),
+        (lambda c: c.update(name=5), "card.name must be a string"),
+        (lambda c: c.pop("url"), "an endpoint is required"),
+        (lambda c: c.update(skills="x"), "card.skills must be a list"),
+        (lambda c: c.update(skills=[{"tags": "x"}]), "card.skills[0].tags"),
+        (lambda c: c.update(defaultInputModes=[1]), "card.defaultInputModes"),
+        (lambda c: c.update(capabilities=[]), "card.capabilities must be an object"),
+    ],
+)
+def test_lenient_validation_errors(mutate, message):
+    card = card_03()
+    mutate(card)
+    with pytest.raises(CardError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_card(card)
+
+
+def test_not_json_and_not_object_and_too_big(settings):
+    with pytest.raises(CardError, match="not valid JSON"):
+        parse_card(b"{nope")
+    with pytest.raises(CardError, match="must be a JSON object"):
+        parse_card(b"[1, 2]")
+    settings.A2A_MAX_CARD_BYTES = 1024
+    big = card_03()
+    big["description"] = "x" * 2000
+    with pytest.raises(CardError, match="larger than 1024 bytes"):
+        parse_card(big)
+
+
+def test_strict_validation_uses_the_a2a_schema():
+    parse_card(card_03(), strict=True)
+    parse_card(card_10(), strict=True)
+    bad = card_10()
+    bad["capabilities"] = {"streaming": True, "noSuchCapability": 1}
+    parse_card(bad, strict=False)  # lenient: unknown fields pass
+    with pytest.raises(CardError, match="A2A 1.0 schema"):
+        parse_card(bad, strict=True)
+    bad03 = card_03()
+    del bad03["skills"][0]["id"]
+    with pytest.raises(CardError, match="A2A 0.3 schema"):
+        parse_card(bad03, strict=True)
+
+
+def test_rewrite_every_endpoint():
+    gw = "http://gw.example/a2a/w-1/"
+    out = rewrite_card_endpoints(card_10(), gw)
+    assert "url" not in out  # a 1.0 card keeps its shape
+    assert {i["url"] for i in out["supportedInterfaces"]} == {gw}
+    c03 = card_03()
+    c03["additionalInterfaces"] = [{"url": "http://a.example/grpc", "transport": "GRPC"}]
+    out = rewrite_card_endpoints(c03, gw)
+    assert out["url"] == gw and out["additionalInterfaces"][0]["url"] == gw
+    assert c03["url"] != gw  # the original is untouched

@@ -1,0 +1,161 @@
+"""Registry services called directly: registration, leases, events, permissions, expiry."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from registry import events, services
+from registry.models import Agent, CardVersion
+from registry.permissions import SYSTEM, Actor, PermissionDenied
+from tests.conftest import make_client
+from tests.registry.cards import card_03, card_10
+
+
+@pytest.fixture
+def received():
+    got: list[events.AgentEvent] = []
+    unsubscribe = events.subscribe(got.append)
+    yield got
+    unsubscribe()
+
+
+def actor_for(client) -> Actor:
+    return Actor(
+        client_id=client.client_id, scopes=frozenset(client.scopes),
+        allowed_agents=frozenset(client.allowed_agents), api_client_pk=client.pk,
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_register_reregister_keeps_registered_at_and_records_history(received):
+    agent, created = services.agent_register(actor=SYSTEM, agent_id="echo-1", card=card_03())
+    assert created and agent.status == Agent.Status.ACTIVE
+    assert agent.ttl_seconds == 90 and agent.max_concurrency == 100
+    first_registered = agent.registered_at
+    again, created = services.agent_register(
+        actor=SYSTEM, agent_id="echo-1", card=card_03(tags=("echo", "new")), ttl_seconds=30
+    )
+    assert not created
+    assert again.registered_at == first_registered
+    assert again.last_seen > first_registered and again.ttl_seconds == 30
+    assert Agent.objects.count() == 1
+    assert CardVersion.objects.filter(agent=again).count() == 2
+    assert [e.kind for e in received] == ["registered", "updated"]
+    assert received[0].route.endpoint == "http://127.0.0.1:9/"
+
+
+@pytest.mark.django_db
+def test_same_card_twice_is_one_history_row():
+    services.agent_register(actor=SYSTEM, agent_id="echo-1", card=card_03())
+    services.agent_register(actor=SYSTEM, agent_id="echo-1", card=card_03())
+    assert CardVersion.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"agent_id": "A"}, "invalid agent_id"),
+        ({"agent_id": "_AGENTS_.x"}, "reserved prefix"),
+        ({"agent_id": "ok-id", "ttl_seconds": "10"}, "ttl_seconds must be an integer"),
+        ({"agent_id": "ok-id", "ttl_seconds": 0}, "ttl_seconds must be between"),
+        ({"agent_id": "ok-id", "max_concurrency": 0}, "max_concurrency"),
+        ({"agent_id": "ok-id", "url": "file:///etc/passwd"}, "url: url must be an absolute"),
+        ({"agent_id": "ok-id", "url": "http://169.254.169.254/"}, "metadata"),
+    ],
+)
+def test_invalid_registrations_write_nothing(kwargs, message):
+    kwargs.setdefault("card", card_03())
+    with pytest.raises(services.InvalidInput, match=message):
+        services.agent_register(actor=SYSTEM, **kwargs)
+    assert Agent.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_card_endpoint_checked_when_no_url():
+    with pytest.raises(services.InvalidInput, match="card endpoint"):
+        services.agent_register(
+            actor=SYSTEM, agent_id="meta", card=card_03("http://169.254.169.254/")
+        )
+
+
+@pytest.mark.django_db
+def test_register_scope_and_ownership():
+    owner, _ = make_client(["register"], name="owner")
+    other, _ = make_client(["register"], name="other")
+    caller, _ = make_client(["call"], name="caller")
+    limited, _ = make_client(["register"], agents=["only-this"], name="limited")
+    services.agent_register(actor=actor_for(owner), agent_id="mine", card=card_03())
+    with pytest.raises(PermissionDenied, match="belongs to another client"):
+        services.agent_register(actor=actor_for(other), agent_id="mine", card=card_03())
+    with pytest.raises(PermissionDenied):
+        services.agent_heartbeat(actor=actor_for(other), agent_id="mine")
+    with pytest.raises(PermissionDenied):
+        services.agent_deregister(actor=actor_for(other), agent_id="mine")
+    with pytest.raises(PermissionDenied, match="lacks the register scope"):
+        services.agent_register(actor=actor_for(caller), agent_id="x-1", card=card_03())
+    with pytest.raises(PermissionDenied, match="may not register"):
+        services.agent_register(actor=actor_for(limited), agent_id="not-that", card=card_03())
+    services.agent_register(actor=actor_for(limited), agent_id="only-this", card=card_03())
+    services.agent_heartbeat(actor=actor_for(owner), agent_id="mine")
+    services.agent_deregister(actor=actor_for(owner), agent_id="mine")
+    assert list(Agent.objects.values_list("agent_id", flat=True)) == ["only-this"]
+
+
+@pytest.mark.django_db
+def test_heartbeat_extends_lease_and_unknown_is_not_found():
+    agent, _ = services.agent_register(actor=SYSTEM, agent_id="hb", card=card_03(), ttl_seconds=5)
+    before = agent.expires_at
+    beat = services.agent_heartbeat(actor=SYSTEM, agent_id="hb")
+    assert beat.expires_at > before
+    assert Agent.objects.get(agent_id="hb").expires_at == beat.expires_at
+    with pytest.raises(services.AgentNotFound):
+        services.agent_heartbeat(actor=SYSTEM, agent_id="nobody")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_expiry_marks_then_purges_and_fires_events(received, settings):
+    services.agent_register(actor=SYSTEM, agent_id="short", card=card_03(), ttl_seconds=1)
+    services.agent_register(actor=SYSTEM, agent_id="long", card=card_10(), ttl_seconds=600)
+    received.clear()
+    later = timezone.now() + timedelta(seconds=2)
+    assert services.agents_expire(now=later) == {"expired": 1, "purged": 0}
+    assert Agent.objects.get(agent_id="short").status == Agent.Status.EXPIRED
+    assert [(e.kind, e.agent_id) for e in received] == [("expired", "short")]
+    with pytest.raises(services.AgentNotFound):
+        services.agent_heartbeat(actor=SYSTEM, agent_id="short")
+    settings.A2A_EXPIRED_RETENTION_SECONDS = 60
+    result = services.agents_expire(now=later + timedelta(seconds=61))
+    assert result["purged"] >= 1
+    assert list(Agent.objects.values_list("agent_id", flat=True)) == ["long"]
+
+
+@pytest.mark.django_db
+def test_update_and_extend_ttl():
+    services.agent_register(actor=SYSTEM, agent_id="upd", card=card_03())
+    agent = services.agent_update(actor=SYSTEM, agent_id="upd", max_concurrency=7,
+                                  url="http://127.0.0.1:7/")
+    assert agent.max_concurrency == 7 and agent.url == "http://127.0.0.1:7/"
+    with pytest.raises(services.AgentNotFound):
+        services.agent_update(actor=SYSTEM, agent_id="nope", max_concurrency=1)
+    Agent.objects.filter(agent_id="upd").update(
+        status=Agent.Status.EXPIRED, expires_at=timezone.now()
+    )
+    assert services.agents_extend_ttl(agent_ids=["upd"]) == 1
+    assert Agent.objects.get(agent_id="upd").is_routable
+
+
+@pytest.mark.django_db
+def test_api_client_tokens_are_hashed():
+    client, token = services.api_client_create(name="Hash Me", scopes=["call"])
+    assert client.client_id == "hash-me"
+    assert token not in client.hashed_key and token not in client.id
+    from registry.selectors import actor_from_token
+
+    assert actor_from_token(token=token).client_id == "hash-me"
+    assert actor_from_token(token=token + "x") is None
+    with pytest.raises(services.InvalidInput, match="scopes"):
+        services.api_client_create(name="bad", scopes=["root"])
+    with pytest.raises(services.InvalidInput, match="exists already"):
+        services.api_client_create(name="Hash Me", scopes=["call"])
