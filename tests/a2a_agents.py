@@ -1,0 +1,359 @@
+"""Real A2A agents for tests, built with the official ``a2a-sdk`` (1.x) and served by uvicorn.
+
+:class:`EchoAgent` is the SDK's own Starlette JSON-RPC application (``create_jsonrpc_routes``
+with ``enable_v0_3_compat=True``, so one endpoint answers the A2A 1.0 method names
+``SendMessage``/``SendStreamingMessage``/``GetTask``/``CancelTask`` *and* the 0.3 names
+``message/send``/``message/stream``/``tasks/get``/``tasks/cancel``), an
+:class:`~a2a.server.request_handlers.DefaultRequestHandler` with an in-memory task store, and
+:class:`EchoExecutor`. A tiny ASGI middleware records every HTTP request the agent receives
+(path, headers, JSON-RPC method) so tests can assert what arrived at the agent.
+
+The SDK checks the ``A2A-Version`` header: 1.0 method names need ``A2A-Version: 1.x``; 0.3 names
+need the header absent or ``0.3``. A proxy that drops the header therefore breaks 1.0 calls.
+
+What the executor does depends on the user's text:
+
+* ``wait ...``  -- a Task that stays ``working`` (bounded, 30 s) until ``tasks/cancel``;
+* ``task ...``  -- a Task: submitted, working, ``steps`` artifact chunks ``step_delay`` apart,
+  completed. Streamed, every event leaves the agent as it happens, so a caller can observe
+  incremental arrival;
+* anything else -- one Message ``echo: <text>``.
+
+Card shapes (``card_shape``), served at ``/.well-known/agent-card.json``:
+
+* ``"1.0"``  -- ``supportedInterfaces`` only (one JSONRPC 1.0 interface, no top-level ``url``);
+* ``"0.3"``  -- the 0.3 shape only (``url``, ``protocolVersion``, ``preferredTransport``); SDK
+  1.x clients reading it speak the 0.3 method names;
+* ``"both"`` -- what the SDK serves for an agent with a 1.0 and a 0.3 interface: the 1.0 card
+  with the 0.3 fields merged in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import Client, ClientConfig, ClientFactory
+from a2a.compat.v0_3.conversions import to_compat_agent_card
+from a2a.helpers import new_task, new_text_artifact, new_text_message
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    Role,
+    SendMessageRequest,
+    StreamResponse,
+    TaskArtifactUpdateEvent,
+    TaskState,
+)
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from tests.servers import ThreadedUvicorn, free_port
+
+CARD_SHAPES = ("1.0", "0.3", "both")
+WAIT_LIMIT_SECONDS = 30.0
+
+
+@dataclass
+class RecordedRequest:
+    """One HTTP request as the agent received it."""
+
+    http_method: str
+    path: str
+    headers: list[tuple[str, str]]
+    rpc_method: str | None = None
+    body: bytes = b""
+    received_at: float = field(default_factory=time.monotonic)
+
+    def header(self, name: str) -> str | None:
+        """The first value of a header (case-insensitive), or None."""
+        name = name.lower()
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def header_values(self, name: str) -> list[str]:
+        name = name.lower()
+        return [value for key, value in self.headers if key == name]
+
+
+class RequestRecorder:
+    """ASGI middleware: records each HTTP request (headers, path, JSON-RPC method) in order."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.requests: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        record = RecordedRequest(
+            http_method=scope["method"],
+            path=scope["path"],
+            headers=[(k.decode("latin-1").lower(), v.decode("latin-1"))
+                     for k, v in scope["headers"]],
+        )
+        with self._lock:
+            self.requests.append(record)
+        chunks: list[bytes] = []
+
+        async def recording_receive():
+            message = await receive()
+            if message["type"] == "http.request":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    record.body = b"".join(chunks)
+                    try:
+                        payload = json.loads(record.body)
+                    except ValueError:
+                        payload = None
+                    if isinstance(payload, dict) and isinstance(payload.get("method"), str):
+                        record.rpc_method = payload["method"]
+            return message
+
+        await self.app(scope, recording_receive, send)
+
+    def rpc(self, method: str | None = None) -> list[RecordedRequest]:
+        """Recorded JSON-RPC requests (POSTs), optionally only those of one method."""
+        with self._lock:
+            return [r for r in self.requests
+                    if r.http_method == "POST" and (method is None or r.rpc_method == method)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+
+class EchoExecutor(AgentExecutor):
+    """Echo agent logic; see the module docstring for the behaviours."""
+
+    def __init__(self, *, steps: int = 4, step_delay: float = 0.2) -> None:
+        self.steps = steps
+        self.step_delay = step_delay
+        self.cancelled: list[str] = []
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        text = context.get_user_input()
+        task_id, context_id = context.task_id, context.context_id
+        if text.startswith("wait"):
+            await event_queue.enqueue_event(
+                new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED,
+                         history=[context.message]))
+            updater = TaskUpdater(event_queue, task_id, context_id)
+            await updater.start_work(new_text_message(f"waiting: {text}", context_id=context_id,
+                                                      task_id=task_id))
+            # Bounded: the test cancels long before; never leave a task running forever.
+            await asyncio.sleep(WAIT_LIMIT_SECONDS)
+            await updater.failed(new_text_message("nobody cancelled me", context_id=context_id,
+                                                  task_id=task_id))
+            return
+        if text.startswith("task"):
+            await event_queue.enqueue_event(
+                new_task(task_id, context_id, TaskState.TASK_STATE_SUBMITTED,
+                         history=[context.message]))
+            updater = TaskUpdater(event_queue, task_id, context_id)
+            await updater.start_work()
+            for index in range(self.steps):
+                await asyncio.sleep(self.step_delay)
+                artifact = new_text_artifact(name="echo", text=f"chunk {index}: {text}")
+                await event_queue.enqueue_event(TaskArtifactUpdateEvent(
+                    task_id=task_id, context_id=context_id, artifact=artifact,
+                    append=False, last_chunk=index == self.steps - 1))
+            await updater.complete(new_text_message(f"done: {text}", context_id=context_id,
+                                                    task_id=task_id))
+            return
+        await event_queue.enqueue_event(
+            new_text_message(f"echo: {text}", context_id=context_id))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.cancelled.append(context.task_id)
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        await updater.cancel(new_text_message("cancelled", context_id=context.context_id,
+                                              task_id=context.task_id))
+
+
+def build_card(url: str, *, name: str = "Echo Agent", card_shape: str = "both") -> AgentCard:
+    """The agent's card (an SDK ``AgentCard``) with its interfaces for ``card_shape``."""
+    if card_shape not in CARD_SHAPES:
+        raise ValueError(f"card_shape must be one of {CARD_SHAPES}")
+    interfaces = []
+    if card_shape in ("1.0", "both"):
+        interfaces.append(AgentInterface(url=url, protocol_binding="JSONRPC",
+                                         protocol_version="1.0"))
+    if card_shape in ("0.3", "both"):
+        interfaces.append(AgentInterface(url=url, protocol_binding="JSONRPC",
+                                         protocol_version="0.3"))
+    return AgentCard(
+        name=name,
+        description="Echoes messages; streams task progress; cancellable waits.",
+        version="1.0.0",
+        supported_interfaces=interfaces,
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=[AgentSkill(id="echo", name="Echo", description="Echoes the input.",
+                           tags=["echo", "test"])],
+    )
+
+
+def card_json(card: AgentCard, card_shape: str) -> dict[str, Any]:
+    """The JSON document served for ``card``: the SDK's own rendering, or the pure 0.3 shape."""
+    if card_shape == "0.3":
+        return to_compat_agent_card(card).model_dump(mode="json", by_alias=True,
+                                                      exclude_none=True)
+    return agent_card_to_dict(card)
+
+
+class EchoAgent:
+    """An SDK echo agent on a free loopback port. Use as a context manager or start()/stop()."""
+
+    def __init__(self, *, card_shape: str = "both", name: str = "Echo Agent", steps: int = 4,
+                 step_delay: float = 0.2, rpc_path: str = "/") -> None:
+        self.card_shape = card_shape
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.rpc_url = f"{self.base_url}{rpc_path}"
+        self.card = build_card(self.rpc_url, name=name, card_shape=card_shape)
+        self.card_document = card_json(self.card, card_shape)
+        self.executor = EchoExecutor(steps=steps, step_delay=step_delay)
+        self.handler = DefaultRequestHandler(
+            agent_executor=self.executor, task_store=InMemoryTaskStore(), agent_card=self.card)
+
+        if card_shape == "0.3":
+            # The SDK 1.x renders 1.0 cards (0.3 fields merged in at most); a pure 0.3 agent
+            # serves the 0.3 document itself.
+            async def serve_card(request: Request) -> JSONResponse:
+                return JSONResponse(self.card_document)
+
+            routes = [Route(AGENT_CARD_WELL_KNOWN_PATH, serve_card, methods=["GET"])]
+        else:
+            routes = create_agent_card_routes(self.card)
+        routes += create_jsonrpc_routes(self.handler, rpc_path, enable_v0_3_compat=True)
+        self.recorder = RequestRecorder(Starlette(routes=routes))
+        self._server: ThreadedUvicorn | None = None
+
+    @property
+    def url(self) -> str:
+        """The agent's JSON-RPC endpoint (what its card advertises)."""
+        return self.rpc_url
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        return list(self.recorder.requests)
+
+    def start(self) -> EchoAgent:
+        self._server = ThreadedUvicorn(self.recorder, port=self.port, lifespan="off").start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def __enter__(self) -> EchoAgent:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@contextmanager
+def running_echo_agent(**kwargs) -> Iterator[EchoAgent]:
+    with EchoAgent(**kwargs) as agent:
+        yield agent
+
+
+# --- SDK client helpers ----------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def sdk_client(base_url: str, *, streaming: bool = True, polling: bool = False,
+                     headers: dict[str, str] | None = None,
+                     timeout: float = 30.0) -> AsyncIterator[Client]:
+    """A stock a2a-sdk client resolved from ``base_url``'s well-known card, the way a user would.
+
+    ``headers`` go on every request (card fetch included): bearer tokens, custom ``X-`` headers.
+    """
+    async with httpx.AsyncClient(headers=headers or {}, timeout=timeout) as http:
+        config = ClientConfig(httpx_client=http, streaming=streaming, polling=polling)
+        client = await ClientFactory(config).create_from_url(base_url)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
+def user_message(text: str) -> SendMessageRequest:
+    return SendMessageRequest(message=new_text_message(text, role=Role.ROLE_USER))
+
+
+@dataclass
+class Arrival:
+    """One streamed event and when the caller got it (seconds since the call started)."""
+
+    at: float
+    kind: str
+    event: StreamResponse
+
+
+async def send_and_collect(client: Client, text: str) -> list[Arrival]:
+    """Send ``text``; every event the client yields, with its arrival time, in order."""
+    started = time.monotonic()
+    arrivals = []
+    async for event in client.send_message(user_message(text)):
+        arrivals.append(Arrival(time.monotonic() - started, event.WhichOneof("payload"), event))
+    return arrivals
+
+
+def transport_name(client: Client) -> str:
+    """Which SDK transport the client chose from the card (JsonRpcTransport: 1.0 names,
+    CompatJsonRpcTransport: 0.3 names)."""
+    return type(getattr(client, "_transport", None)).__name__
+
+
+# --- pytest fixtures (import them into a conftest.py) ----------------------------------------
+
+
+@pytest.fixture
+def echo_agent_factory() -> Iterator[Callable[..., EchoAgent]]:
+    """Start SDK echo agents on free ports: ``echo_agent_factory(card_shape="0.3")``.
+    All are stopped at the end of the test."""
+    started: list[EchoAgent] = []
+
+    def factory(**kwargs) -> EchoAgent:
+        kwargs.setdefault("step_delay", 0.15)
+        agent = EchoAgent(**kwargs).start()
+        started.append(agent)
+        return agent
+
+    yield factory
+    for agent in started:
+        agent.stop()
+
+
+@pytest.fixture
+def echo_agent(echo_agent_factory) -> EchoAgent:
+    """One SDK echo agent whose card offers both a 1.0 and a 0.3 JSONRPC interface."""
+    return echo_agent_factory(card_shape="both")
