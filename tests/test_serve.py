@@ -1,0 +1,99 @@
+"""`manage.py serve` and `create_client` as a user runs them: real processes, fresh data dir."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.registry.cards import card_03
+from tests.servers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "NODE_ID")}
+    env.update({"A2A_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def _manage(env, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=check)
+
+
+def _wait_for(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited early: {proc.stdout.read()}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not come up")
+
+
+@pytest.mark.parametrize("server", ["daphne", "uvicorn"])
+def test_serve_fresh_embedded_node(tmp_path, server):
+    env = _env(tmp_path, A2A_EXPIRY_INTERVAL_SECONDS="0.3")
+    _manage(env, "migrate", "--no-input")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port), "--server", server],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_for(base + "/healthz", proc)
+        assert httpx.get(base + "/readyz").json()["checks"] == {"database": "ok", "broker": "ok"}
+        # The bootstrap admin token is printed once on the first start of an empty database.
+        output = ""
+        deadline = time.monotonic() + 5
+        while "Bearer " not in output and time.monotonic() < deadline:
+            output += proc.stdout.readline()
+        token = re.search(r"Authorization: Bearer (\S+)", output).group(1)
+        headers = {"Authorization": f"Bearer {token}"}
+        r = httpx.post(base + "/api/v1/agents", headers=headers,
+                       json={"agent_id": "short-lived", "card": card_03(), "ttl_seconds": 1})
+        assert r.status_code == 201, r.text
+        # The in-process periodic job (the beat schedule's expiry task) expires it.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            status = httpx.get(base + "/api/v1/agents/short-lived", headers=headers).json()
+            if status["status"] == "expired":
+                break
+            time.sleep(0.2)
+        assert status["status"] == "expired"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert proc.returncode is not None
+
+
+def test_serve_refuses_unmigrated_database(tmp_path):
+    result = _manage(_env(tmp_path), "serve", "--port", str(free_port()), check=False)
+    assert result.returncode != 0
+    assert "unapplied migrations" in result.stderr and "migrate" in result.stderr
+
+
+def test_create_client_prints_token_last(tmp_path):
+    env = _env(tmp_path)
+    _manage(env, "migrate", "--no-input")
+    result = _manage(env, "create_client", "ci bot", "--scopes", "register,call",
+                     "--agents", "a-1,b-2")
+    token = result.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"[A-Za-z0-9]{8}\.[A-Za-z0-9]{32}", token)
+    assert "not shown again" in result.stderr
+    bad = _manage(env, "create_client", "x", "--scopes", "root", check=False)
+    assert bad.returncode != 0 and "scopes must be among" in bad.stderr
