@@ -1,0 +1,301 @@
+"""The KubeMQ-compatible registry surface: a drop-in for KubeMQ A2A clients.
+
+Shapes and status codes follow the KubeMQ A2A connector's public docs (kubemq-io/kubemq-a2a,
+``docs/reference/endpoints.md`` and ``docs/patterns/registry.md``):
+
+* ``POST /agents/register``: the body *is* the card (``agent_id``, ``name``, ``url`` required);
+  200 with the card enriched with ``registered_at`` / ``last_seen`` (new or re-registered alike).
+* ``GET /agents`` (``skill_tags`` = any of the comma-separated tags, ``limit``): a JSON array.
+* ``GET /agents/{id}``: the enriched card; 404 ``{"error": "agent not found"}``.
+* ``POST /agents/deregister`` ``{"agent_id"}`` and ``DELETE /agents/{id}``: 200; unknown: 404.
+* ``POST /agents/heartbeat`` ``{"agent_id"}``: 200 ``{agent_id, last_seen}``; unknown: **400**
+  ``{"error": "agent not found"}`` (KubeMQ's code, not ours).
+* ``GET /.well-known/agent-card.json``: the platform's own card, named ``kubemq``.
+
+Every answer, errors included, is JSON ``{"error": "..."}``. The views are thin adapters over
+:mod:`registry.services` and :mod:`registry.selectors`, the same ones /api/v1 uses.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, permissions
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from registry import selectors, services
+from registry.api.exceptions import exception_handler as api_exception_handler
+from registry.auth import IsAuthenticatedOrAnonymousAllowed, request_actor
+from registry.ids import agent_id_error
+from registry.models import Agent
+from registry.permissions import PermissionDenied
+
+logger = logging.getLogger(__name__)
+
+NOT_FOUND = "agent not found"
+ACTIONS = ("register", "deregister", "heartbeat")
+
+
+class _KubeMQError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def kubemq_time(value: datetime) -> str:
+    """ISO 8601 in UTC with a ``Z``; fixed-width microseconds so strings compare in time order."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def enriched_card(agent: Agent) -> dict[str, Any]:
+    """The card as registered (key order kept) plus ``agent_id``, ``registered_at``, ``last_seen``.
+
+    Agents registered through /api/v1 with an A2A card get their ``agent_id`` and endpoint
+    ``url`` added, so KubeMQ clients can read every listed agent the same way.
+    """
+    try:
+        card = orjson.loads(agent.card_raw)
+    except orjson.JSONDecodeError:
+        card = agent.card
+    out: dict[str, Any] = {"agent_id": agent.agent_id}
+    if isinstance(card, dict):
+        out.update(card)
+    out["agent_id"] = agent.agent_id
+    if not isinstance(out.get("url"), str) or not out.get("url"):
+        out["url"] = agent.url
+    out["registered_at"] = kubemq_time(agent.registered_at)
+    out["last_seen"] = kubemq_time(agent.last_seen)
+    return out
+
+
+def _error(status: int, message: str, **extra: Any) -> Response:
+    return Response({"error": message, **extra}, status=status)
+
+
+def _exception_handler(exc, context):
+    """KubeMQ's error shape ``{"error": "..."}`` for everything; JSON even for the unexpected."""
+    if isinstance(exc, _KubeMQError):
+        return _error(exc.status, str(exc))
+    if isinstance(exc, services.AgentNotFound):
+        return _error(404, NOT_FOUND)
+    if isinstance(exc, services.InvalidInput):
+        return _error(400, str(exc))
+    if isinstance(exc, PermissionDenied):
+        return _error(403, str(exc))
+    response = api_exception_handler(exc, context)
+    if response is not None:
+        response.data = {"error": response.data.get("error", "request refused")}
+        return response
+    logger.exception("KubeMQ registry endpoint failed", exc_info=exc)
+    return _error(500, "internal error")
+
+
+def _read_object(request) -> dict[str, Any]:
+    """The request body as a JSON object (any Content-Type, as KubeMQ reads it), size-capped."""
+    limit = settings.A2A_MAX_CARD_BYTES
+    too_large = _KubeMQError(413, f"request body too large: the limit is {limit} bytes")
+    try:
+        if int(request.META.get("CONTENT_LENGTH") or 0) > limit:
+            raise too_large
+    except ValueError:
+        raise _KubeMQError(400, "invalid Content-Length") from None
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        raise too_large from None
+    if len(body) > limit:
+        raise too_large
+    if not body.strip():
+        raise _KubeMQError(400, "request body must be a JSON object")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _KubeMQError(400, f"invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise _KubeMQError(400, "request body must be a JSON object")
+    return data
+
+
+def _valid_id(agent_id: Any) -> str:
+    if agent_id is None or agent_id == "":
+        raise _KubeMQError(400, "agent_id is required")
+    error = agent_id_error(agent_id)
+    if error:
+        raise _KubeMQError(400, error)
+    return agent_id
+
+
+def _required_string(data: dict[str, Any], name: str) -> None:
+    value = data.get(name)
+    if value is None or value == "":
+        raise _KubeMQError(400, f"{name} is required")
+    if not isinstance(value, str):
+        raise _KubeMQError(400, f"{name} must be a string")
+    if not value.strip():
+        raise _KubeMQError(400, f"{name} is required")
+
+
+def _routable_agent(agent_id: str) -> Agent:
+    """The agent as KubeMQ sees it: registered and within its lease, else not found."""
+    agent = selectors.agent_get(agent_id=agent_id)
+    if agent is None or not agent.is_routable:
+        raise services.AgentNotFound(agent_id)
+    return agent
+
+
+def _parse_limit(raw: str | None) -> int | None:
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        limit = int(raw.strip())
+    except ValueError:
+        raise _KubeMQError(400, "limit must be a non-negative integer") from None
+    if limit < 0:
+        raise _KubeMQError(400, "limit must be a non-negative integer")
+    return limit or None  # 0: no limit, as KubeMQ reads an unset limit
+
+
+class _AlwaysJSON(BaseContentNegotiation):
+    """JSON whatever the Accept header says: KubeMQ clients and browsers alike get JSON."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+class KubeMQView(APIView):
+    """Base: JSON only (no browsable HTML), bearer tokens as /api/v1, KubeMQ error shape."""
+
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = _AlwaysJSON
+    parser_classes: list = []  # bodies are read by _read_object, whatever the Content-Type
+    permission_classes = [IsAuthenticatedOrAnonymousAllowed]
+
+    def get_exception_handler(self):
+        return _exception_handler
+
+    def _deregister(self, request, agent_id: Any) -> Response:
+        agent_id = _valid_id(agent_id)
+        services.agent_deregister(actor=request_actor(request), agent_id=agent_id)
+        return Response({"agent_id": agent_id, "status": "deregistered"})
+
+
+@extend_schema(tags=["kubemq"])
+class AgentCollectionView(KubeMQView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT},
+        description="Registered agents as enriched cards; skill_tags: any of the tags.",
+    )
+    def get(self, request):
+        tags = [t.strip() for t in request.query_params.get("skill_tags", "").split(",")]
+        limit = _parse_limit(request.query_params.get("limit"))
+        agents = selectors.agent_list(tags_any=[t for t in tags if t] or None, status="active")
+        if limit is not None:
+            agents = agents[:limit]
+        return Response([enriched_card(agent) for agent in agents])
+
+
+@extend_schema(tags=["kubemq"])
+class AgentItemView(KubeMQView):
+    """``/agents/{segment}``: the register/deregister/heartbeat actions (POST) or one agent."""
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request, segment: str):
+        if segment == "register":
+            return self._register(request)
+        if segment == "deregister":
+            return self._deregister(request, _read_object(request).get("agent_id"))
+        if segment == "heartbeat":
+            return self._heartbeat(request)
+        raise exceptions.MethodNotAllowed("POST")
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, segment: str):
+        return Response(enriched_card(_routable_agent(_valid_id(segment))))
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def delete(self, request, segment: str):
+        return self._deregister(request, segment)
+
+    def _register(self, request) -> Response:
+        data = _read_object(request)
+        agent_id = _valid_id(data.get("agent_id"))
+        _required_string(data, "name")
+        _required_string(data, "url")
+        agent, _created = services.agent_register(
+            actor=request_actor(request),
+            agent_id=agent_id,
+            url=data["url"],
+            card=bytes(request.body),  # stored byte-exact: the card is the body
+            source=Agent.Source.KUBEMQ,
+        )
+        return Response(enriched_card(agent))  # KubeMQ answers 200 for new and re-registered
+
+    def _heartbeat(self, request) -> Response:
+        agent_id = _valid_id(_read_object(request).get("agent_id"))
+        try:
+            agent = services.agent_heartbeat(actor=request_actor(request), agent_id=agent_id)
+        except services.AgentNotFound:
+            raise _KubeMQError(400, NOT_FOUND) from None  # KubeMQ: unknown agent -> 400
+        return Response({"agent_id": agent.agent_id, "last_seen": kubemq_time(agent.last_seen)})
+
+
+def _base_url(request) -> str:
+    return settings.A2A_PUBLIC_BASE_URL or request.build_absolute_uri("/").rstrip("/")
+
+
+def platform_card(base_url: str) -> dict[str, Any]:
+    """The platform's own A2A (0.3) card. Named ``kubemq`` as KubeMQ clients expect."""
+    return {
+        "name": "kubemq",
+        "description": (
+            "KubeMQ-compatible A2A gateway and agent registry: register agents at "
+            "/agents/register (or /api/v1/agents), call them with JSON-RPC 2.0 at "
+            "/a2a/{agent_id}, read each agent's card at "
+            "/a2a/{agent_id}/.well-known/agent-card.json."
+        ),
+        "version": settings.SPECTACULAR_SETTINGS.get("VERSION", "1.0.0"),
+        "url": f"{base_url}/",
+        "protocolVersion": "0.3.0",
+        "preferredTransport": "JSONRPC",
+        "documentationUrl": f"{base_url}/api/docs/",
+        "provider": {"organization": "A2A Agent Registry", "url": f"{base_url}/"},
+        "capabilities": {"streaming": True, "pushNotifications": False},
+        "defaultInputModes": ["text"],
+        "defaultOutputModes": ["text"],
+        "skills": [],
+        "protocolVersions": ["1.0"],
+    }
+
+
+class CardsPublicOrToken(permissions.BasePermission):
+    """Cards are public by design unless A2A_CARDS_REQUIRE_TOKEN is on."""
+
+    message = "authentication required: send Authorization: Bearer <token>"
+
+    def has_permission(self, request, view) -> bool:
+        if not settings.A2A_CARDS_REQUIRE_TOKEN:
+            return True
+        return IsAuthenticatedOrAnonymousAllowed().has_permission(request, view)
+
+
+@extend_schema(tags=["kubemq"], responses={200: OpenApiTypes.OBJECT})
+class PlatformCardView(KubeMQView):
+    permission_classes = [CardsPublicOrToken]
+
+    def get(self, request):
+        response = Response(platform_card(_base_url(request)))
+        response["Cache-Control"] = "public, max-age=300"
+        return response
