@@ -100,6 +100,16 @@ TEMPLATES = [
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
     DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool(
+        "A2A_DB_POOL", True
+    ):
+        # A psycopg pool per process: under ASGI each request may use another thread, and
+        # opening a PostgreSQL connection per request costs more than the request itself.
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": env_int("A2A_DB_POOL_MAX", 20, minimum=1),
+            "timeout": 10,
+        }
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {

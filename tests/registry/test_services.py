@@ -159,3 +159,19 @@ def test_api_client_tokens_are_hashed():
         services.api_client_create(name="bad", scopes=["root"])
     with pytest.raises(services.InvalidInput, match="exists already"):
         services.api_client_create(name="Hash Me", scopes=["call"])
+
+
+@pytest.mark.django_db
+def test_anonymous_heartbeats_only_unowned_agents(settings):
+    from registry.permissions import anonymous_actor
+
+    settings.A2A_ALLOW_ANONYMOUS = True
+    anon = anonymous_actor()
+    owner, _ = make_client(["register"], name="owner")
+    services.agent_register(actor=actor_for(owner), agent_id="owned", card=card_03())
+    services.agent_register(actor=anon, agent_id="unowned", card=card_03())
+    assert services.agent_heartbeat(actor=anon, agent_id="unowned").agent_id == "unowned"
+    with pytest.raises(PermissionDenied):
+        services.agent_heartbeat(actor=anon, agent_id="owned")
+    beat = services.agent_heartbeat(actor=SYSTEM, agent_id="owned")
+    assert beat.ttl_seconds == 90
