@@ -20,11 +20,17 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import slugify
+from rest_framework_api_key.models import APIKey
 
 from registry import services
 from registry.ids import agent_id_error
 from registry.models import Agent, ApiClient, CardVersion, Node
 from registry.permissions import ALL_SCOPES, Actor, PermissionDenied, staff_actor
+
+# The platform's tokens are ApiClient rows; the library's own APIKey model is unused, and
+# listing it next to "API clients" would only mislead an operator.
+if admin.site.is_registered(APIKey):
+    admin.site.unregister(APIKey)
 
 
 def _actor(request: HttpRequest) -> Actor:

@@ -268,3 +268,8 @@ def test_node_list_counts_agents_and_is_read_only(admin_client):
     assert counts == {"node-0": "2", "node-1": "1", "node-2": "1"}
     assert html.count("icon-yes.svg") == 2 and html.count("icon-no.svg") == 1
     assert admin_client.get(reverse("admin:registry_node_add")).status_code == 403
+
+
+def test_only_the_platforms_own_clients_are_offered(admin_client):
+    html = admin_client.get(reverse("admin:index")).content.decode()
+    assert "API clients" in html and "API keys" not in html
