@@ -195,6 +195,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": timedelta(seconds=A2A_EXPIRY_INTERVAL_SECONDS),
         "options": {"expires": A2A_EXPIRY_INTERVAL_SECONDS},
     },
+    # Cheap and quiet when discovery is not configured (two EXISTS queries).
+    "discovery-cycle": {
+        "task": "discovery.tasks.discovery_cycle_task",
+        "schedule": timedelta(seconds=DISCOVERY_INTERVAL_SECONDS),
+        "options": {"expires": DISCOVERY_INTERVAL_SECONDS},
+    },
 }
 
 # --- REST framework ----------------------------------------------------------------------------
@@ -246,6 +252,18 @@ A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
 A2A_ROUTING_RESYNC_SECONDS = env_float("A2A_ROUTING_RESYNC_SECONDS", 30, minimum=1)
 A2A_NODE_HEARTBEAT_SECONDS = env_float("A2A_NODE_HEARTBEAT_SECONDS", 10, minimum=1)
 DISCOVERY_CONFIG = env_str("DISCOVERY_CONFIG")
+# --- discovery (discovery/) ---
+DISCOVERY_FETCH_TIMEOUT_SECONDS = env_float("DISCOVERY_FETCH_TIMEOUT_SECONDS", 5.0, minimum=0.01)
+DISCOVERY_CONNECT_TIMEOUT_SECONDS = env_float("DISCOVERY_CONNECT_TIMEOUT_SECONDS", 3.0,
+                                              minimum=0.01)
+DISCOVERY_FETCH_CONCURRENCY = env_int("DISCOVERY_FETCH_CONCURRENCY", 64, minimum=1)
+DISCOVERY_EXPIRY_JITTER = env_float("DISCOVERY_EXPIRY_JITTER", 0.1, minimum=0)
+DISCOVERY_AGENT_TTL_SECONDS = env_int(
+    "DISCOVERY_AGENT_TTL_SECONDS", max(300, int(DISCOVERY_INTERVAL_SECONDS * 3)), minimum=1
+)
+DISCOVERY_SESSION_IDLE_SECONDS = env_float("DISCOVERY_SESSION_IDLE_SECONDS", 86400, minimum=1)
+DISCOVERY_ALERT_WEBHOOK_URL = env_str("DISCOVERY_ALERT_WEBHOOK_URL")
+DISCOVERY_POLICY_HOOK = env_str("DISCOVERY_POLICY_HOOK")  # dotted path: hook(need, record, card)
 
 LOGGING = {
     "version": 1,

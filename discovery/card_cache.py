@@ -1,0 +1,572 @@
+"""A card cache that respects HTTP (the seed's ``CardCache``), persisted in the database.
+
+* Conditional GET with ``If-None-Match``; lifetime from ``Cache-Control: max-age`` (5 minutes
+  when absent; ``no-cache`` revalidates every time; ``no-store`` keeps nothing in the database
+  and revalidates every time); expiry jittered (±10 % by default) so entries written together
+  do not all expire together.
+* A 304 keeps the card. Change is the sha256 of the bytes, not the ETag: a 200 with the same
+  bytes keeps the parsed card; the card is re-parsed only when the bytes change.
+* Single-flight: concurrent refreshes of one URL share one fetch within a process (an in-flight
+  map of futures) and across Celery workers and nodes (Redis locks, then a re-read of the row a
+  peer may just have written).
+* Stale on error: a failing endpoint keeps its last card, is retried after
+  ``min(300, 5 * 2**min(failures, 6))`` seconds and counts failures; a never-seen endpoint that
+  fails surfaces the error.
+* Fetches: 5 s timeout, 3 s connect, the card size cap, redirects followed only onto admitted
+  hosts, all on the process's one shared ``httpx.AsyncClient``.
+
+The in-process index (``card_url`` -> :class:`CardEntry`) serves reads; the table lets a restart
+start warm and lets workers see each other's fetches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+from urllib.parse import urljoin
+
+import httpx
+from django.conf import settings
+from django.db import connection, transaction
+
+from discovery import http, metrics
+from discovery.locks import LocalLocks, RedisLocks, default_locks
+from discovery.models import CardCacheEntry
+from registry.cards import CardError, parse_card
+
+DEFAULT_LIFETIME = 300.0
+MAX_REDIRECTS = 3
+BATCH = 500
+
+Clock = Callable[[], float]
+Admit = Callable[[str], bool]
+
+
+class Outcome(StrEnum):
+    FETCHED = "fetched"  # 200, new or changed bytes (parsed)
+    UNCHANGED = "unchanged"  # 200, same bytes as cached (not re-parsed)
+    NOT_MODIFIED = "not_modified"  # 304
+    FAILED = "failed"  # error; a cached card (if any) is served stale
+    FRESH = "fresh"  # not due: served from the cache without a request
+    SHARED = "shared"  # another worker refreshed it while we waited
+
+
+@dataclass(frozen=True)
+class CardEntry:
+    card_url: str
+    etag: str = ""
+    sha256: str = ""
+    card: dict[str, Any] | None = None
+    raw: bytes | None = None
+    cache_control: str = ""
+    expires_at: float = 0.0
+    fetched_at: float | None = None
+    changed_at: float | None = None
+    failures: int = 0
+    last_error: str = ""
+    last_status: int | None = None
+    no_store: bool = False
+
+    @property
+    def has_card(self) -> bool:
+        return self.card is not None
+
+
+@dataclass(frozen=True)
+class RefreshResult:
+    card_url: str
+    outcome: Outcome
+    entry: CardEntry | None
+    error: str | None = None
+    previous: CardEntry | None = None
+
+    @property
+    def attempted(self) -> bool:
+        """A request was made for this caller (health observes these)."""
+        return self.outcome in (
+            Outcome.FETCHED, Outcome.UNCHANGED, Outcome.NOT_MODIFIED, Outcome.FAILED
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome in (Outcome.FETCHED, Outcome.UNCHANGED, Outcome.NOT_MODIFIED)
+
+    @property
+    def changed(self) -> bool:
+        """The bytes changed from a card we had before."""
+        return (
+            self.outcome == Outcome.FETCHED and self.previous is not None
+            and self.previous.has_card and self.entry is not None
+            and self.entry.sha256 != self.previous.sha256
+        )
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    status: int | None
+    body: bytes | None = None
+    etag: str = ""
+    cache_control: str = ""
+    error: str | None = None
+
+
+class CardFetchFailed(Exception):
+    """A never-seen endpoint failed: there is no card to serve."""
+
+
+_MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?", re.I)
+
+
+def cache_lifetime(cache_control: str) -> tuple[float, bool]:
+    """``(lifetime seconds, no_store)`` from a Cache-Control header."""
+    directives = {d.strip().split("=")[0].lower() for d in cache_control.split(",") if d.strip()}
+    if "no-store" in directives:
+        return 0.0, True
+    if "no-cache" in directives:
+        return 0.0, False
+    match = _MAX_AGE.search(cache_control)
+    if match:
+        return float(match.group(1)), False
+    return DEFAULT_LIFETIME, False
+
+
+def backoff_seconds(failures: int) -> float:
+    """Retry delay after a failure, given the failures counted before it."""
+    return float(min(300, 5 * 2 ** min(failures, 6)))
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
+
+
+def _ts(dt: datetime | None) -> float | None:
+    return None if dt is None else dt.timestamp()
+
+
+def _entry_from_row(row: CardCacheEntry) -> CardEntry:
+    return CardEntry(
+        card_url=row.card_url, etag=row.etag, sha256=row.sha256, card=row.card,
+        raw=bytes(row.raw) if row.raw is not None else None, cache_control=row.cache_control,
+        expires_at=row.expires_at.timestamp(), fetched_at=_ts(row.fetched_at),
+        changed_at=_ts(row.changed_at), failures=row.failures, last_error=row.last_error,
+        last_status=row.last_status, no_store="no-store" in row.cache_control.lower(),
+    )
+
+
+def _row_from_entry(entry: CardEntry) -> CardCacheEntry:
+    keep = not entry.no_store
+    return CardCacheEntry(
+        card_url=entry.card_url, etag=entry.etag if keep else "", sha256=entry.sha256,
+        raw=entry.raw if keep else None, card=entry.card if keep else None,
+        cache_control=entry.cache_control[:300], expires_at=_dt(entry.expires_at),
+        fetched_at=_dt(entry.fetched_at), changed_at=_dt(entry.changed_at),
+        failures=entry.failures, last_error=entry.last_error[:2000],
+        last_status=entry.last_status,
+    )
+
+
+_FULL_FIELDS = [
+    "etag", "sha256", "raw", "card", "cache_control", "expires_at", "fetched_at", "changed_at",
+    "failures", "last_error", "last_status",
+]
+
+
+class CardCache:
+    """The card cache of one process (or, in tests, of one simulated worker).
+
+    ``clock`` returns POSIX seconds and is injectable so tests can walk through expiry and
+    backoff without sleeping; ``locks`` defaults to Redis locks in distributed mode.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock = time.time,
+        jitter: float | None = None,
+        rng: random.Random | None = None,
+        locks: LocalLocks | RedisLocks | None = None,
+    ) -> None:
+        self.clock = clock
+        self.jitter = settings.DISCOVERY_EXPIRY_JITTER if jitter is None else jitter
+        self.rng = rng or random.Random()
+        self.locks = locks if locks is not None else default_locks()
+        self._index: dict[str, CardEntry] = {}
+        self._seen: dict[str, tuple] = {}
+        self._mutex = threading.Lock()
+        self._inflight: dict[str, Future] = {}
+        self.parse_count = 0
+        self.fetch_count = 0
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def get(self, card_url: str) -> CardEntry | None:
+        """The cached entry (fresh or stale), loading it from the database on first sight."""
+        entry = self._index.get(card_url)
+        if entry is None:
+            self._reload([card_url])
+            entry = self._index.get(card_url)
+        return entry
+
+    def card(self, card_url: str) -> dict[str, Any]:
+        """The cached card; raises :class:`CardFetchFailed` when none was ever fetched."""
+        entry = self.get(card_url)
+        if entry is None or not entry.has_card:
+            raise CardFetchFailed(entry.last_error if entry else f"{card_url}: never fetched")
+        return entry.card  # type: ignore[return-value]
+
+    def entries(self) -> dict[str, CardEntry]:
+        return dict(self._index)
+
+    def forget(self) -> None:
+        """Drop the in-process index (the table stays): the next read reloads."""
+        with self._mutex:
+            self._index.clear()
+            self._seen.clear()
+
+    def _store(self, entry: CardEntry) -> None:
+        self._index[entry.card_url] = entry
+        # Compared with what the table holds, so at the table's (microsecond) precision.
+        self._seen[entry.card_url] = (
+            entry.sha256, entry.etag if not entry.no_store else "",
+            _ts(_dt(entry.expires_at)), entry.failures,
+        )
+
+    def _reload(self, urls: Iterable[str]) -> None:
+        urls = list(urls)
+        for i in range(0, len(urls), BATCH):
+            for row in CardCacheEntry.objects.filter(card_url__in=urls[i:i + BATCH]):
+                entry = _entry_from_row(row)
+                old = self._index.get(entry.card_url)
+                if entry.no_store and old is not None and old.has_card and not entry.has_card:
+                    entry = replace(entry, card=old.card, raw=old.raw)  # kept in memory only
+                self._store(entry)
+
+    def sync(self, urls: Iterable[str]) -> None:
+        """Bring the index up to date with rows other workers wrote (cheap: one light query)."""
+        wanted = set(urls)
+        if not wanted:
+            return
+        qs = CardCacheEntry.objects.values_list(
+            "card_url", "sha256", "etag", "expires_at", "failures"
+        )
+        if len(wanted) <= BATCH:
+            qs = qs.filter(card_url__in=list(wanted))
+        stale = []
+        for url, sha, etag, expires_at, failures in qs.iterator(chunk_size=2000):
+            if url in wanted and self._seen.get(url) != (sha, etag, expires_at.timestamp(),
+                                                         failures):
+                stale.append(url)
+        if stale:
+            self._reload(stale)
+
+    # --- refresh ---------------------------------------------------------------------------
+
+    def refresh(self, card_url: str, *, force: bool = False, admit: Admit | None = None
+                ) -> RefreshResult:
+        return self.refresh_many([card_url], force=force, admit=admit)[card_url]
+
+    def refresh_many(
+        self,
+        card_urls: Iterable[str],
+        *,
+        force: bool = False,
+        admit: Admit | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> dict[str, RefreshResult]:
+        """Refresh every due URL (all of them with ``force``); return one result per URL."""
+        urls = list(dict.fromkeys(card_urls))
+        self.sync(urls)
+        now = self.clock()
+        results: dict[str, RefreshResult] = {}
+        due: list[str] = []
+        for url in urls:
+            entry = self._index.get(url)
+            if force or entry is None or entry.expires_at <= now:
+                due.append(url)
+            else:
+                results[url] = RefreshResult(url, Outcome.FRESH, entry)
+        if progress and results:
+            progress(len(results))
+        mine: list[str] = []
+        theirs: dict[str, Future] = {}
+        with self._mutex:
+            for url in due:
+                running = self._inflight.get(url)
+                if running is not None:
+                    theirs[url] = running  # someone in this process is already fetching
+                else:
+                    self._inflight[url] = Future()
+                    mine.append(url)
+        try:
+            for i in range(0, len(mine), BATCH):
+                chunk = mine[i:i + BATCH]
+                done = self._refresh_claimed(chunk, force=force, admit=admit)
+                results.update(done)
+                self._settle(chunk, done)
+                if progress:
+                    progress(len(chunk))
+        except BaseException as exc:
+            self._settle([u for u in mine if u not in results], None, exc)
+            raise
+        for url, future in theirs.items():
+            shared: RefreshResult = future.result()
+            results[url] = replace(shared, outcome=Outcome.SHARED) if shared.attempted else shared
+            if progress:
+                progress(1)
+        return {url: results[url] for url in urls}
+
+    def _settle(self, urls: list[str], done: dict[str, RefreshResult] | None,
+                exc: BaseException | None = None) -> None:
+        with self._mutex:
+            for url in urls:
+                future = self._inflight.pop(url, None)
+                if future is None:
+                    continue
+                if exc is not None or done is None:
+                    future.set_exception(exc or RuntimeError("refresh aborted"))
+                else:
+                    future.set_result(done[url])
+
+    def _refresh_claimed(self, urls: list[str], *, force: bool, admit: Admit | None
+                         ) -> dict[str, RefreshResult]:
+        ttl = settings.DISCOVERY_FETCH_TIMEOUT_SECONDS * (MAX_REDIRECTS + 1) + 30
+        acquired = self.locks.acquire_many(urls, ttl=ttl)
+        results: dict[str, RefreshResult] = {}
+        try:
+            if isinstance(self.locks, RedisLocks):
+                self._reload(acquired)  # a peer may have refreshed it between our read and lock
+            now = self.clock()
+            to_fetch = []
+            for url in urls:
+                if url not in acquired:
+                    continue
+                entry = self._index.get(url)
+                if force or entry is None or entry.expires_at <= now:
+                    to_fetch.append(url)
+                else:
+                    results[url] = RefreshResult(url, Outcome.SHARED, entry)
+            if to_fetch:
+                previous = {u: self._index.get(u) for u in to_fetch}
+                fetched = http.run(self._fetch_all(to_fetch, previous, admit))
+                new, full = self._apply(fetched, previous)
+                self._persist(new, full)
+                for url, result in new.items():
+                    results[url] = result
+                    if result.entry is not None:
+                        self._store(result.entry)
+        finally:
+            self.locks.release_many(acquired)
+        waiting = [u for u in urls if u not in acquired]
+        if waiting:
+            self.locks.wait_released(
+                waiting, timeout=settings.DISCOVERY_FETCH_TIMEOUT_SECONDS * (MAX_REDIRECTS + 1)
+            )
+            self._reload(waiting)
+            for url in waiting:
+                entry = self._index.get(url)
+                results[url] = RefreshResult(
+                    url, Outcome.SHARED, entry,
+                    error=None if entry and entry.has_card else "another worker is fetching it",
+                )
+        return results
+
+    # --- fetching --------------------------------------------------------------------------
+
+    async def _fetch_all(self, urls: list[str], previous: dict[str, CardEntry | None],
+                         admit: Admit | None) -> dict[str, _Fetched]:
+        client = http.async_client()
+        gate = asyncio.Semaphore(settings.DISCOVERY_FETCH_CONCURRENCY)
+        timeout = http.fetch_timeout()
+
+        async def one(url: str) -> tuple[str, _Fetched]:
+            async with gate:
+                return url, await self._fetch_one(client, url, previous.get(url), admit, timeout)
+
+        return dict(await asyncio.gather(*(one(u) for u in urls)))
+
+    async def _fetch_one(self, client: httpx.AsyncClient, url: str, old: CardEntry | None,
+                         admit: Admit | None, timeout: httpx.Timeout) -> _Fetched:
+        headers = {"Accept": "application/json"}
+        if old is not None and old.has_card and old.etag:
+            headers["If-None-Match"] = old.etag
+        limit = settings.A2A_MAX_CARD_BYTES
+        target = url
+        self.fetch_count += 1
+        try:
+            for _ in range(MAX_REDIRECTS + 1):
+                async with client.stream("GET", target, headers=headers, timeout=timeout) as resp:
+                    status = resp.status_code
+                    if status in (301, 302, 303, 307, 308):
+                        location = resp.headers.get("location")
+                        if not location:
+                            return _Fetched(status, error=f"HTTP {status} without a Location")
+                        nxt = urljoin(target, location)
+                        if admit is not None and not admit(nxt):
+                            return _Fetched(status, error=f"redirect to {nxt} refused: "
+                                                          "not an admitted host")
+                        target = nxt
+                        continue
+                    cache_control = resp.headers.get("cache-control", "")
+                    etag = resp.headers.get("etag", "")
+                    if status == 304:
+                        return _Fetched(304, etag=etag, cache_control=cache_control)
+                    if status != 200:
+                        return _Fetched(status, error=f"HTTP {status}")
+                    declared = resp.headers.get("content-length")
+                    if declared and declared.isdigit() and int(declared) > limit:
+                        return _Fetched(status, error=f"card is larger than {limit} bytes")
+                    body = bytearray()
+                    async for chunk in resp.aiter_bytes():
+                        body += chunk
+                        if len(body) > limit:
+                            return _Fetched(status, error=f"card is larger than {limit} bytes")
+                    return _Fetched(200, bytes(body), etag, cache_control)
+            return _Fetched(None, error="too many redirects")
+        except httpx.TimeoutException:
+            return _Fetched(None, error=f"{target}: timed out")
+        except httpx.HTTPError as exc:
+            return _Fetched(None, error=f"{target}: {type(exc).__name__}: {exc}".rstrip(": "))
+
+    def _expiry(self, now: float, lifetime: float) -> float:
+        if lifetime <= 0:
+            return now
+        return now + lifetime * (1 + self.rng.uniform(-self.jitter, self.jitter))
+
+    def _apply(self, fetched: dict[str, _Fetched], previous: dict[str, CardEntry | None]
+               ) -> tuple[dict[str, RefreshResult], set[str]]:
+        """Turn responses into entries; ``full`` names rows whose card bytes must be written."""
+        now = self.clock()
+        results: dict[str, RefreshResult] = {}
+        full: set[str] = set()
+        for url, got in fetched.items():
+            old = previous.get(url)
+            error = got.error
+            parsed_card = None
+            if error is None and got.status == 304 and (old is None or not old.has_card):
+                error = "HTTP 304 but no card is cached"
+            if error is None and got.status == 200:
+                sha = hashlib.sha256(got.body or b"").hexdigest()
+                if old is None or not old.has_card or sha != old.sha256:
+                    try:
+                        parsed_card = parse_card(got.body or b"").card
+                        self.parse_count += 1
+                        metrics.CARD_PARSES.inc()
+                    except CardError as exc:
+                        error = f"invalid card: {exc}"
+            if error is not None:
+                metrics.CARD_FETCHES.labels(result="error").inc()
+                failures = old.failures if old else 0
+                base = old or CardEntry(card_url=url)
+                entry = replace(
+                    base, failures=failures + 1, expires_at=now + backoff_seconds(failures),
+                    last_error=error[:2000], last_status=got.status,
+                )
+                results[url] = RefreshResult(url, Outcome.FAILED, entry, error, old)
+                if old is None:
+                    full.add(url)
+                continue
+            lifetime, no_store = cache_lifetime(got.cache_control)
+            common = {
+                "expires_at": self._expiry(now, lifetime), "fetched_at": now, "failures": 0,
+                "last_error": "", "last_status": got.status, "cache_control": got.cache_control,
+                "no_store": no_store,
+            }
+            if got.status == 304:
+                metrics.CARD_FETCHES.labels(result="304").inc()
+                assert old is not None
+                entry = replace(old, etag=got.etag or old.etag, **common)
+                results[url] = RefreshResult(url, Outcome.NOT_MODIFIED, entry, None, old)
+                continue
+            metrics.CARD_FETCHES.labels(result="200").inc()
+            etag = "" if no_store else got.etag
+            if parsed_card is None:  # same bytes: keep the parsed card
+                assert old is not None
+                entry = replace(old, etag=etag, **common)
+                results[url] = RefreshResult(url, Outcome.UNCHANGED, entry, None, old)
+                if old.no_store != no_store:
+                    full.add(url)
+                continue
+            entry = CardEntry(
+                card_url=url, etag=etag, sha256=hashlib.sha256(got.body or b"").hexdigest(),
+                card=parsed_card, raw=got.body, changed_at=now, **common,
+            )
+            results[url] = RefreshResult(url, Outcome.FETCHED, entry, None, old)
+            full.add(url)
+        return results, full
+
+    # --- persistence -----------------------------------------------------------------------
+
+    def _persist(self, results: dict[str, RefreshResult], full: set[str]) -> None:
+        rows = [_row_from_entry(r.entry) for u, r in results.items() if u in full and r.entry]
+        touch = [r.entry for u, r in results.items() if u not in full and r.entry]
+        with transaction.atomic():
+            if rows:
+                CardCacheEntry.objects.bulk_create(
+                    rows, batch_size=BATCH, update_conflicts=True, unique_fields=["card_url"],
+                    update_fields=_FULL_FIELDS,
+                )
+            if touch:
+                table = CardCacheEntry._meta.db_table
+                adapt = connection.ops.adapt_datetimefield_value
+                sql = (
+                    f"UPDATE {table} SET etag = %s, cache_control = %s, expires_at = %s, "
+                    "fetched_at = %s, failures = %s, last_error = %s, last_status = %s "
+                    "WHERE card_url = %s"
+                )
+                params = [
+                    (e.etag if not e.no_store else "", e.cache_control[:300],
+                     adapt(_dt(e.expires_at)), adapt(_dt(e.fetched_at)), e.failures,
+                     e.last_error[:2000], e.last_status, e.card_url)
+                    for e in touch
+                ]
+                with connection.cursor() as cursor:
+                    cursor.executemany(sql, params)
+
+    def mark_due(self, card_urls: Iterable[str]) -> None:
+        """Make entries due now (revalidated by the next refresh)."""
+        urls = list(card_urls)
+        now = self.clock()
+        with self._mutex:
+            for url in urls:
+                entry = self._index.get(url)
+                if entry is not None:
+                    self._store(replace(entry, expires_at=now))
+        for i in range(0, len(urls), BATCH):
+            CardCacheEntry.objects.filter(card_url__in=urls[i:i + BATCH]).update(
+                expires_at=_dt(now)
+            )
+
+    def expire_all(self) -> None:
+        """Mark every entry due now (the index and the table): a mass expiry, e.g. after a
+        deploy. Used by tests and the benchmark to check that refreshes stay single-flight."""
+        now = self.clock()
+        with self._mutex:
+            for entry in list(self._index.values()):
+                self._store(replace(entry, expires_at=now))
+        CardCacheEntry.objects.update(expires_at=_dt(now))
+
+
+_default: dict[int, CardCache] = {}
+_default_lock = threading.Lock()
+
+
+def default_cache() -> CardCache:
+    """This process's card cache."""
+    import os
+
+    pid = os.getpid()
+    if pid not in _default:
+        with _default_lock:
+            if pid not in _default:
+                _default[pid] = CardCache()
+    return _default[pid]

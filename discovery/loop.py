@@ -1,0 +1,378 @@
+"""The discovery control loop: one cycle runs sources -> resolver -> card cache -> health ->
+matcher -> cap -> registry upsert -> snapshot, in the background. The request path only ever
+reads the published snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from django.conf import settings
+
+from discovery import alerts, metrics
+from discovery.card_cache import CardCache, CardEntry, Outcome, RefreshResult, default_cache
+from discovery.config_file import ConfigFileError, config_file_sync
+from discovery.health import DEGRADED, degraded_urls, health_observe_many
+from discovery.locks import RedisLocks, default_locks
+from discovery.matcher import matched_needs, needs_active, policy_hook
+from discovery.models import Alert, ConfiguredAgent, DiscoveryPolicy, SourceFeed
+from discovery.resolver import Admission, allowlist_entries, resolve
+from discovery.sessions import sessions_expire
+from discovery.snapshots import (
+    SelectedAgent,
+    select_capped,
+    snapshot_agent_ids_retained,
+    snapshot_publish,
+    snapshots_evict,
+    snapshots_retained,
+)
+from discovery.sources import EndpointRecord, collect_records
+from registry import services as registry_services
+from registry.cards import card_endpoint
+from registry.models import Agent
+from registry.permissions import SYSTEM
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did; ``summary()`` is what ``discover --once`` prints."""
+
+    configured: bool = True
+    skipped: bool = False
+    config_error: str | None = None
+    source_errors: list[str] = field(default_factory=list)
+    proposed: int = 0
+    admitted: int = 0
+    refused: int = 0
+    duplicates: int = 0
+    collisions: int = 0
+    outcomes: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    degraded: int = 0
+    newly_degraded: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    candidates: int = 0
+    selected: int = 0
+    capped: int = 0
+    published: bool = False
+    version: int | None = None
+    digest: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def fetched(self) -> int:
+        return self.outcomes[Outcome.FETCHED] + self.outcomes[Outcome.UNCHANGED]
+
+    @property
+    def not_modified(self) -> int:
+        return self.outcomes[Outcome.NOT_MODIFIED]
+
+    @property
+    def failed(self) -> int:
+        return self.outcomes[Outcome.FAILED]
+
+    def summary(self) -> str:
+        if not self.configured:
+            return "discovery is not configured (no DISCOVERY_CONFIG, no source rows): idle"
+        if self.skipped:
+            return "another discovery cycle is running: skipped"
+        lines = [
+            f"endpoints: {self.proposed} proposed, {self.admitted} admitted, "
+            f"{self.refused} refused, {self.duplicates} duplicates, {self.collisions} collisions",
+            f"cards: {self.fetched} fetched (200), {self.not_modified} not modified (304), "
+            f"{self.failed} failed, {self.outcomes[Outcome.FRESH]} fresh in cache",
+            f"health: {self.degraded} degraded"
+            + (f" (newly: {', '.join(self.newly_degraded)})" if self.newly_degraded else "")
+            + (f", recovered: {', '.join(self.recovered)}" if self.recovered else ""),
+            f"selected: {self.selected} of {self.candidates} candidates"
+            + (f" ({self.capped} left out by the cap)" if self.capped else ""),
+            (f"snapshot published: v{self.version} {self.digest}" if self.published
+             else f"snapshot unchanged: v{self.version} {self.digest}" if self.version
+             else "no snapshot"),
+        ]
+        if self.config_error:
+            lines.insert(0, f"config file error: {self.config_error}")
+        lines += [f"source error: {e}" for e in self.source_errors]
+        lines += [f"fetch error: {e}" for e in self.errors[:20]]
+        lines.append(f"took {self.seconds:.2f}s")
+        return "\n".join(lines)
+
+
+def discovery_is_configured() -> bool:
+    """A configuration file is named, or source rows exist (cheap: two EXISTS queries)."""
+    return bool(settings.DISCOVERY_CONFIG) or ConfiguredAgent.objects.exists() \
+        or SourceFeed.objects.exists()
+
+
+_local_cycle = threading.Lock()
+
+
+@contextmanager
+def _cycle_guard() -> Iterator[bool]:
+    """One cycle at a time: in this process, and across workers through Redis."""
+    if not _local_cycle.acquire(blocking=False):
+        yield False
+        return
+    locks = default_locks()
+    try:
+        if isinstance(locks, RedisLocks):
+            ttl = max(60.0, settings.DISCOVERY_INTERVAL_SECONDS * 5)
+            if not locks.acquire_many(["cycle"], ttl=ttl):
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                locks.release_many(["cycle"])
+        else:
+            yield True
+    finally:
+        _local_cycle.release()
+
+
+def _inline_entry(record: EndpointRecord) -> CardEntry | None:
+    try:
+        card = orjson.loads(record.inline_card or b"")
+    except orjson.JSONDecodeError:
+        return None
+    return CardEntry(
+        card_url=record.card_url, sha256=record.inline_sha256 or "", card=card,
+        raw=record.inline_card,
+    )
+
+
+def _alert_changes(results: dict[str, RefreshResult], names: dict[str, str], report: CycleReport,
+                   degrade_after: int, critical: dict[str, bool]) -> None:
+    for url, result in results.items():
+        if result.changed:
+            alerts.alerts_for_card_change(
+                local_name=names[url], card_url=url, old_card=result.previous.card,
+                new_card=result.entry.card,
+            )
+        if result.outcome == Outcome.FAILED:
+            entry = result.entry
+            if entry is None or not entry.has_card:
+                report.errors.append(f"{names[url]}: {result.error}")
+            if entry is not None and entry.failures == degrade_after:
+                alerts.alert_raise(
+                    kind=Alert.Kind.FETCH_FAILURES, subject=url, dedupe=False,
+                    message=f"{names[url]}: {entry.failures} consecutive card fetch failures "
+                            f"({result.error})",
+                    details={"local_name": names[url], "failures": entry.failures,
+                             "error": result.error, "critical": critical[url],
+                             "serving_stale": entry.has_card},
+                )
+
+
+def _upsert_agents(kept: list[SelectedAgent], ttl: int) -> list[SelectedAgent]:
+    """Make the selected agents routable: upsert discovered ones into the registry. An id held
+    by an agent from another source is a collision: that agent is left out."""
+    derived = [a for a in kept if a.source != "registry"]
+    rows = {
+        a.agent_id: a
+        for a in Agent.objects.filter(agent_id__in=[s.agent_id for s in derived])
+        .only("agent_id", "source", "card_sha256", "status", "expires_at", "url")
+    }
+    out = [a for a in kept if a.source == "registry"]
+    for agent in derived:
+        row = rows.get(agent.agent_id)
+        if row is not None and row.source != Agent.Source.DISCOVERY:
+            alerts.alert_raise(
+                kind=Alert.Kind.NAME_COLLISION, subject=agent.agent_id,
+                message=f"{agent.local_name}: agent id {agent.agent_id} is registered by "
+                        f"another source ({row.source}); left out",
+                details={"local_name": agent.local_name, "card_url": agent.card_url},
+            )
+            continue
+        endpoint = card_endpoint(agent.card or {})
+        if row is None or not row.is_routable or row.card_sha256 != agent.card_sha256 \
+                or row.url != endpoint:
+            try:
+                registry_services.agent_register(
+                    actor=SYSTEM, agent_id=agent.agent_id, url=endpoint, card=agent.raw,
+                    ttl_seconds=ttl, source=Agent.Source.DISCOVERY,
+                )
+            except registry_services.RegistryError as exc:
+                alerts.alert_raise(
+                    kind=Alert.Kind.REFUSED, subject=agent.card_url,
+                    message=f"{agent.local_name}: the registry refused it: {exc}",
+                    details={"local_name": agent.local_name, "error": str(exc)},
+                )
+                continue
+        out.append(agent)
+    return out
+
+
+def _keep_routable(ttl: int) -> None:
+    """Renew leases of discovered agents any retained snapshot references; re-register those
+    whose lease lapsed (from the card bytes the snapshot retained)."""
+    from discovery.models import CardBlob
+
+    ids = snapshot_agent_ids_retained()
+    registry_services.agents_renew_leases(
+        agent_ids=list(ids), ttl_seconds=ttl, source=Agent.Source.DISCOVERY
+    )
+    routable = set(Agent.objects.routable().filter(agent_id__in=list(ids))
+                   .values_list("agent_id", flat=True))
+    lapsed = {
+        row["agent_id"]: row for snap in snapshots_retained() for row in snap.agents
+        if row["agent_id"] not in routable and row.get("source") != "registry"
+    }
+    if not lapsed:
+        return
+    taken = set(Agent.objects.filter(agent_id__in=list(lapsed))
+                .exclude(source=Agent.Source.DISCOVERY).values_list("agent_id", flat=True))
+    blobs = {b.sha256: b for b in CardBlob.objects.filter(
+        sha256__in=[r["card_sha256"] for r in lapsed.values()])}
+    for agent_id, row in lapsed.items():
+        blob = blobs.get(row["card_sha256"])
+        if blob is None or agent_id in taken:
+            continue
+        try:
+            registry_services.agent_register(
+                actor=SYSTEM, agent_id=agent_id, url=card_endpoint(blob.card), card=bytes(blob.raw),
+                ttl_seconds=ttl, source=Agent.Source.DISCOVERY,
+            )
+        except registry_services.RegistryError as exc:
+            logger.warning("could not keep %s routable: %s", agent_id, exc)
+
+
+def run_cycle(
+    *,
+    cache: CardCache | None = None,
+    progress: Progress | None = None,
+    on_total: Callable[[int], None] | None = None,
+) -> CycleReport:
+    """Run one full discovery cycle and report what it did."""
+    started = time.monotonic()
+    report = CycleReport()
+    if settings.DISCOVERY_CONFIG:
+        try:
+            config_file_sync()
+        except ConfigFileError as exc:
+            report.config_error = str(exc)
+            logger.error("discovery configuration file: %s", exc)
+    if not discovery_is_configured():
+        report.configured = False
+        return report
+    with _cycle_guard() as mine:
+        if not mine:
+            report.skipped = True
+            return report
+        _cycle(report, cache or default_cache(), progress, on_total)
+    report.seconds = time.monotonic() - started
+    metrics.CYCLE_SECONDS.observe(report.seconds)
+    return report
+
+
+def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
+           on_total: Callable[[int], None] | None) -> None:
+    policy, _ = DiscoveryPolicy.objects.get_or_create(pk=1)
+    records, report.source_errors = collect_records()
+    report.proposed = len(records)
+    admission = Admission(allowlist_entries())
+    resolved = resolve(records, admission=admission)
+    report.admitted, report.refused = len(resolved.admitted), len(resolved.refused)
+    report.duplicates, report.collisions = resolved.duplicates, len(resolved.collisions)
+    for record, reason in resolved.refused:
+        alerts.alert_raise(
+            kind=Alert.Kind.REFUSED, subject=record.base_url,
+            message=f"{record.local_name} ({record.source}): {reason}",
+            details={"local_name": record.local_name, "source": record.source, "reason": reason},
+        )
+    for record, other in resolved.collisions:
+        alerts.alert_raise(
+            kind=Alert.Kind.NAME_COLLISION, subject=record.base_url,
+            message=f"{record.local_name} ({record.source}, {record.base_url}) collides with "
+                    f"{other.local_name} ({other.source}, {other.base_url}); refused",
+            details={"local_name": record.local_name, "kept": other.base_url},
+        )
+
+    fetchable = [r for r in resolved.admitted if r.inline_card is None]
+    names = {r.card_url: r.local_name for r in fetchable}
+    critical = {r.card_url: r.critical for r in fetchable}
+    if on_total:
+        on_total(len(fetchable))
+    results = cache.refresh_many(names, admit=admission.admits, progress=progress)
+    report.outcomes.update(r.outcome for r in results.values())
+
+    transitions = health_observe_many(
+        observations={u: r.ok for u, r in results.items() if r.attempted},
+        degrade_after=policy.degrade_after, recover_after=policy.recover_after,
+    )
+    for t in transitions:
+        bucket = report.newly_degraded if t.after == DEGRADED else report.recovered
+        bucket.append(names[t.card_url])
+    _alert_changes(results, names, report, policy.degrade_after, critical)
+    degraded = degraded_urls()
+    # A degraded endpoint is revalidated every cycle so M successes take M cycles, not M
+    # cache lifetimes; backoff still spaces out its failures.
+    recovering = [u for u, r in results.items() if u in degraded and r.ok]
+    if recovering:
+        cache.mark_due(recovering)
+    report.degraded = len(degraded & set(names))
+    metrics.DEGRADED_ENDPOINTS.set(report.degraded)
+
+    needs = needs_active()
+    hook = policy_hook()
+    candidates: list[SelectedAgent] = []
+    for record in resolved.admitted:
+        entry = _inline_entry(record) if record.inline_card is not None else \
+            (results[record.card_url].entry if record.card_url in results else None)
+        if entry is None or not entry.has_card or record.card_url in degraded:
+            continue
+        card: dict[str, Any] = entry.card  # type: ignore[assignment]
+        if record.configured and record.source == ConfiguredAgent.Kind.STATIC:
+            description = record.description
+        else:
+            matched = matched_needs(card, needs, record=record, hook=hook)
+            if not matched:
+                continue
+            description = record.description if record.configured and record.description \
+                else matched[0].description
+        endpoint = card_endpoint(card)
+        reason = admission.refusal(endpoint) if endpoint else "the card has no endpoint"
+        if reason and record.inline_card is None:
+            alerts.alert_raise(
+                kind=Alert.Kind.REFUSED, subject=record.card_url,
+                message=f"{record.local_name}: card endpoint {endpoint}: {reason}",
+                details={"local_name": record.local_name, "endpoint": endpoint, "reason": reason},
+            )
+            continue
+        candidates.append(SelectedAgent(
+            local_name=record.local_name, description=description,
+            agent_id=record.target_agent_id, card_sha256=entry.sha256, card_url=record.card_url,
+            source=record.source, critical=record.critical, card=card, raw=entry.raw,
+        ))
+    report.candidates = len(candidates)
+    kept, left_out = select_capped(candidates, max_agents=policy.max_agents)
+    report.capped = len(left_out)
+    if left_out:
+        alerts.alert_raise(
+            kind=Alert.Kind.CAP_REACHED, subject="snapshot",
+            message=f"the cap of {policy.max_agents} agents left out "
+                    f"{', '.join(a.local_name for a in left_out[:20])}"
+                    + (" ..." if len(left_out) > 20 else ""),
+            details={"max_agents": policy.max_agents,
+                     "left_out": sorted(a.local_name for a in left_out)},
+        )
+    ttl = settings.DISCOVERY_AGENT_TTL_SECONDS
+    kept = _upsert_agents(kept, ttl)
+    report.selected = len(kept)
+    snapshot, report.published = snapshot_publish(agents=kept)
+    report.version, report.digest = snapshot.version, snapshot.digest
+    _keep_routable(ttl)
+    sessions_expire()
+    snapshots_evict()

@@ -1,0 +1,52 @@
+"""``manage.py discover --once``: one full discovery cycle with a progress bar and a summary.
+Without ``--once`` it runs a cycle every ``--interval`` seconds until interrupted."""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from tqdm import tqdm
+
+from discovery.loop import run_cycle
+
+
+class Command(BaseCommand):
+    help = "Run the discovery loop: sources, resolver, card cache, matcher, health, snapshot."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--once", action="store_true", help="run one cycle and exit")
+        parser.add_argument("--interval", type=float, default=None,
+                            help="seconds between cycles (default DISCOVERY_INTERVAL_SECONDS)")
+        parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def _cycle(self, show_progress: bool) -> None:
+        bar: tqdm | None = None
+
+        def on_total(total: int) -> None:
+            nonlocal bar
+            if show_progress:
+                bar = tqdm(total=total, desc="cards", unit="card", file=self.stderr._out,
+                           leave=False, dynamic_ncols=True)
+
+        def progress(n: int) -> None:
+            if bar is not None:
+                bar.update(n)
+
+        try:
+            report = run_cycle(progress=progress, on_total=on_total)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.stdout.write(report.summary())
+
+    def handle(self, *args, **options) -> None:
+        show = not options["no_progress"]
+        if options["once"]:
+            self._cycle(show)
+            return
+        interval = options["interval"] or settings.DISCOVERY_INTERVAL_SECONDS
+        while True:
+            self._cycle(show)
+            time.sleep(interval)

@@ -1,0 +1,77 @@
+"""Discovery fixtures: a counting card server, a Kubernetes API stand-in, an injectable clock
+and a fresh card cache per test."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from discovery import tree_factory
+from discovery.card_cache import CardCache
+from discovery.config_file import config_file_sync
+from discovery.locks import LocalLocks
+from tests.discovery.servers import CardServer, KubeApi
+from tests.servers import serve_app
+
+
+class FakeClock:
+    """POSIX seconds that move only when told to."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = start if start is not None else time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def card_server():
+    app = CardServer()
+    with serve_app(app, lifespan="off") as server:
+        app.url = server.url
+        yield app
+
+
+@pytest.fixture
+def kube_api():
+    app = KubeApi()
+    with serve_app(app, lifespan="off") as server:
+        app.url = server.url
+        yield app
+
+
+@pytest.fixture
+def cache(clock) -> CardCache:
+    return CardCache(clock=clock, jitter=0.0, locks=LocalLocks())
+
+
+@pytest.fixture(autouse=True)
+def _fresh_trees(settings):
+    settings.DISCOVERY_FETCH_TIMEOUT_SECONDS = 1.0
+    settings.DISCOVERY_CONNECT_TIMEOUT_SECONDS = 1.0
+    tree_factory.forget(tree_factory.cached_digests())
+    yield
+    tree_factory.forget(tree_factory.cached_digests())
+
+
+@pytest.fixture
+def configure(tmp_path):
+    """Write a DISCOVERY_CONFIG file and sync it into the models (as the loop does)."""
+
+    def apply(**config):
+        config.setdefault("allowlist", [{"host": "127.0.0.1", "allow_http": True}])
+        path = tmp_path / "discovery.json"
+        path.write_text(json.dumps(config))
+        return config_file_sync(path=str(path), force=True)
+
+    return apply
