@@ -290,13 +290,21 @@ def running_echo_agent(**kwargs) -> Iterator[EchoAgent]:
 
 @asynccontextmanager
 async def sdk_client(base_url: str, *, streaming: bool = True, polling: bool = False,
-                     headers: dict[str, str] | None = None,
-                     timeout: float = 30.0) -> AsyncIterator[Client]:
+                     headers: dict[str, str] | None = None, timeout: float = 30.0,
+                     responses: list[httpx.Response] | None = None) -> AsyncIterator[Client]:
     """A stock a2a-sdk client resolved from ``base_url``'s well-known card, the way a user would.
 
     ``headers`` go on every request (card fetch included): bearer tokens, custom ``X-`` headers.
+    ``responses``, when given, collects every HTTP response (headers available as they arrive).
     """
-    async with httpx.AsyncClient(headers=headers or {}, timeout=timeout) as http:
+    hooks = {}
+    if responses is not None:
+        async def keep(response: httpx.Response) -> None:
+            responses.append(response)
+
+        hooks["response"] = [keep]
+    async with httpx.AsyncClient(headers=headers or {}, timeout=timeout,
+                                 event_hooks=hooks) as http:
         config = ClientConfig(httpx_client=http, streaming=streaming, polling=polling)
         client = await ClientFactory(config).create_from_url(base_url)
         try:
