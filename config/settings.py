@@ -251,6 +251,9 @@ A2A_RATE_LIMIT_BURST = env_int("A2A_RATE_LIMIT_BURST", 0)
 A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
 A2A_ROUTING_RESYNC_SECONDS = env_float("A2A_ROUTING_RESYNC_SECONDS", 30, minimum=1)
 A2A_NODE_HEARTBEAT_SECONDS = env_float("A2A_NODE_HEARTBEAT_SECONDS", 10, minimum=1)
+# Hand a Query straight to the subscriber when it lives in the receiving process (no broker
+# hop). Off: every request goes through the channel layer (same behaviour, slower).
+A2A_LOCAL_FAST_PATH = env_bool("A2A_LOCAL_FAST_PATH", True)
 DISCOVERY_CONFIG = env_str("DISCOVERY_CONFIG")
 # --- discovery (discovery/) ---
 DISCOVERY_FETCH_TIMEOUT_SECONDS = env_float("DISCOVERY_FETCH_TIMEOUT_SECONDS", 5.0, minimum=0.01)

@@ -1,0 +1,72 @@
+"""The Query envelope a request becomes, and the reply messages that answer it.
+
+A Query travels on ``_AGENTS_.{agent_id}`` (or is handed straight to the in-process subscriber
+on the local fast path) as a plain dict, so both Channels layers carry it unchanged::
+
+    {"type": "a2a.query", "body": <request bytes>, "tags": {
+        "a2a_method": "message/send", "a2a_hdr_<name>": "<value>", ...,
+        "a2a_timeout": "300", "a2a_caller_id": "<client id>",
+        "a2a_reply_channel": "<gateway reply channel>", "a2a_request_id": "<uuid>"}}
+
+Replies go to the reply channel, each naming the request (``i``). ``k`` is the message kind:
+
+- ``s`` start: the agent answered; ``status``, ``headers``, first ``body`` bytes, ``more``,
+  ``sse`` (whether the body is an event stream)
+- ``c`` chunk: more ``body`` bytes, ``more``
+- ``e`` error: a transport error ``kind`` with ``detail`` (and the agent's ``status`` when it
+  answered 502/503/504); before a start it is the whole reply, after one it ends the stream
+- ``a`` ack: the subscriber has the request and is still working (sent only for slow requests
+  through the broker, so the gateway can tell "no live subscriber" from "slow agent")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+QUERY = "a2a.query"
+REPLY = "a2a.reply"
+
+TAG_METHOD = "a2a_method"
+TAG_TIMEOUT = "a2a_timeout"
+TAG_CALLER = "a2a_caller_id"
+TAG_REPLY_CHANNEL = "a2a_reply_channel"
+TAG_REQUEST_ID = "a2a_request_id"
+TAG_RPC_ID = "a2a_rpc_id"  # the caller's JSON-RPC id (for stream_cancel towards the agent)
+TAG_STREAM_ID = "a2a_stream_id"  # stream_cancel: the request id of the stream to cancel
+
+START = "s"
+CHUNK = "c"
+ERROR = "e"
+ACK = "a"
+
+#: Methods the SSE handler serves (A2A 0.3 and 1.0 names).
+STREAMING_METHODS = frozenset(
+    {"message/stream", "tasks/resubscribe", "SendStreamingMessage", "SubscribeToTask"}
+)
+CANCEL_METHOD = "stream_cancel"
+
+
+def query(body: bytes, tags: dict[str, str]) -> dict[str, Any]:
+    return {"type": QUERY, "body": body, "tags": tags}
+
+
+def start(
+    request_id: str, status: int, headers: list, body: bytes, *, more: bool, sse: bool
+) -> dict[str, Any]:
+    return {"type": REPLY, "i": request_id, "k": START, "status": status, "headers": headers,
+            "body": body, "more": more, "sse": sse}
+
+
+def chunk(request_id: str, body: bytes, *, more: bool) -> dict[str, Any]:
+    return {"type": REPLY, "i": request_id, "k": CHUNK, "body": body, "more": more}
+
+
+def error(
+    request_id: str, kind: str, detail: str = "", *, status: int | None = None
+) -> dict[str, Any]:
+    return {"type": REPLY, "i": request_id, "k": ERROR, "kind": kind, "detail": detail,
+            "status": status}
+
+
+def ack(request_id: str) -> dict[str, Any]:
+    return {"type": REPLY, "i": request_id, "k": ACK}

@@ -1,0 +1,121 @@
+"""Gateway errors: the kinds of ARCHITECTURE.md's table, their codes per error profile, and the
+JSON-RPC error bodies the gateway answers with.
+
+A *transport* error (the agent never processed the request) is answered by the gateway itself:
+a JSON-RPC error with the caller's ``id``, ``X-A2A-Executed: false`` and
+``error.data = {executed, retryable, kind, agent_id}``. The agent's own answers (application
+errors included) are relayed unchanged and never pass through here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from django.conf import settings
+
+PARSE_ERROR = "parse_error"
+INVALID_REQUEST = "invalid_request"
+AGENT_NOT_FOUND = "agent_not_found"
+BUSY = "busy"
+UNREACHABLE = "unreachable"
+TIMEOUT = "timeout"
+UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+RESPONSE_TOO_LARGE = "response_too_large"
+# Answered with an HTTP status of their own (401, 403, 429, 413) and a JSON-RPC error body.
+UNAUTHENTICATED = "unauthenticated"
+FORBIDDEN = "forbidden"
+RATE_LIMITED = "rate_limited"
+REQUEST_TOO_LARGE = "request_too_large"
+
+# kind: (code in profile "a2a", code in profile "kubemq", retryable, HTTP status)
+# The a2a profile keeps gateway codes outside A2A's own -32001..-32009 (TaskNotFound, ...);
+# the kubemq profile reproduces the KubeMQ connector's codes for drop-in compatibility.
+_TABLE: dict[str, tuple[int, int, bool, int]] = {
+    PARSE_ERROR: (-32700, -32700, False, 200),
+    INVALID_REQUEST: (-32600, -32600, False, 200),
+    AGENT_NOT_FOUND: (-32050, -32002, False, 200),
+    BUSY: (-32051, -32603, True, 200),
+    UNREACHABLE: (-32052, -32603, True, 200),
+    TIMEOUT: (-32053, -32001, True, 200),
+    UPSTREAM_UNAVAILABLE: (-32054, -32603, True, 200),
+    RESPONSE_TOO_LARGE: (-32055, -32603, False, 200),
+    UNAUTHENTICATED: (-32056, -32600, False, 401),
+    FORBIDDEN: (-32057, -32600, False, 403),
+    RATE_LIMITED: (-32058, -32603, True, 429),
+    REQUEST_TOO_LARGE: (-32059, -32600, False, 413),
+}
+
+_PREFIX = {
+    PARSE_ERROR: "parse error: ",
+    INVALID_REQUEST: "invalid request: ",
+    UNREACHABLE: "agent unreachable: ",
+}
+
+
+def message_for(
+    kind: str, agent_id: str | None, detail: str = "", status: int | None = None
+) -> str:
+    """The error message of ARCHITECTURE.md's table for ``kind``."""
+    if kind in _PREFIX:
+        return _PREFIX[kind] + (detail or kind.replace("_", " "))
+    if kind == AGENT_NOT_FOUND:
+        return f"agent not found: {agent_id}"
+    if kind == BUSY:
+        return "server busy: concurrency limit reached"
+    if kind == TIMEOUT:
+        return f"agent timeout: {agent_id}"
+    if kind == UPSTREAM_UNAVAILABLE:
+        return f"agent unavailable: HTTP {status}"
+    if kind == RESPONSE_TOO_LARGE:
+        return "response too large"
+    return detail or kind.replace("_", " ")
+
+
+def code_for(kind: str) -> int:
+    a2a_code, kubemq_code, _, _ = _TABLE[kind]
+    return kubemq_code if settings.A2A_ERROR_PROFILE == "kubemq" else a2a_code
+
+
+def http_status_for(kind: str) -> int:
+    return _TABLE[kind][3]
+
+
+def error_object(
+    kind: str,
+    *,
+    agent_id: str | None,
+    detail: str = "",
+    status: int | None = None,
+    executed: bool = False,
+) -> dict[str, Any]:
+    """The ``error`` member of a gateway JSON-RPC error response."""
+    return {
+        "code": code_for(kind),
+        "message": message_for(kind, agent_id, detail, status),
+        "data": {
+            "executed": executed,
+            "retryable": _TABLE[kind][2],
+            "kind": kind,
+            "agent_id": agent_id,
+        },
+    }
+
+
+def error_body(
+    kind: str,
+    *,
+    rpc_id: Any = None,
+    agent_id: str | None,
+    detail: str = "",
+    status: int | None = None,
+    executed: bool = False,
+) -> bytes:
+    """A complete JSON-RPC 2.0 error response, serialized."""
+    return orjson.dumps({
+        "jsonrpc": "2.0",
+        "id": rpc_id,
+        "error": error_object(
+            kind, agent_id=agent_id, detail=detail, status=status, executed=executed
+        ),
+    })

@@ -1,0 +1,61 @@
+"""Per-request limits: the caller's timeout and the per-caller rate limit.
+
+The per-agent concurrency cap lives with the virtual subscriber (it enforces it); the size caps
+are checked where the bytes are read (gateway.handler for requests, gateway.subscriber for
+responses).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.conf import settings
+
+
+def request_timeout(payload: dict[str, Any]) -> float:
+    """``params.configuration.timeout`` in seconds: missing or invalid gives the default,
+    anything above the maximum is capped."""
+    params = payload.get("params")
+    if isinstance(params, dict):
+        configuration = params.get("configuration")
+        if isinstance(configuration, dict):
+            value = configuration.get("timeout")
+            if (
+                isinstance(value, (int, float)) and not isinstance(value, bool)
+                and value > 0 and value == value  # not NaN
+            ):
+                return min(float(value), settings.A2A_MAX_TIMEOUT_SECONDS)
+    return min(float(settings.A2A_DEFAULT_TIMEOUT_SECONDS), settings.A2A_MAX_TIMEOUT_SECONDS)
+
+
+class RateLimiter:
+    """Token buckets per caller: ``rate`` tokens per second, ``burst`` deep. Rate 0: off.
+
+    In memory, per node: a cluster of N nodes admits up to N times the rate, which is what a
+    per-node limiter can promise without a shared store on the hot path.
+    """
+
+    MAX_CALLERS = 100_000
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, list[float]] = {}
+
+    def allow(self, caller: str) -> bool:
+        rate = settings.A2A_RATE_LIMIT_PER_SECOND
+        if rate <= 0:
+            return True
+        burst = float(settings.A2A_RATE_LIMIT_BURST or max(1.0, rate))
+        now = time.monotonic()
+        bucket = self._buckets.get(caller)
+        if bucket is None:
+            if len(self._buckets) >= self.MAX_CALLERS:
+                self._buckets.clear()
+            bucket = self._buckets[caller] = [burst, now]
+        tokens = min(burst, bucket[0] + (now - bucket[1]) * rate)
+        bucket[1] = now
+        if tokens < 1.0:
+            bucket[0] = tokens
+            return False
+        bucket[0] = tokens - 1.0
+        return True

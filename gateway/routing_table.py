@@ -1,0 +1,75 @@
+"""The node's in-memory routing table: agent id -> route (endpoint, owning node, cap, owner).
+
+Loaded at node start from ``registry.selectors.agent_routes``, kept current by registry events
+(this process's and, in distributed mode, other nodes' via the discovery group) and re-synced
+from the database periodically as a safety net. The hot path only reads a dict.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+
+from registry.events import AgentEvent, AgentRoute
+
+
+class RoutingTable:
+    def __init__(self) -> None:
+        self._routes: dict[str, AgentRoute] = {}
+        # Agents an event touched since the last resync began: the resync's (older) database
+        # read must not undo them.
+        self._touched: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._routes)
+
+    def __contains__(self, agent_id: str) -> bool:
+        return agent_id in self._routes
+
+    def routes(self) -> list[AgentRoute]:
+        return list(self._routes.values())
+
+    def get(self, agent_id: str) -> AgentRoute | None:
+        """The route of a routable agent, or None (unknown, deregistered or expired).
+
+        Heartbeats renew leases without a broadcast, so a route's ``expires_at`` may lag the
+        database by up to one resync; an agent counts as expired here only once it is past its
+        lease by more than that lag (the expiry job's event usually removes it sooner).
+        """
+        route = self._routes.get(agent_id)
+        if route is None:
+            return None
+        if route.expires_at + _grace() < time.time():
+            return None
+        return route
+
+    def apply(self, event: AgentEvent) -> AgentRoute | None:
+        """Apply a registry event; returns the agent's previous route."""
+        self._touched.add(event.agent_id)
+        previous = self._routes.get(event.agent_id)
+        if event.kind in ("registered", "updated") and event.route is not None:
+            self._routes[event.agent_id] = event.route
+        elif event.kind in ("deregistered", "expired"):
+            self._routes.pop(event.agent_id, None)
+        return previous
+
+    def begin_resync(self) -> None:
+        self._touched = set()
+
+    def finish_resync(self, routes: list[AgentRoute]) -> None:
+        """Replace the table with a database read begun at :meth:`begin_resync`, keeping what
+        events changed meanwhile."""
+        fresh = {route.agent_id: route for route in routes}
+        for agent_id in self._touched:
+            fresh.pop(agent_id, None)
+            if agent_id in self._routes:
+                fresh[agent_id] = self._routes[agent_id]
+        self._routes = fresh
+        self._touched = set()
+
+
+def _grace() -> float:
+    return settings.A2A_ROUTING_RESYNC_SECONDS + getattr(
+        settings, "A2A_EXPIRY_INTERVAL_SECONDS", 5.0
+    )

@@ -1,0 +1,390 @@
+"""The virtual subscriber ``a2a-vsub-{agent_id}``: the per-agent bridge from a Query to HTTP.
+
+It receives Query envelopes on ``_AGENTS_.{agent_id}`` (one long-lived receive loop; the local
+fast path hands envelopes to :meth:`VirtualSubscriber.handle` directly), enforces the agent's
+concurrency cap (overflow is answered ``busy`` at once, never queued, no work spawned) and
+dispatches on the ``a2a_method`` tag:
+
+- streaming methods -> the SSE handler: opens the agent's event stream and relays whole events
+  as they arrive, with keepalives while idle and an idle timeout;
+- ``stream_cancel`` -> the cancel handler: stops a relayed stream (the caller went away);
+- everything else -> the sync handler: POSTs the body unchanged and relays the answer.
+
+Replies are reply messages (gateway.envelope) written to a *sink*: the broker reply channel, or
+the receiving gateway itself on the local fast path. The same handlers serve both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from django.conf import settings
+
+from gateway import envelope as env
+from gateway import errors, outbound
+from gateway import metrics as m
+from gateway.headers import outbound_headers, relayed_response_headers
+from gateway.sse import KEEPALIVE, largest_event, split_events
+from registry.events import AgentRoute
+from registry.ids import agent_channel
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[dict[str, Any]], Awaitable[None]]
+
+#: Bodies up to this size (with a known Content-Length) are read in one go and sent as one
+#: message; larger ones are relayed chunk by chunk as they arrive.
+WHOLE_BODY_BYTES = 256 * 1024
+#: Through the broker, a request still running after this long is acknowledged, so the gateway
+#: can tell a slow agent from a missing subscriber.
+ACK_AFTER_SECONDS = 0.5
+#: How long the kubemq profile's stream_cancel notice to the agent may take.
+CANCEL_NOTICE_TIMEOUT_SECONDS = 5.0
+
+
+class BrokerSink:
+    """Writes reply messages to the gateway's reply channel through the Channels layer."""
+
+    __slots__ = ("layer", "channel", "request_id", "_ack_timer", "_tasks")
+
+    def __init__(self, layer, channel: str, request_id: str, tasks: set[asyncio.Task]) -> None:
+        self.layer = layer
+        self.channel = channel
+        self.request_id = request_id
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._tasks = tasks
+
+    def arm_ack(self) -> None:
+        self._ack_timer = asyncio.get_running_loop().call_later(ACK_AFTER_SECONDS, self._ack)
+
+    def _ack(self) -> None:
+        self._ack_timer = None
+        _spawn(self._tasks, self._send(env.ack(self.request_id)))
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        await self._send(message)
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        try:
+            await self.layer.send(self.channel, message)
+        except Exception as exc:  # broker down: the gateway times out and answers itself
+            logger.warning("reply to %s lost: %s: %s", self.channel, type(exc).__name__, exc)
+
+
+def _spawn(tasks: set[asyncio.Task], coro) -> asyncio.Task:
+    task = asyncio.get_running_loop().create_task(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    return task
+
+
+class VirtualSubscriber:
+    """One agent's subscriber on its owning node."""
+
+    def __init__(self, route: AgentRoute, layer) -> None:
+        self.agent_id = route.agent_id
+        self.client_id = f"a2a-vsub-{route.agent_id}"
+        self.channel = agent_channel(route.agent_id)
+        self.layer = layer
+        self.route = route
+        self.url = outbound.url(route.endpoint)
+        self.in_flight = 0
+        self.streams: dict[str, asyncio.Task] = {}
+        self._cancel_requested: dict[str, Any] = {}  # request id -> the stream's JSON-RPC id
+        self._tasks: set[asyncio.Task] = set()
+        self._receiver: asyncio.Task | None = None
+        self._stopping = False
+        self._m_in_flight = m.IN_FLIGHT.labels(self.agent_id)
+        self._m_busy = m.BUSY_REJECTIONS.labels(self.agent_id)
+        self._m_streams = m.SSE_STREAMS_ACTIVE.labels(self.agent_id)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self, *, after: asyncio.Task | None = None) -> None:
+        """Start receiving; ``after`` is a previous subscriber's teardown to wait for."""
+        self._receiver = asyncio.get_running_loop().create_task(
+            self._receive_loop(after), name=self.client_id
+        )
+
+    def update(self, route: AgentRoute) -> None:
+        self.route = route
+        self.url = outbound.url(route.endpoint)
+
+    async def stop(self) -> None:
+        """Tear down: stop receiving (unsubscribes the channel) and end relayed streams.
+        Sync requests already running finish on their own (each is bounded by its timeout)."""
+        self._stopping = True
+        tasks = list(self.streams.values())
+        if self._receiver is not None:
+            tasks.append(self._receiver)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+
+    @property
+    def running(self) -> bool:
+        return self._receiver is not None and not self._receiver.done()
+
+    async def _receive_loop(self, after: asyncio.Task | None) -> None:
+        # One long-lived receive() per channel, never cancelled and re-issued (messages are lost
+        # that way on both Redis layers); cancelled only on teardown.
+        if after is not None:
+            await asyncio.wait([after])
+        layer = self.layer
+        while True:
+            try:
+                message = await layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # broker hiccup: keep the loop alive
+                logger.warning("%s: receive failed: %s: %s", self.client_id,
+                               type(exc).__name__, exc)
+                await asyncio.sleep(0.5)
+                continue
+            tags = message.get("tags") if isinstance(message, dict) else None
+            if not isinstance(tags, dict):
+                continue
+            reply_channel = tags.get(env.TAG_REPLY_CHANNEL)
+            request_id = tags.get(env.TAG_REQUEST_ID)
+            if not isinstance(reply_channel, str) or not isinstance(request_id, str):
+                continue
+            sink = BrokerSink(layer, reply_channel, request_id, self._tasks)
+            try:
+                await self.handle(message, sink, local=False)
+            except Exception:
+                logger.exception("%s: dispatch failed", self.client_id)
+
+    # --- dispatch --------------------------------------------------------------------------
+
+    async def handle(self, query: dict[str, Any], sink: Sink, *, local: bool) -> None:
+        """Dispatch one Query. On the local path a sync request runs in the caller's task;
+        through the broker every accepted request runs in a task of its own."""
+        tags = query["tags"]
+        method = tags.get(env.TAG_METHOD, "")
+        request_id = tags.get(env.TAG_REQUEST_ID, "")
+        if method == env.CANCEL_METHOD and env.TAG_STREAM_ID in tags:
+            self.cancel_stream(tags[env.TAG_STREAM_ID])
+            return
+        if self._stopping:
+            await sink(env.error(request_id, errors.UNREACHABLE, "agent is deregistering"))
+            return
+        if self.in_flight >= self.route.max_concurrency:
+            self._m_busy.inc()
+            await sink(env.error(request_id, errors.BUSY))
+            return
+        self.in_flight += 1
+        self._m_in_flight.inc()
+        if not local:
+            sink.arm_ack()  # type: ignore[attr-defined]
+        if method in env.STREAMING_METHODS:
+            task = asyncio.get_running_loop().create_task(
+                self._run(query, sink, request_id, streaming=True)
+            )
+            self.streams[request_id] = task
+            task.add_done_callback(lambda _t, rid=request_id: self.streams.pop(rid, None))
+        elif local:
+            await self._run(query, sink, request_id, streaming=False)
+        else:
+            _spawn(self._tasks, self._run(query, sink, request_id, streaming=False))
+
+    def cancel_stream(self, request_id: str) -> bool:
+        """The cancel handler: the caller of a relayed stream went away."""
+        task = self.streams.get(request_id)
+        if task is None or task.done():
+            return False
+        self._cancel_requested[request_id] = True
+        task.cancel()
+        return True
+
+    # --- handlers --------------------------------------------------------------------------
+
+    async def _run(
+        self, query: dict[str, Any], sink: Sink, request_id: str, *, streaming: bool
+    ) -> None:
+        tags = query["tags"]
+        try:
+            if streaming:
+                await self._stream(query["body"], tags, sink, request_id)
+            else:
+                await self._sync(query["body"], tags, sink, request_id)
+        except asyncio.CancelledError:
+            if request_id in self._cancel_requested:
+                self._cancel_requested.pop(request_id)
+                if settings.A2A_ERROR_PROFILE == "kubemq":
+                    _spawn(self._tasks, self._notify_cancel(tags, query["body"]))
+            elif self._stopping:
+                await sink(env.error(request_id, errors.UNREACHABLE, "agent deregistered"))
+            raise
+        except Exception as exc:
+            logger.exception("%s: handler failed", self.client_id)
+            await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}"))
+        finally:
+            self.in_flight -= 1
+            self._m_in_flight.dec()
+
+    async def _sync(self, body: bytes, tags: dict[str, str], sink: Sink, request_id: str) -> None:
+        """The sync handler: POST the caller's bytes, relay the agent's answer."""
+        try:
+            seconds = float(tags.get(env.TAG_TIMEOUT) or settings.A2A_DEFAULT_TIMEOUT_SECONDS)
+        except ValueError:
+            seconds = float(settings.A2A_DEFAULT_TIMEOUT_SECONDS)
+        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+        try:
+            async with outbound.session().post(
+                self.url, data=body, headers=headers, timeout=outbound.timeout(seconds),
+                allow_redirects=False,
+            ) as response:
+                await self._relay(response, sink, request_id)
+        except TimeoutError:
+            await sink(env.error(request_id, errors.TIMEOUT))
+        except outbound.CONNECTION_ERRORS as exc:
+            await sink(env.error(request_id, errors.UNREACHABLE, _describe(exc)))
+
+    async def _stream(
+        self, body: bytes, tags: dict[str, str], sink: Sink, request_id: str
+    ) -> None:
+        """The SSE handler: open the agent's stream and relay it event by event."""
+        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+        try:
+            async with asyncio.timeout(settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
+                response = await outbound.session().post(
+                    self.url, data=body, headers=headers, timeout=outbound.timeout(None),
+                    allow_redirects=False,
+                )
+        except TimeoutError:
+            await sink(env.error(request_id, errors.TIMEOUT))
+            return
+        except outbound.CONNECTION_ERRORS as exc:
+            await sink(env.error(request_id, errors.UNREACHABLE, _describe(exc)))
+            return
+        try:
+            await self._relay(response, sink, request_id)
+        except TimeoutError:
+            await sink(env.error(request_id, errors.TIMEOUT))
+        except outbound.CONNECTION_ERRORS as exc:
+            await sink(env.error(request_id, errors.UNREACHABLE, _describe(exc)))
+        finally:
+            if response.content.at_eof():
+                response.release()
+            else:
+                response.close()  # drops the upstream connection: the agent sees the end
+
+    async def _relay(self, response, sink: Sink, request_id: str) -> None:
+        status = response.status
+        if status in (502, 503):
+            await sink(env.error(request_id, errors.UPSTREAM_UNAVAILABLE, status=status))
+            return
+        if status == 504:
+            await sink(env.error(request_id, errors.TIMEOUT, status=status))
+            return
+        headers = relayed_response_headers(response.raw_headers)
+        if response.content_type == "text/event-stream":
+            await self._relay_events(response, headers, sink, request_id)
+        else:
+            await self._relay_body(response, headers, sink, request_id)
+
+    async def _relay_body(self, response, headers: list, sink: Sink, request_id: str) -> None:
+        cap = settings.A2A_MAX_RESPONSE_BYTES
+        length = response.content_length
+        status = response.status
+        if length is not None and length > cap:
+            await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
+            return
+        if length is not None and length <= WHOLE_BODY_BYTES:
+            body = await response.read()
+            await sink(env.start(request_id, status, headers, body, more=False, sse=False))
+            return
+        if length is None:
+            # Unknown length: buffer up to the cap, so an oversize answer can still become a
+            # clean response_too_large instead of a truncated relay.
+            buffer = bytearray()
+            async for piece in response.content.iter_any():
+                buffer += piece
+                if len(buffer) > cap:
+                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
+                    return
+            await sink(env.start(request_id, status, headers, bytes(buffer), more=False,
+                                 sse=False))
+            return
+        headers.append((b"content-length", str(length).encode()))
+        await sink(env.start(request_id, status, headers, b"", more=True, sse=False))
+        async for piece in response.content.iter_any():
+            await sink(env.chunk(request_id, piece, more=True))
+        await sink(env.chunk(request_id, b"", more=False))
+
+    async def _relay_events(self, response, headers: list, sink: Sink, request_id: str) -> None:
+        cap = settings.A2A_MAX_RESPONSE_BYTES
+        keepalive = settings.A2A_SSE_KEEPALIVE_SECONDS
+        idle = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS
+        loop = asyncio.get_running_loop()
+        reader = response.content
+        await sink(env.start(request_id, response.status, headers, b"", more=True, sse=True))
+        self._m_streams.inc()
+        try:
+            now = loop.time()
+            last_data = last_sent = now
+            tail = b""
+            while True:
+                wait = min(last_sent + keepalive, last_data + idle) - loop.time()
+                try:
+                    async with asyncio.timeout(max(wait, 0.0)):
+                        piece = await reader.readany()
+                except TimeoutError:
+                    now = loop.time()
+                    if now >= last_data + idle:
+                        await sink(env.error(request_id, errors.TIMEOUT, "stream idle timeout"))
+                        return
+                    await sink(env.chunk(request_id, KEEPALIVE, more=True))
+                    last_sent = now
+                    continue
+                if not piece:
+                    await sink(env.chunk(request_id, tail, more=False))
+                    return
+                last_data = loop.time()
+                events, tail = split_events(tail + piece if tail else piece)
+                if len(tail) > cap or (len(events) > cap and largest_event(events) > cap):
+                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
+                    return
+                if events:
+                    await sink(env.chunk(request_id, events, more=True))
+                    last_sent = last_data
+        finally:
+            self._m_streams.dec()
+
+    async def _notify_cancel(self, tags: dict[str, str], body: bytes) -> None:
+        """kubemq profile: tell the agent its stream was cancelled (KubeMQ-style agents
+        implement a ``stream_cancel`` JSON-RPC method)."""
+        try:
+            original = orjson.loads(body).get("id")
+        except (orjson.JSONDecodeError, AttributeError):
+            original = None
+        notice = orjson.dumps({
+            "jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": env.CANCEL_METHOD,
+            "params": {"id": original, "request_id": original},
+        })
+        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+        headers.pop("content-type", None)
+        headers.pop("accept", None)
+        headers["content-type"] = "application/json"
+        try:
+            async with outbound.session().post(
+                self.url, data=notice, headers=headers,
+                timeout=outbound.timeout(CANCEL_NOTICE_TIMEOUT_SECONDS), allow_redirects=False,
+            ) as response:
+                await response.read()
+        except (TimeoutError, *outbound.CONNECTION_ERRORS) as exc:
+            logger.info("%s: stream_cancel notice failed: %s", self.client_id, _describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text[:300]

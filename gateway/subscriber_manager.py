@@ -1,0 +1,97 @@
+"""The Subscriber Manager: owns the lifecycle of this node's virtual subscribers.
+
+It spawns ``a2a-vsub-{agent_id}`` when an agent registers on this node (``route.node_id ==
+settings.NODE_ID``), updates it when the registration changes, and tears it down at once on
+deregistration, expiry, or when the agent re-registers on another node. Subscribers are not
+replicated: only the owning node runs one; other nodes route to it through the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from django.conf import settings
+
+from gateway import metrics
+from gateway.routing_table import RoutingTable
+from gateway.subscriber import VirtualSubscriber
+from registry.events import AgentEvent, AgentRoute
+
+logger = logging.getLogger(__name__)
+
+
+class SubscriberManager:
+    def __init__(self, table: RoutingTable, layer) -> None:
+        self.table = table
+        self.layer = layer
+        self.subscribers: dict[str, VirtualSubscriber] = {}
+        # Subscribers being torn down: a new one for the same agent starts receiving only after
+        # the old one stopped (both Redis layers and the in-memory layer drop a channel's
+        # subscription when its pending receive() is cancelled).
+        self._stopping: dict[str, asyncio.Task] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def local(self, agent_id: str) -> VirtualSubscriber | None:
+        return self.subscribers.get(agent_id)
+
+    def start(self) -> None:
+        self.reconcile()
+
+    async def stop(self) -> None:
+        subscribers = list(self.subscribers.values())
+        self.subscribers.clear()
+        await asyncio.gather(*(s.stop() for s in subscribers), return_exceptions=True)
+        pending = list(self._stopping.values()) + list(self._tasks)
+        if pending:
+            await asyncio.wait(pending, timeout=2)
+
+    # --- events ----------------------------------------------------------------------------
+
+    def apply(self, event: AgentEvent) -> None:
+        """Apply a registry event (this process's or another node's) to the table and to
+        this node's subscribers. Runs on the node's event loop."""
+        self.table.apply(event)
+        if event.kind in ("deregistered", "expired"):
+            self._teardown(event.agent_id)
+            metrics.forget_agent(event.agent_id)
+        elif event.route is not None:
+            self._place(event.route)
+
+    def reconcile(self) -> None:
+        """Make this node's subscribers match the routing table (start and every resync)."""
+        owned = {r.agent_id: r for r in self.table.routes() if r.node_id == settings.NODE_ID}
+        for agent_id in list(self.subscribers):
+            if agent_id not in owned:
+                self._teardown(agent_id)
+        for route in owned.values():
+            self._place(route)
+
+    def _place(self, route: AgentRoute) -> None:
+        current = self.subscribers.get(route.agent_id)
+        if route.node_id != settings.NODE_ID:
+            if current is not None:
+                logger.info("%s moved to node %s: tearing down", route.agent_id, route.node_id)
+                self._teardown(route.agent_id)
+            return
+        if current is not None:
+            current.update(route)
+            return
+        subscriber = VirtualSubscriber(route, self.layer)
+        self.subscribers[route.agent_id] = subscriber
+        subscriber.start(after=self._stopping.get(route.agent_id))
+        logger.debug("spawned %s", subscriber.client_id)
+
+    def _teardown(self, agent_id: str) -> None:
+        subscriber = self.subscribers.pop(agent_id, None)
+        if subscriber is None:
+            return
+        task = asyncio.get_running_loop().create_task(subscriber.stop())
+        self._stopping[agent_id] = task
+
+        def done(t: asyncio.Task, agent_id: str = agent_id) -> None:
+            if self._stopping.get(agent_id) is t:
+                del self._stopping[agent_id]
+
+        task.add_done_callback(done)
+        logger.debug("tearing down %s", subscriber.client_id)

@@ -1,0 +1,617 @@
+"""The gateway's request path against scripted agents: validation, auth, header rules, errors
+and Executed, limits, timeouts, metrics, both error profiles.
+
+Agents here are small raw-ASGI servers (uvicorn on loopback) whose behaviour each request picks
+with ``params.mode``; they record what arrived, so tests assert what reached the agent as well
+as what the caller got. Registration goes through ``registry.services`` like the API does.
+The local fast path and the broker path (``A2A_LOCAL_FAST_PATH`` off: through the Channels
+layer, in-memory or Redis) are both exercised where the path matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from registry import services
+from registry.permissions import SYSTEM
+from tests.conftest import make_client
+from tests.servers import serve_app
+
+# --- a scripted agent ----------------------------------------------------------------------
+
+
+@dataclass
+class Arrived:
+    path: str
+    headers: dict[str, list[str]]
+    body: bytes
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        return orjson.loads(self.body)
+
+    def header(self, name: str) -> str | None:
+        values = self.headers.get(name.lower())
+        return values[0] if values else None
+
+
+@dataclass
+class ScriptedAgent:
+    """A raw ASGI agent. ``params.mode`` of each JSON-RPC request picks the answer:
+
+    echo (default) | slow (``delay``) | status (``status``, ``body``, ``content_type``) |
+    text | big (``size``, chunked without Content-Length when ``chunked``) |
+    sse (``events``, ``delay``, ``event_size``) | sse_silent (``delay`` before first event)
+    """
+
+    arrived: list[Arrived] = field(default_factory=list)
+    active: int = 0
+    max_active: int = 0
+    streams_open: int = 0
+    streams_closed: list[float] = field(default_factory=list)
+    url: str = ""
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers: dict[str, list[str]] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.decode("latin-1"), []).append(value.decode("latin-1"))
+        self.arrived.append(Arrived(scope["path"], headers, body))
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            payload = {}
+        params = payload.get("params") if isinstance(payload, dict) else None
+        params = params if isinstance(params, dict) else {}
+        mode = params.get("mode", "echo")
+        rpc_id = payload.get("id") if isinstance(payload, dict) else None
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await getattr(self, f"_{mode}")(params, rpc_id, receive, send, headers, payload)
+        finally:
+            self.active -= 1
+
+    @staticmethod
+    async def _answer(send, status: int, body: bytes, content_type: bytes = b"application/json",
+                      extra: list | None = None) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+            *(extra or []),
+        ]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _echo(self, params, rpc_id, receive, send, headers, payload) -> None:
+        result = {"method": payload.get("method"), "params": params}
+        await self._answer(send, 200, orjson.dumps({"jsonrpc": "2.0", "id": rpc_id,
+                                                    "result": result}),
+                           extra=[(b"x-agent-extra", b"kept"), (b"set-cookie", b"s=1")])
+
+    async def _slow(self, params, rpc_id, receive, send, headers, payload) -> None:
+        await asyncio.sleep(float(params.get("delay", 1)))
+        await self._echo(params, rpc_id, receive, send, headers, payload)
+
+    async def _status(self, params, rpc_id, receive, send, headers, payload) -> None:
+        await self._answer(send, int(params["status"]), params.get("body", "").encode(),
+                           params.get("content_type", "application/json").encode())
+
+    async def _text(self, params, rpc_id, receive, send, headers, payload) -> None:
+        await self._answer(send, 200, b"plain \xff bytes, not JSON", b"text/plain")
+
+    async def _big(self, params, rpc_id, receive, send, headers, payload) -> None:
+        size = int(params["size"])
+        if not params.get("chunked"):
+            await self._answer(send, 200, b"x" * size, b"application/octet-stream")
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        sent = 0
+        while sent < size:
+            piece = min(65536, size - sent)
+            await send({"type": "http.response.body", "body": b"x" * piece, "more_body": True})
+            sent += piece
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _sse(self, params, rpc_id, receive, send, headers, payload) -> None:
+        await self._stream(params, rpc_id, receive, send, initial_delay=0.0)
+
+    async def _sse_silent(self, params, rpc_id, receive, send, headers, payload) -> None:
+        await self._stream(params, rpc_id, receive, send,
+                           initial_delay=float(params.get("delay", 60)))
+
+    async def _stream(self, params, rpc_id, receive, send, *, initial_delay: float) -> None:
+        events = int(params.get("events", 3))
+        delay = float(params.get("delay", 0.2))
+        event_size = int(params.get("event_size", 0))
+        self.streams_open += 1
+        closed = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            closed.set()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream"),
+                                    (b"cache-control", b"no-cache")]})
+            if initial_delay:
+                await asyncio.wait_for(closed.wait(), initial_delay)
+            for i in range(events):
+                data = {"jsonrpc": "2.0", "id": rpc_id, "result": {"seq": i,
+                                                                  "pad": "p" * event_size}}
+                event = b"event: message\ndata: " + orjson.dumps(data) + b"\n\n"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                try:
+                    await asyncio.wait_for(closed.wait(), delay)
+                    break
+                except TimeoutError:
+                    pass
+            await send({"type": "http.response.body", "body": b""})
+        except TimeoutError:
+            pass
+        finally:
+            watcher.cancel()
+            self.streams_open -= 1
+            self.streams_closed.append(time.monotonic())
+
+
+@pytest.fixture
+def agent() -> ScriptedAgent:
+    upstream = ScriptedAgent()
+    with serve_app(upstream) as server:
+        upstream.url = server.url + "/rpc"
+        yield upstream
+
+
+def register(agent_id: str, url: str, **kwargs):
+    card = {"name": agent_id, "description": "scripted", "url": url, "version": "1",
+            "protocolVersion": "0.3.0", "capabilities": {"streaming": True},
+            "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],
+            "skills": []}
+    return services.agent_register(actor=SYSTEM, agent_id=agent_id, url=url, card=card, **kwargs)
+
+
+def new_id(prefix: str = "ag") -> str:
+    return f"{prefix}-{os.urandom(3).hex()}"
+
+
+@pytest.fixture
+def token(live_server_url) -> str:
+    return make_client(["call"])[1]
+
+
+def rpc(method: str = "message/send", rpc_id: Any = 1, **params) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}
+
+
+@pytest.fixture
+def gw(live_server_url, token):
+    with httpx.Client(base_url=live_server_url, timeout=30,
+                      headers={"Authorization": f"Bearer {token}"}) as client:
+        yield client
+
+
+@pytest.fixture(params=["local", "broker"])
+def path_mode(request, settings) -> str:
+    """Run a test over the local fast path and over the Channels layer."""
+    settings.A2A_LOCAL_FAST_PATH = request.param == "local"
+    return request.param
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert "result" not in body, body
+    return body["error"]
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def test_validation_answers(gw: httpx.Client, agent):
+    register("val-agent", agent.url)
+    url = "/a2a/val-agent"
+    # Content-Type not JSON, or body not JSON: -32700 with id null
+    r = gw.post(url, content=b'{"jsonrpc":"2.0","id":1,"method":"x"}',
+                headers={"Content-Type": "text/plain"})
+    assert r.status_code == 200 and error_of(r)["code"] == -32700
+    assert r.json()["id"] is None and r.headers["x-a2a-executed"] == "false"
+    r = gw.post(url, content=b"{invalid json!!!", headers={"Content-Type": "application/json"})
+    assert error_of(r)["code"] == -32700 and r.json()["id"] is None
+    r = gw.post(url, content=b"\xff\xfe\x00garbage", headers={"Content-Type": "application/json"})
+    assert r.status_code == 200 and error_of(r)["code"] == -32700
+    # not one JSON-RPC 2.0 object with a string method: -32600
+    for bad in ([rpc()], [], "str", {"jsonrpc": "1.0", "id": 7, "method": "x"},
+                {"jsonrpc": "2.0", "id": 7}, {"jsonrpc": "2.0", "id": 7, "method": 5},
+                {"jsonrpc": "2.0", "id": {"x": 1}, "method": "m"}):
+        r = gw.post(url, json=bad)
+        assert r.status_code == 200, bad
+        error = error_of(r)
+        assert error["code"] == -32600, bad
+        assert error["data"] == {"executed": False, "retryable": False,
+                                 "kind": "invalid_request", "agent_id": None}
+    assert gw.post(url, json={"jsonrpc": "2.0", "id": 7}).json()["id"] == 7
+    # bad and reserved agent ids: -32600
+    for bad_id in ("Bad_Id", "x", "_AGENTS_.val-agent", "-lead", "a" * 64):
+        r = gw.post(f"/a2a/{bad_id}", json=rpc())
+        assert error_of(r)["code"] == -32600, bad_id
+    # GET on the RPC endpoint: 405
+    r = gw.get(url)
+    assert r.status_code == 405 and "POST" in r.headers["allow"]
+    assert agent.arrived == []  # nothing reached the agent
+
+
+def test_unknown_and_deregistered_agent(gw: httpx.Client, agent):
+    r = gw.post("/a2a/nobody-here", json=rpc(rpc_id="abc"))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["id"] == "abc"
+    assert body["error"]["code"] == -32050
+    assert body["error"]["message"] == "agent not found: nobody-here"
+    assert body["error"]["data"] == {"executed": False, "retryable": False,
+                                     "kind": "agent_not_found", "agent_id": "nobody-here"}
+    register("gone-agent", agent.url)
+    assert "result" in gw.post("/a2a/gone-agent/", json=rpc()).json()
+    services.agent_deregister(actor=SYSTEM, agent_id="gone-agent")
+    assert error_of(gw.post("/a2a/gone-agent", json=rpc()))["data"]["kind"] == "agent_not_found"
+
+
+def test_expired_agent_is_not_found(gw: httpx.Client, agent):
+    register("short-lived", agent.url, ttl_seconds=1)
+    assert "result" in gw.post("/a2a/short-lived", json=rpc()).json()
+    time.sleep(1.1)
+    services.agents_expire()
+    assert error_of(gw.post("/a2a/short-lived", json=rpc()))["data"]["kind"] == "agent_not_found"
+
+
+# --- the happy path, headers ---------------------------------------------------------------
+
+
+def test_relay_and_header_rules(gw: httpx.Client, agent, path_mode, settings):
+    register("hdr-agent", agent.url)
+    caller_client, caller_token = make_client(["call"], name=f"caller-{path_mode}")
+    request = rpc(rpc_id="r-1", text="hello")
+    body = orjson.dumps(request)
+    sent_headers = {
+        "Authorization": f"Bearer {caller_token}",
+        "Content-Type": "application/json",
+        "A2A-Version": "1.0",
+        "A2A-Extensions": "https://ext.example/a",
+        "X-A2A-Extensions": "https://ext.example/b",
+        "X-Custom-Thing": "custom-value",
+        "X-KubeMQ-Caller-ID": "spoofed-identity",
+        "Cookie": "session=secret",
+        "X-Forwarded-For": "10.9.9.9",
+        "X-Real-IP": "10.9.9.9",
+        "Proxy-Authorization": "Basic Zm9vOmJhcg==",
+        "Te": "trailers",
+        "Trailer": "X-Foo",
+        "Connection": "keep-alive, X-Hop",
+        "X-Hop": "hop-by-hop",
+    }
+    r = gw.post("/a2a/hdr-agent", content=body, headers=sent_headers)
+    assert r.status_code == 200
+    assert r.headers["x-a2a-executed"] == "true"
+    assert r.headers["x-a2a-agent-status"] == "200"
+    assert r.headers["x-agent-extra"] == "kept"
+    assert "set-cookie" not in r.headers
+    assert r.json()["result"]["params"]["text"] == "hello" and r.json()["id"] == "r-1"
+    arrived = agent.arrived[-1]
+    assert arrived.body == body  # bytes unchanged
+    assert arrived.path == "/rpc"
+    assert arrived.header("a2a-version") == "1.0"
+    assert arrived.header("a2a-extensions") == "https://ext.example/a"
+    assert arrived.header("x-a2a-extensions") == "https://ext.example/b"
+    assert arrived.header("x-custom-thing") == "custom-value"
+    assert arrived.headers["x-kubemq-caller-id"] == [caller_client.client_id]
+    for dropped in ("authorization", "cookie", "x-forwarded-for", "x-real-ip",
+                    "proxy-authorization", "te", "trailer", "x-hop", "transfer-encoding"):
+        assert dropped not in arrived.headers, dropped
+    assert arrived.header("host") == agent.url.split("/")[2]  # the agent's own, not ours
+    assert arrived.header("content-length") == str(len(body))
+
+
+def test_caller_id_header_is_configurable_and_anonymous(live_server_url, agent, settings):
+    settings.A2A_ALLOW_ANONYMOUS = True
+    settings.A2A_CALLER_ID_HEADER = "X-Caller"
+    register("anon-agent", agent.url)
+    r = httpx.post(f"{live_server_url}/a2a/anon-agent", json=rpc(),
+                   headers={"X-Caller": "me-myself", "X-KubeMQ-Caller-ID": "passes-through"})
+    assert "result" in r.json()
+    arrived = agent.arrived[-1]
+    assert arrived.headers["x-caller"] == ["anonymous"]
+    assert arrived.header("x-kubemq-caller-id") == "passes-through"
+
+
+# --- auth ------------------------------------------------------------------------------------
+
+
+def test_authentication_and_authorization(live_server_url, agent, settings):
+    register("auth-agent", agent.url)
+    register("other-agent", agent.url)
+    url = f"{live_server_url}/a2a/auth-agent"
+    r = httpx.post(url, json=rpc(rpc_id=3))
+    assert r.status_code == 401 and r.headers["x-a2a-executed"] == "false"
+    assert r.json()["id"] == 3 and r.json()["error"]["data"]["kind"] == "unauthenticated"
+    r = httpx.post(url, json=rpc(), headers={"Authorization": "Bearer nope.nope"})
+    assert r.status_code == 401
+    r = httpx.post(url, json=rpc(), headers={"Authorization": "Basic abc"})
+    assert r.status_code == 401
+    _, register_only = make_client(["register"])
+    r = httpx.post(url, json=rpc(), headers={"Authorization": f"Bearer {register_only}"})
+    assert r.status_code == 403 and r.json()["error"]["data"]["kind"] == "forbidden"
+    _, limited = make_client(["call"], agents=["other-agent"])
+    r = httpx.post(url, json=rpc(), headers={"Authorization": f"Bearer {limited}"})
+    assert r.status_code == 403
+    r = httpx.post(f"{live_server_url}/a2a/other-agent", json=rpc(),
+                   headers={"Authorization": f"Bearer {limited}"})
+    assert r.status_code == 200 and "result" in r.json()
+    # a restricted caller learns nothing about agents it may not call
+    r = httpx.post(f"{live_server_url}/a2a/no-such-agent", json=rpc(),
+                   headers={"Authorization": f"Bearer {limited}"})
+    assert r.status_code == 403
+    assert len(agent.arrived) == 1
+
+
+def test_rate_limit(gw: httpx.Client, agent, settings):
+    settings.A2A_RATE_LIMIT_PER_SECOND = 1
+    settings.A2A_RATE_LIMIT_BURST = 3
+    register("rl-agent", agent.url)
+    statuses = [gw.post("/a2a/rl-agent", json=rpc()).status_code for _ in range(6)]
+    assert statuses[:3] == [200, 200, 200]
+    assert 429 in statuses[3:]
+    r = gw.post("/a2a/rl-agent", json=rpc(rpc_id=9))
+    if r.status_code == 429:
+        assert r.json()["error"]["data"]["kind"] == "rate_limited" and r.json()["id"] == 9
+
+
+# --- transport and application errors ----------------------------------------------------------
+
+
+def test_agent_errors_relayed_or_mapped(gw: httpx.Client, agent, path_mode):
+    register("err-agent", agent.url)
+    url = "/a2a/err-agent"
+    app_error = '{"jsonrpc":"2.0","id":5,"error":{"code":-32000,"message":"boom"}}'
+    r = gw.post(url, json=rpc(rpc_id=5, mode="status", status=500, body=app_error))
+    assert r.status_code == 500  # the agent's answer, relayed unchanged
+    assert r.text == app_error
+    assert r.headers["x-a2a-executed"] == "true" and r.headers["x-a2a-agent-status"] == "500"
+    r = gw.post(url, json=rpc(mode="status", status=404, body="nope", content_type="text/plain"))
+    assert r.status_code == 404 and r.text == "nope" and r.headers["x-a2a-executed"] == "true"
+    for status, kind, code in ((502, "upstream_unavailable", -32054),
+                               (503, "upstream_unavailable", -32054),
+                               (504, "timeout", -32053)):
+        r = gw.post(url, json=rpc(rpc_id=f"s{status}", mode="status", status=status,
+                                  body="<html>gateway</html>", content_type="text/html"))
+        assert r.status_code == 200, status
+        assert r.headers["x-a2a-executed"] == "false"
+        assert r.headers["x-a2a-agent-status"] == str(status)
+        body = r.json()
+        assert body["id"] == f"s{status}"
+        assert body["error"]["code"] == code
+        assert body["error"]["data"] == {"executed": False, "retryable": True, "kind": kind,
+                                         "agent_id": "err-agent"}
+        if kind == "upstream_unavailable":
+            assert body["error"]["message"] == f"agent unavailable: HTTP {status}"
+        else:
+            assert body["error"]["message"] == "agent timeout: err-agent"
+    r = gw.post(url, json=rpc(mode="text"))
+    assert r.status_code == 200 and r.content == b"plain \xff bytes, not JSON"
+    assert r.headers["content-type"] == "text/plain"
+
+
+def test_unreachable_agent(gw: httpx.Client, path_mode):
+    from tests.servers import free_port
+
+    register("down-agent", f"http://127.0.0.1:{free_port()}/")
+    started = time.monotonic()
+    r = gw.post("/a2a/down-agent", json=rpc(rpc_id=11))
+    assert time.monotonic() - started < 3
+    body = r.json()
+    assert r.status_code == 200 and r.headers["x-a2a-executed"] == "false"
+    assert "x-a2a-agent-status" not in r.headers
+    assert body["id"] == 11 and body["error"]["code"] == -32052
+    assert body["error"]["message"].startswith("agent unreachable: ")
+    assert body["error"]["data"]["kind"] == "unreachable"
+    assert body["error"]["data"]["retryable"] is True
+
+
+def test_owner_node_without_subscriber_is_unreachable(gw: httpx.Client, agent, settings):
+    """An agent owned by a node that is not there (in embedded mode: any other node) is
+    answered `unreachable` at once in embedded mode, after the ack timeout through Redis."""
+    register("elsewhere", agent.url, node_id="some-other-node")
+    started = time.monotonic()
+    r = gw.post("/a2a/elsewhere", json=rpc())
+    assert error_of(r)["data"]["kind"] == "unreachable"
+    assert time.monotonic() - started < 5
+    assert agent.arrived == []
+
+
+# --- limits ----------------------------------------------------------------------------------
+
+
+def test_size_caps(gw: httpx.Client, agent, settings, path_mode):
+    settings.A2A_MAX_REQUEST_BYTES = 4096
+    settings.A2A_MAX_RESPONSE_BYTES = 300_000
+    register("size-agent", agent.url)
+    url = "/a2a/size-agent"
+    r = gw.post(url, json=rpc(pad="x" * 5000))
+    assert r.status_code == 413 and r.headers["x-a2a-executed"] == "false"
+    assert r.json()["error"]["data"]["kind"] == "request_too_large"
+
+    def chunks():  # no Content-Length: counted while reading
+        yield orjson.dumps(rpc())[:-1]
+        for _ in range(10):
+            yield b" " * 1000
+        yield b"}"
+
+    r = gw.post(url, content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    assert agent.arrived == []
+    for chunked in (False, True):
+        r = gw.post(url, json=rpc(rpc_id=2, mode="big", size=300_001, chunked=chunked))
+        assert r.status_code == 200
+        assert r.headers["x-a2a-executed"] == "false"
+        assert r.json()["error"]["data"]["kind"] == "response_too_large"
+        assert r.json()["error"]["message"] == "response too large"
+        r = gw.post(url, json=rpc(mode="big", size=299_000, chunked=chunked))
+        assert r.status_code == 200 and r.content == b"x" * 299_000
+
+
+def test_concurrency_cap_rejects_at_once(live_server_url, agent, token, path_mode):
+    register("cap-agent", agent.url, max_concurrency=100)
+
+    async def burst():
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+            async def one(i: int):
+                started = time.monotonic()
+                r = await client.post(f"{live_server_url}/a2a/cap-agent",
+                                      json=rpc(rpc_id=i, mode="slow", delay=2),
+                                      headers={"Authorization": f"Bearer {token}"})
+                return r, time.monotonic() - started
+
+            return await asyncio.gather(*(one(i) for i in range(101)))
+
+    results = asyncio.run(burst())
+    busy = [(r, t) for r, t in results if "error" in r.json()]
+    served = [(r, t) for r, t in results if "result" in r.json()]
+    assert busy, "the 101st concurrent request must be rejected"
+    assert len(busy) + len(served) == 101
+    for r, elapsed in busy:
+        error = r.json()["error"]
+        assert error["data"]["kind"] == "busy" and error["code"] == -32051
+        assert error["message"] == "server busy: concurrency limit reached"
+        assert r.headers["x-a2a-executed"] == "false"
+        assert elapsed < 1.5  # answered at once, not queued behind the slow ones
+    assert agent.max_active <= 100
+    assert len(agent.arrived) == len(served)
+
+
+def test_timeout_from_params(gw: httpx.Client, agent, path_mode):
+    register("slow-agent", agent.url)
+    request = rpc(rpc_id="t", mode="slow", delay=5)
+    request["params"]["configuration"] = {"timeout": 1}
+    started = time.monotonic()
+    r = gw.post("/a2a/slow-agent", json=request)
+    elapsed = time.monotonic() - started
+    assert 0.9 < elapsed < 2.5
+    body = r.json()
+    assert body["id"] == "t" and body["error"]["data"]["kind"] == "timeout"
+    assert body["error"]["code"] == -32053 and r.headers["x-a2a-executed"] == "false"
+
+
+def test_timeout_setting_defaults(settings):
+    from gateway.limits import request_timeout
+
+    settings.A2A_DEFAULT_TIMEOUT_SECONDS = 300
+    settings.A2A_MAX_TIMEOUT_SECONDS = 3600
+    assert request_timeout({}) == 300
+    assert request_timeout({"params": {"configuration": {"timeout": "5"}}}) == 300
+    assert request_timeout({"params": {"configuration": {"timeout": True}}}) == 300
+    assert request_timeout({"params": {"configuration": {"timeout": -1}}}) == 300
+    assert request_timeout({"params": {"configuration": {"timeout": 2.5}}}) == 2.5
+    assert request_timeout({"params": {"configuration": {"timeout": 99999}}}) == 3600
+
+
+# --- profiles, metrics, hostile input -----------------------------------------------------------
+
+
+def test_kubemq_error_profile(gw: httpx.Client, agent, settings):
+    settings.A2A_ERROR_PROFILE = "kubemq"
+    register("kq-agent", agent.url)
+    r = gw.post("/a2a/kq-missing", json=rpc())
+    assert error_of(r)["code"] == -32002
+    r = gw.post("/a2a/kq-agent", json=rpc(mode="status", status=503))
+    assert error_of(r)["code"] == -32603
+    r = gw.post("/a2a/kq-agent", json=rpc(mode="status", status=504))
+    assert error_of(r)["code"] == -32001
+    assert error_of(r)["message"] == "agent timeout: kq-agent"
+    r = gw.post("/a2a/kq-agent", content=b"nope", headers={"Content-Type": "application/json"})
+    assert error_of(r)["code"] == -32700
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics(gw: httpx.Client, agent):
+    register("met-agent", agent.url)
+    before = gw.get("/metrics").text
+    for method in ("message/send", "SendMessage", "tasks/send", "made/up"):
+        gw.post("/a2a/met-agent", json=rpc(method))
+    gw.post("/a2a/met-agent", json=rpc("made/up-too"))
+    r = gw.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    after = r.text
+
+    def delta(name: str, **labels: str) -> float:
+        return _metric(after, name, **labels) - _metric(before, name, **labels)
+
+    total = "kubemq_a2a_requests_total"
+    assert delta(total, agent_id="met-agent", method="message/send") == 1
+    assert delta(total, agent_id="met-agent", method="SendMessage") == 1
+    assert delta(total, agent_id="met-agent", method="tasks/send") == 1
+    assert delta(total, agent_id="met-agent", method="unknown") == 2
+    assert delta("kubemq_a2a_request_duration_seconds_count", agent_id="met-agent",
+                 outcome="ok") == 5
+    assert _metric(after, "kubemq_a2a_in_flight", agent_id="met-agent") == 0
+    assert "kubemq_a2a_sse_streams_active" in after
+    assert "kubemq_a2a_busy_rejections_total" in after or "kubemq_a2a_busy_rejections" in after
+
+
+def test_hostile_input_never_500(gw: httpx.Client, agent, live_server_url, token):
+    import socket
+    from urllib.parse import urlsplit
+
+    register("tough-agent", agent.url)
+    parts = urlsplit(live_server_url)
+    raw_requests = [
+        # non-UTF-8 header values and a lying Content-Length
+        b"POST /a2a/tough-agent HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer " + token.encode() + b"\r\nX-Weird: \xff\xfe\r\n"
+        b"Content-Length: 2\r\n\r\n{}",
+        b"POST /a2a/tough-agent HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: abc\r\n\r\n",
+        b"POST /a2a/%00%ff HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+        b"POST /a2a/tough-agent/extra/path HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+    ]
+    for raw in raw_requests:
+        with socket.create_connection((parts.hostname, parts.port), timeout=5) as sock:
+            sock.sendall(raw)
+            reply = sock.recv(65536)
+        status_line = reply.split(b"\r\n", 1)[0]
+        assert b" 500 " not in status_line, (raw, reply)
+        assert b"Traceback" not in reply
+    r = gw.post("/a2a/tough-agent", json=rpc(), headers={"X-Long": "v" * 7000})
+    assert r.status_code == 200
+    assert agent.arrived[-1].header("x-long") == "v" * 7000
