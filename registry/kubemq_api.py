@@ -43,7 +43,8 @@ from registry.permissions import PermissionDenied
 logger = logging.getLogger(__name__)
 
 NOT_FOUND = "agent not found"
-ACTIONS = ("register", "deregister", "heartbeat")
+MAX_SKILL_TAGS = 100  # each tag is one OR-ed condition; SQLite caps expression depth
+MAX_LIMIT = 2**31 - 1  # larger values overflow the databases' LIMIT
 
 
 class _KubeMQError(Exception):
@@ -123,7 +124,25 @@ def _read_object(request) -> dict[str, Any]:
         raise _KubeMQError(400, f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise _KubeMQError(400, "request body must be a JSON object")
+    if _contains_nul(data):
+        # PostgreSQL cannot store U+0000 in text or jsonb: refuse it here rather than fail there.
+        raise _KubeMQError(400, "strings must not contain NUL (U+0000) characters")
     return data
+
+
+def _contains_nul(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _valid_id(agent_id: Any) -> str:
@@ -162,7 +181,16 @@ def _parse_limit(raw: str | None) -> int | None:
         raise _KubeMQError(400, "limit must be a non-negative integer") from None
     if limit < 0:
         raise _KubeMQError(400, "limit must be a non-negative integer")
-    return limit or None  # 0: no limit, as KubeMQ reads an unset limit
+    if limit == 0 or limit > MAX_LIMIT:
+        return None  # 0: no limit, as KubeMQ reads an unset limit; huge: no limit either
+    return limit
+
+
+def _parse_tags(raw: str) -> list[str] | None:
+    tags = list(dict.fromkeys(t.strip() for t in raw.split(",") if t.strip()))
+    if len(tags) > MAX_SKILL_TAGS:
+        raise _KubeMQError(400, f"skill_tags: at most {MAX_SKILL_TAGS} tags")
+    return tags or None
 
 
 class _AlwaysJSON(BaseContentNegotiation):
@@ -195,13 +223,14 @@ class KubeMQView(APIView):
 @extend_schema(tags=["kubemq"])
 class AgentCollectionView(KubeMQView):
     @extend_schema(
+        operation_id="kubemq_agents_list",
         responses={200: OpenApiTypes.OBJECT},
         description="Registered agents as enriched cards; skill_tags: any of the tags.",
     )
     def get(self, request):
-        tags = [t.strip() for t in request.query_params.get("skill_tags", "").split(",")]
+        tags = _parse_tags(request.query_params.get("skill_tags", ""))
         limit = _parse_limit(request.query_params.get("limit"))
-        agents = selectors.agent_list(tags_any=[t for t in tags if t] or None, status="active")
+        agents = selectors.agent_list(tags_any=tags, status="active")
         if limit is not None:
             agents = agents[:limit]
         return Response([enriched_card(agent) for agent in agents])
@@ -211,7 +240,13 @@ class AgentCollectionView(KubeMQView):
 class AgentItemView(KubeMQView):
     """``/agents/{segment}``: the register/deregister/heartbeat actions (POST) or one agent."""
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="kubemq_agents_action",
+        request=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT},
+        description="segment: register (body: the card), deregister or heartbeat "
+                    '(body: {"agent_id": ...}).',
+    )
     def post(self, request, segment: str):
         if segment == "register":
             return self._register(request)
@@ -221,11 +256,11 @@ class AgentItemView(KubeMQView):
             return self._heartbeat(request)
         raise exceptions.MethodNotAllowed("POST")
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="kubemq_agent_get", responses={200: OpenApiTypes.OBJECT})
     def get(self, request, segment: str):
         return Response(enriched_card(_routable_agent(_valid_id(segment))))
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="kubemq_agent_deregister", responses={200: OpenApiTypes.OBJECT})
     def delete(self, request, segment: str):
         return self._deregister(request, segment)
 
@@ -291,7 +326,9 @@ class CardsPublicOrToken(permissions.BasePermission):
         return IsAuthenticatedOrAnonymousAllowed().has_permission(request, view)
 
 
-@extend_schema(tags=["kubemq"], responses={200: OpenApiTypes.OBJECT})
+@extend_schema(
+    tags=["kubemq"], operation_id="kubemq_platform_card", responses={200: OpenApiTypes.OBJECT}
+)
 class PlatformCardView(KubeMQView):
     permission_classes = [CardsPublicOrToken]
 
