@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -118,6 +118,17 @@ class _Fetched:
     etag: str = ""
     cache_control: str = ""
     error: str | None = None
+
+
+@dataclass
+class _Batch:
+    urls: list[str]
+    future: Future
+    acquired: set[str]
+    to_fetch: list[str] = field(default_factory=list)
+    previous: dict[str, CardEntry | None] = field(default_factory=dict)
+    results: dict[str, RefreshResult] = field(default_factory=dict)
+    fetching: Future | None = None
 
 
 class CardFetchFailed(Exception):
@@ -299,74 +310,96 @@ class CardCache:
             progress(len(results))
         mine: list[str] = []
         theirs: dict[str, Future] = {}
+        chunks: list[tuple[list[str], Future]] = []
         with self._mutex:
+            now = self.clock()
             for url in due:
                 running = self._inflight.get(url)
+                entry = self._index.get(url)
                 if running is not None:
                     theirs[url] = running  # someone in this process is already fetching
+                elif not force and entry is not None and entry.expires_at > now:
+                    # Refreshed by another thread since we looked (it stores before settling).
+                    results[url] = RefreshResult(url, Outcome.SHARED, entry)
                 else:
-                    self._inflight[url] = Future()
                     mine.append(url)
-        try:
+            # One future per chunk of claimed URLs: waiters pick their URL from its results.
             for i in range(0, len(mine), BATCH):
-                chunk = mine[i:i + BATCH]
-                done = self._refresh_claimed(chunk, force=force, admit=admit)
-                results.update(done)
-                self._settle(chunk, done)
-                if progress:
-                    progress(len(chunk))
+                chunk = (mine[i:i + BATCH], Future())
+                chunks.append(chunk)
+                for url in chunk[0]:
+                    self._inflight[url] = chunk[1]
+        pending: _Batch | None = None
+        try:
+            # Pipelined: the next chunk is on the wire while this one is written.
+            for chunk, future in chunks:
+                batch = self._begin(chunk, future, force=force, admit=admit)
+                if pending is not None:
+                    self._finish(pending, results, progress)
+                pending = batch
+            if pending is not None:
+                self._finish(pending, results, progress)
+                pending = None
         except BaseException as exc:
-            self._settle([u for u in mine if u not in results], None, exc)
+            with self._mutex:
+                for chunk, future in chunks:
+                    for url in chunk:
+                        if self._inflight.get(url) is future:
+                            del self._inflight[url]
+                    if not future.done():
+                        future.set_exception(exc)
+            if pending is not None:
+                self.locks.release_many(pending.acquired)
             raise
         for url, future in theirs.items():
-            shared: RefreshResult = future.result()
+            shared: RefreshResult = future.result()[url]
             results[url] = replace(shared, outcome=Outcome.SHARED) if shared.attempted else shared
-            if progress:
-                progress(1)
+        if progress and theirs:
+            progress(len(theirs))
         return {url: results[url] for url in urls}
 
-    def _settle(self, urls: list[str], done: dict[str, RefreshResult] | None,
-                exc: BaseException | None = None) -> None:
-        with self._mutex:
-            for url in urls:
-                future = self._inflight.pop(url, None)
-                if future is None:
-                    continue
-                if exc is not None or done is None:
-                    future.set_exception(exc or RuntimeError("refresh aborted"))
-                else:
-                    future.set_result(done[url])
-
-    def _refresh_claimed(self, urls: list[str], *, force: bool, admit: Admit | None
-                         ) -> dict[str, RefreshResult]:
+    def _begin(self, urls: list[str], future: Future, *, force: bool, admit: Admit | None
+               ) -> _Batch:
+        """Lock a chunk (across workers), re-check it, and put its fetches on the wire."""
         ttl = settings.DISCOVERY_FETCH_TIMEOUT_SECONDS * (MAX_REDIRECTS + 1) + 30
         acquired = self.locks.acquire_many(urls, ttl=ttl)
-        results: dict[str, RefreshResult] = {}
+        batch = _Batch(urls=urls, future=future, acquired=acquired)
         try:
             if isinstance(self.locks, RedisLocks):
                 self._reload(acquired)  # a peer may have refreshed it between our read and lock
             now = self.clock()
-            to_fetch = []
             for url in urls:
                 if url not in acquired:
                     continue
                 entry = self._index.get(url)
                 if force or entry is None or entry.expires_at <= now:
-                    to_fetch.append(url)
+                    batch.to_fetch.append(url)
                 else:
-                    results[url] = RefreshResult(url, Outcome.SHARED, entry)
-            if to_fetch:
-                previous = {u: self._index.get(u) for u in to_fetch}
-                fetched = http.run(self._fetch_all(to_fetch, previous, admit))
-                new, full = self._apply(fetched, previous)
+                    batch.results[url] = RefreshResult(url, Outcome.SHARED, entry)
+            if batch.to_fetch:
+                batch.previous = {u: self._index.get(u) for u in batch.to_fetch}
+                batch.fetching = http.submit(self._fetch_all(batch.to_fetch, batch.previous,
+                                                             admit))
+        except BaseException:
+            self.locks.release_many(acquired)
+            raise
+        return batch
+
+    def _finish(self, batch: _Batch, results: dict[str, RefreshResult],
+                progress: Callable[[int], None] | None) -> None:
+        """Apply and persist a chunk's responses, release its locks, settle its waiters."""
+        try:
+            if batch.fetching is not None:
+                fetched = batch.fetching.result()
+                new, full = self._apply(fetched, batch.previous)
                 self._persist(new, full)
                 for url, result in new.items():
-                    results[url] = result
+                    batch.results[url] = result
                     if result.entry is not None:
                         self._store(result.entry)
         finally:
-            self.locks.release_many(acquired)
-        waiting = [u for u in urls if u not in acquired]
+            self.locks.release_many(batch.acquired)
+        waiting = [u for u in batch.urls if u not in batch.acquired]
         if waiting:
             self.locks.wait_released(
                 waiting, timeout=settings.DISCOVERY_FETCH_TIMEOUT_SECONDS * (MAX_REDIRECTS + 1)
@@ -374,11 +407,18 @@ class CardCache:
             self._reload(waiting)
             for url in waiting:
                 entry = self._index.get(url)
-                results[url] = RefreshResult(
+                batch.results[url] = RefreshResult(
                     url, Outcome.SHARED, entry,
                     error=None if entry and entry.has_card else "another worker is fetching it",
                 )
-        return results
+        results.update(batch.results)
+        with self._mutex:
+            for url in batch.urls:
+                if self._inflight.get(url) is batch.future:
+                    del self._inflight[url]
+            batch.future.set_result(batch.results)
+        if progress:
+            progress(len(batch.urls))
 
     # --- fetching --------------------------------------------------------------------------
 
@@ -388,9 +428,17 @@ class CardCache:
         gate = asyncio.Semaphore(settings.DISCOVERY_FETCH_CONCURRENCY)
         timeout = http.fetch_timeout()
 
+        deadline = settings.DISCOVERY_FETCH_TIMEOUT_SECONDS
+
         async def one(url: str) -> tuple[str, _Fetched]:
             async with gate:
-                return url, await self._fetch_one(client, url, previous.get(url), admit, timeout)
+                try:  # the whole fetch, redirects included, within the fetch timeout
+                    async with asyncio.timeout(deadline):
+                        return url, await self._fetch_one(
+                            client, url, previous.get(url), admit, timeout
+                        )
+                except TimeoutError:
+                    return url, _Fetched(None, error=f"{url}: timed out")
 
         return dict(await asyncio.gather(*(one(u) for u in urls)))
 
@@ -464,7 +512,7 @@ class CardCache:
                     except CardError as exc:
                         error = f"invalid card: {exc}"
             if error is not None:
-                metrics.CARD_FETCHES.labels(result="error").inc()
+                metrics.CARD_FETCH_ERRORS.inc()
                 failures = old.failures if old else 0
                 base = old or CardEntry(card_url=url)
                 entry = replace(
@@ -482,12 +530,12 @@ class CardCache:
                 "no_store": no_store,
             }
             if got.status == 304:
-                metrics.CARD_FETCHES.labels(result="304").inc()
+                metrics.CARD_FETCH_304.inc()
                 assert old is not None
                 entry = replace(old, etag=got.etag or old.etag, **common)
                 results[url] = RefreshResult(url, Outcome.NOT_MODIFIED, entry, None, old)
                 continue
-            metrics.CARD_FETCHES.labels(result="200").inc()
+            metrics.CARD_FETCH_200.inc()
             etag = "" if no_store else got.etag
             if parsed_card is None:  # same bytes: keep the parsed card
                 assert old is not None

@@ -28,12 +28,14 @@ def observe(current: HealthState, *, ok: bool, degrade_after: int, recover_after
             ) -> HealthState:
     """The state after one more observation."""
     if ok:
-        # Capped: a steady healthy endpoint then stays the same row, with nothing to write.
-        successes = min(current.success_streak + 1, recover_after)
-        state = current.state
-        if state == DEGRADED and successes >= recover_after:
-            state = HEALTHY
-        return HealthState(state, 0, successes)
+        if current.state == HEALTHY:
+            # Successes only count towards recovery: a steady healthy endpoint stays the same
+            # row, with nothing to write.
+            return HealthState(HEALTHY, 0, 0)
+        successes = current.success_streak + 1
+        if successes >= recover_after:
+            return HealthState(HEALTHY, 0, 0)
+        return HealthState(DEGRADED, 0, successes)
     failures = current.failure_streak + 1
     state = DEGRADED if failures >= degrade_after else current.state
     return HealthState(state, failures, 0)
@@ -54,16 +56,17 @@ def health_observe_many(
     if not observations:
         return []
     urls = list(observations)
-    rows = {}
+    rows: dict[str, HealthState] = {}
     for i in range(0, len(urls), 500):
-        rows.update({r.card_url: r for r in EndpointHealth.objects.filter(
-            card_url__in=urls[i:i + 500])})
+        for url, *state in EndpointHealth.objects.filter(card_url__in=urls[i:i + 500]) \
+                .values_list("card_url", "state", "failure_streak", "success_streak"):
+            rows[url] = HealthState(*state)
     now = timezone.now()
-    changed, created, transitions = [], [], []
+    changed: dict[tuple, list[str]] = {}
+    created, transitions = [], []
     for url, ok in observations.items():
         row = rows.get(url)
-        before = HealthState(row.state, row.failure_streak, row.success_streak) if row \
-            else HealthState()
+        before = row or HealthState()
         after = observe(before, ok=ok, degrade_after=degrade_after, recover_after=recover_after)
         if after.state != before.state:
             transitions.append(Transition(url, before.state, after.state, after))
@@ -73,16 +76,16 @@ def health_observe_many(
                 success_streak=after.success_streak, changed_at=now,
             ))
         elif after != before:
-            row.state, row.failure_streak, row.success_streak = (
-                after.state, after.failure_streak, after.success_streak)
-            if after.state != before.state:
-                row.changed_at = now
-            changed.append(row)
+            changed.setdefault((after, after.state != before.state), []).append(url)
     EndpointHealth.objects.bulk_create(created, batch_size=500, ignore_conflicts=True)
-    if changed:
-        EndpointHealth.objects.bulk_update(
-            changed, ["state", "failure_streak", "success_streak", "changed_at"], batch_size=500
-        )
+    # Few distinct new states per cycle: one UPDATE per state, not one per row.
+    for (after, moved), group in changed.items():
+        values = {"state": after.state, "failure_streak": after.failure_streak,
+                  "success_streak": after.success_streak}
+        if moved:
+            values["changed_at"] = now
+        for i in range(0, len(group), 500):
+            EndpointHealth.objects.filter(card_url__in=group[i:i + 500]).update(**values)
     return transitions
 
 

@@ -7,6 +7,9 @@ CARD_FETCHES = Counter(
     "Agent card fetches by result: 200 (bytes received), 304 (not modified), error.",
     ["result"],
 )
+CARD_FETCH_200 = CARD_FETCHES.labels(result="200")
+CARD_FETCH_304 = CARD_FETCHES.labels(result="304")
+CARD_FETCH_ERRORS = CARD_FETCHES.labels(result="error")
 CARD_PARSES = Counter(
     "a2a_discovery_card_parses_total", "Agent cards parsed (only when their bytes changed)."
 )
