@@ -167,6 +167,9 @@ def parse_card(
         raise CardError(f"card is larger than {limit} bytes")
     if not isinstance(card, dict):
         raise CardError("card must be a JSON object")
+    if b"\\u0000" in (raw if isinstance(source, dict) else orjson.dumps(card)):
+        # PostgreSQL cannot store NUL in text or JSON, and no card needs one.
+        raise CardError("card must not contain NUL characters")
     _check_types(card)
     name = card.get("name")
     if not isinstance(name, str) or not name.strip():

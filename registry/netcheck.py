@@ -86,6 +86,8 @@ def check_agent_url(
         raise UnsafeUrl("url must be a non-empty string")
     if len(url) > 2048:
         raise UnsafeUrl("url is longer than 2048 characters")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        raise UnsafeUrl("url must not contain control characters")
     try:
         parts = urlsplit(url.strip())
         port = parts.port

@@ -97,3 +97,9 @@ def test_create_client_prints_token_last(tmp_path):
     assert "not shown again" in result.stderr
     bad = _manage(env, "create_client", "x", "--scopes", "root", check=False)
     assert bad.returncode != 0 and "scopes must be among" in bad.stderr
+
+
+def test_admin_assets_are_served(live_server_url):
+    r = httpx.get(live_server_url + "/static/admin/css/base.css")
+    assert r.status_code == 200 and "text/css" in r.headers["content-type"]
+    assert httpx.get(live_server_url + "/static/nope.css").status_code == 404

@@ -99,3 +99,12 @@ def test_rewrite_every_endpoint():
     out = rewrite_card_endpoints(c03, gw)
     assert out["url"] == gw and out["additionalInterfaces"][0]["url"] == gw
     assert c03["url"] != gw  # the original is untouched
+
+
+def test_nul_characters_refused():
+    card = card_03()
+    card["description"] = "bad\x00byte"
+    with pytest.raises(CardError, match="NUL"):
+        parse_card(card)
+    with pytest.raises(CardError, match="NUL"):
+        parse_card(b'{"name": "x\\u0000", "url": "http://a.example/"}')

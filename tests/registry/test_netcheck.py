@@ -50,3 +50,8 @@ def test_allowlist_setting_applies(settings):
     check_agent_url("http://127.0.0.1:1/")
     with pytest.raises(UnsafeUrl):
         check_agent_url("http://localhost:1/", resolve=False)
+
+
+def test_control_characters_refused():
+    with pytest.raises(UnsafeUrl, match="control characters"):
+        check_agent_url("http://a.example/\r\nX-Injected: 1", allowlist=[], resolve=False)
