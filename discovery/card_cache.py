@@ -270,10 +270,17 @@ class CardCache:
         qs = CardCacheEntry.objects.values_list(
             "card_url", "sha256", "etag", "expires_at", "failures"
         )
+        rows = []
         if len(wanted) <= BATCH:
-            qs = qs.filter(card_url__in=list(wanted))
+            rows = qs.filter(card_url__in=list(wanted))
+        elif len(wanted) <= 4 * BATCH:
+            ordered = list(wanted)
+            rows = [r for i in range(0, len(ordered), BATCH)
+                    for r in qs.filter(card_url__in=ordered[i:i + BATCH])]
+        else:
+            rows = qs.iterator(chunk_size=2000)
         stale = []
-        for url, sha, etag, expires_at, failures in qs.iterator(chunk_size=2000):
+        for url, sha, etag, expires_at, failures in rows:
             if url in wanted and self._seen.get(url) != (sha, etag, expires_at.timestamp(),
                                                          failures):
                 stale.append(url)
@@ -366,7 +373,7 @@ class CardCache:
         batch = _Batch(urls=urls, future=future, acquired=acquired)
         try:
             if isinstance(self.locks, RedisLocks):
-                self._reload(acquired)  # a peer may have refreshed it between our read and lock
+                self.sync(acquired)  # a peer may have refreshed it between our read and lock
             now = self.clock()
             for url in urls:
                 if url not in acquired:

@@ -95,7 +95,8 @@ class CardServer:
         if prefix in self.hang:
             await asyncio.sleep(self.hang[prefix])
         if prefix in self.redirects:
-            await self._send(send, prefix, 302, b"", [(b"location", self.redirects[prefix].encode())])
+            location = self.redirects[prefix].encode()
+            await self._send(send, prefix, 302, b"", [(b"location", location)])
             return
         if prefix in self.down or prefix not in self.cards:
             await self._send(send, prefix, 503 if prefix in self.down else 404, b"{}")
