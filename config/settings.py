@@ -233,6 +233,10 @@ SPECTACULAR_SETTINGS = {
 
 # --- the platform ------------------------------------------------------------------------------
 NODE_ID = env_str("NODE_ID") or f"{socket.gethostname()}:{env_str('A2A_PORT', '8000')}"
+if TESTING and not env_str("NODE_ID"):
+    # Test processes serve on random ports: without this, two test runs sharing one Redis
+    # would both claim (and both subscribe for) every agent of the default node id.
+    NODE_ID = f"{NODE_ID}:test{os.getpid()}"
 A2A_PUBLIC_BASE_URL = (env_str("A2A_PUBLIC_BASE_URL") or "").rstrip("/")
 A2A_ALLOW_ANONYMOUS = env_bool("A2A_ALLOW_ANONYMOUS", False)
 A2A_ERROR_PROFILE = env_choice("A2A_ERROR_PROFILE", "a2a", ("a2a", "kubemq"))

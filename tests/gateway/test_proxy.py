@@ -47,8 +47,9 @@ class Arrived:
 class ScriptedAgent:
     """A raw ASGI agent. ``params.mode`` of each JSON-RPC request picks the answer:
 
-    echo (default) | slow (``delay``) | status (``status``, ``body``, ``content_type``) |
-    text | big (``size``, chunked without Content-Length when ``chunked``) |
+    echo (default; sse for an empty message/stream) | slow (``delay``) |
+    status (``status``, ``body``, ``content_type``) | text |
+    big (``size``; no Content-Length when ``chunked``) |
     sse (``events``, ``delay``, ``event_size``) | sse_silent (``delay`` before first event)
     """
 
@@ -86,7 +87,8 @@ class ScriptedAgent:
             payload = {}
         params = payload.get("params") if isinstance(payload, dict) else None
         params = params if isinstance(params, dict) else {}
-        mode = params.get("mode", "echo")
+        streaming = isinstance(payload, dict) and payload.get("method") == "message/stream"
+        mode = params.get("mode", "sse" if streaming else "echo")
         rpc_id = payload.get("id") if isinstance(payload, dict) else None
         self.active += 1
         self.max_active = max(self.max_active, self.active)
