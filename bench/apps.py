@@ -180,9 +180,19 @@ async def aiohttp_proxy(scope, receive, send) -> None:
         out = [(b"content-type", response.headers.get("Content-Type", "").encode("latin-1"))]
         if response.headers.get("Content-Type", "").startswith("text/event-stream"):
             await send({"type": "http.response.start", "status": response.status, "headers": out})
-            async for chunk in response.content.iter_any():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+
+            async def relay() -> None:
+                async for chunk in response.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+
+            # A careful proxy: when the caller goes away, close the upstream stream too.
+            relaying = asyncio.ensure_future(relay())
+            disconnected = asyncio.ensure_future(receive())
+            await asyncio.wait({relaying, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (relaying, disconnected):
+                task.cancel()
+            await asyncio.gather(relaying, disconnected, return_exceptions=True)
             return
         data = await response.read()
     await send({"type": "http.response.start", "status": response.status, "headers": out})

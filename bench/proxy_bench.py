@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,7 +188,7 @@ def start_arms(tmp: Path, args) -> tuple[list[Arm], list[Proc], str]:
     upstream = Proc("upstream", uvicorn_argv("bench.apps:upstream", up_port, lifespan="off"),
                     clean_env(BENCH_SSE_HOLD=str(args.hold_seconds)), tmp).start()
     procs.append(upstream)
-    upstream.wait_ready(f"{upstream_url}/stats")
+    waits = [(upstream, f"{upstream_url}/stats")]
 
     arms = [Arm("direct", f"{upstream_url}/", [upstream.pid], server_pid=upstream.pid)]
     proxy_env = clean_env(BENCH_UPSTREAM=f"{upstream_url}/")
@@ -196,19 +197,25 @@ def start_arms(tmp: Path, args) -> tuple[list[Arm], list[Proc], str]:
         port = free_port()
         proc = Proc(name, uvicorn_argv(app, port), proxy_env, tmp).start()
         procs.append(proc)
-        proc.wait_ready(f"http://127.0.0.1:{port}/")
+        waits.append((proc, f"http://127.0.0.1:{port}/"))
         arms.append(Arm(name, f"http://127.0.0.1:{port}/", [proc.pid, upstream.pid],
                         server_pid=proc.pid))
     port = free_port()
     ceiling = Proc("daphne-ceiling", [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                                       "bench.apps:daphne_ceiling"], clean_env(), tmp).start()
     procs.append(ceiling)
-    ceiling.wait_ready(f"http://127.0.0.1:{port}/")
+    waits.append((ceiling, f"http://127.0.0.1:{port}/"))
     arms.append(Arm("daphne-ceiling", f"http://127.0.0.1:{port}/a2a/{AGENT_ID}", [ceiling.pid],
                     uses_upstream=False, server_pid=ceiling.pid))
+    for proc, url in waits:
+        proc.wait_ready(url)
     if not args.skip_gateway:
-        for server in ("uvicorn", "daphne"):
-            arms.append(start_gateway(server, tmp, upstream_url, procs, upstream))
+        # Both nodes migrate and start in parallel: startup is most of a quick run otherwise.
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            started = list(pool.map(
+                lambda server: start_gateway(server, tmp, upstream_url, procs, upstream),
+                ("uvicorn", "daphne")))
+        arms.extend(started)
     for arm in arms:
         if arm.available:
             probe(arm)
@@ -474,7 +481,10 @@ def main() -> int:
         tmp = Path(tmp_name)
         procs: list[Proc] = []
         try:
+            phases: dict[str, float] = {}
+            mark = time.monotonic()
             arms, procs, upstream_url = start_arms(tmp, args)
+            phases["startup"] = time.monotonic() - mark
             live = [arm for arm in arms if arm.available]
             print("arms: " + ", ".join(f"{a.name}{'' if a.available else ' (unavailable)'}"
                                        for a in arms), flush=True)
@@ -486,6 +496,7 @@ def main() -> int:
             for arm in live:  # warm-up: connections, caches, JIT-less but lazy imports
                 measure(arm, bodies["1KiB"], 64, 1, upstream_url)
             runs: dict[str, dict[str, list]] = {}
+            mark = time.monotonic()
             for round_index in range(rounds):
                 for label, _size, conns in SCENARIOS:
                     key = f"{label} c={conns}"
@@ -498,14 +509,19 @@ def main() -> int:
                         print(f"round {round_index + 1} {key:<12} {arm.name:<16} "
                               f"{sample['rps']:>9,.0f} req/s  p50 {sample['p50_us']} us",
                               flush=True)
+            phases["warmup+rounds"] = time.monotonic() - mark
+            mark = time.monotonic()
             sse_arms = [a for a in live if a.name != "daphne-ceiling"]
             sse_latency = asyncio.run(sse_first_event(sse_arms, sse_samples, rounds))
+            phases["sse_latency"] = time.monotonic() - mark
+            mark = time.monotonic()
             hold_arms = [a for a in live if a.gateway or a.name == "aiohttp-proxy"]
             hold = {}
             for arm in hold_arms:
                 hold[arm.name] = asyncio.run(sse_hold(arm, args.streams, upstream_url,
                                                       open_timeout=60))
                 print(f"held {arm.name}: {hold[arm.name]['opened']}/{args.streams}", flush=True)
+            phases["sse_hold"] = time.monotonic() - mark
             summary = summarize(runs)
             result = {
                 "benchmark": "proxy", "quick": args.quick, "rounds": rounds,
@@ -517,6 +533,7 @@ def main() -> int:
                           "reason": a.reason} for a in arms],
                 "summary": summary, "ratios": ratios(summary), "runs": runs,
                 "sse_first_event": sse_latency, "sse_hold": hold,
+                "phases_s": {k: round(v, 1) for k, v in phases.items()},
                 "elapsed_s": round(time.time() - started, 1),
             }
         finally:
@@ -525,7 +542,7 @@ def main() -> int:
             keep_logs(tmp, "proxy")
     print_report(result)
     path = write_results("proxy", result)
-    print(f"\nwrote {path} ({result['elapsed_s']} s)")
+    print(f"\nwrote {path} ({result['elapsed_s']} s: {result['phases_s']})")
     return 0
 
 
