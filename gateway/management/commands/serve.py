@@ -83,6 +83,9 @@ class Command(BaseCommand):
             application, host=host, port=port, loop="uvloop", http="httptools",
             lifespan="on", log_level="warning", access_log=False,
             timeout_graceful_shutdown=5,
+            # X-Forwarded-* are believed only from A2A_TRUSTED_PROXIES (gateway.cards), not
+            # from whatever uvicorn's own default (127.0.0.1) trusts.
+            proxy_headers=False,
         )
 
     def _daphne(self, host: str, port: int, periodic: bool) -> None:

@@ -1,0 +1,177 @@
+"""Two nodes sharing Redis and PostgreSQL: the cross-node request path and replication.
+
+Node A is the live server in this process; node B is ``manage.py serve --server uvicorn`` in a
+subprocess with another ``NODE_ID``. An agent registered on one node is owned (subscribed) there
+only; the other node learns the route from the ``_AGENTS_.discovery`` announcements and routes
+Queries to the owner through Redis. Distributed mode only (the in-memory layer is one process).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from gateway import runtime
+from registry import services
+from registry.permissions import SYSTEM
+from tests.conftest import make_client
+from tests.gateway import test_proxy as proxy
+from tests.gateway.test_proxy import rpc
+from tests.gateway.test_streaming import read_events, wait_until
+from tests.servers import free_port
+
+agent = proxy.agent
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    auth = quote(db["USER"] or "postgres")
+    if db.get("PASSWORD"):
+        auth += ":" + quote(db["PASSWORD"])
+    return f"postgresql://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@dataclass
+class NodeB:
+    node_id: str
+    url: str
+    process: subprocess.Popen
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def node_b(live_server_url, redis_url, postgres_url):
+    if settings.EMBEDDED or connection.vendor != "postgresql":
+        pytest.skip("cross-node routing needs the distributed mode (REDIS_URL, DATABASE_URL)")
+    port = free_port()
+    node_id = f"node-b-{os.getpid()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.update(NODE_ID=node_id, DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL,
+               SECRET_KEY="cluster-test", A2A_TESTING="false", LOG_LEVEL="WARNING")
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--server", "uvicorn", "--port", str(port),
+         "--no-periodic"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            output = process.stdout.read().decode(errors="replace") if process.stdout else ""
+            pytest.fail(f"node B did not start:\n{output}")
+        time.sleep(0.1)
+    try:
+        yield NodeB(node_id, url, process)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_cross_node_routing(live_server_url, node_b, agent):
+    node_b_id, node_b_url = node_b.node_id, node_b.url
+    node_a = runtime.current_node()
+    caller, token = make_client(["call"], name="cluster-caller")
+    _, admin = make_client(["admin"], name="cluster-admin")
+    auth = {"Authorization": f"Bearer {token}"}
+
+    # Registered through node B's API: node B owns it, node A learns the route.
+    r = httpx.post(f"{node_b_url}/api/v1/agents", headers={"Authorization": f"Bearer {admin}"},
+                   json={"agent_id": "on-b", "url": agent.url,
+                         "card": {"name": "on-b", "url": agent.url}})
+    assert r.status_code == 201, r.text
+    wait_until(lambda: node_a.table.get("on-b") is not None, timeout=2)
+    assert node_a.table.get("on-b").node_id == node_b_id
+    assert "on-b" not in node_a.manager.subscribers  # not replicated: B's alone
+
+    # A request entering node A reaches the agent through node B's subscriber.
+    r = httpx.post(f"{live_server_url}/a2a/on-b", headers={**auth, "X-Trace": "via-a"},
+                   json=rpc(rpc_id="x1", text="hi"))
+    assert r.status_code == 200 and r.json()["result"]["params"]["text"] == "hi"
+    assert r.headers["x-a2a-executed"] == "true"
+    arrived = agent.arrived[-1]
+    assert arrived.header("x-trace") == "via-a"
+    assert arrived.header("x-kubemq-caller-id") == caller.client_id
+
+    # Streams cross nodes too, event by event; a caller leaving closes the upstream.
+    with httpx.Client(timeout=10) as client:
+        with client.stream("POST", f"{live_server_url}/a2a/on-b", headers=auth,
+                           json=rpc("message/stream", mode="sse", events=50, delay=0.1)) as s:
+            events = read_events(s, limit=3)
+            assert len(events) == 3 and events[2][0] - events[0][0] > 0.15
+            s.close()
+    wait_until(lambda: agent.streams_open == 0, timeout=1.5)
+
+    # Registered on node A (this process): node B routes to node A's subscriber.
+    services.agent_register(actor=SYSTEM, agent_id="on-a", url=agent.url,
+                            card={"name": "on-a", "url": agent.url})
+    wait_until(lambda: _routed(node_b_url, "on-a", auth), timeout=3)
+    r = httpx.post(f"{node_b_url}/a2a/on-a", headers=auth, json=rpc(rpc_id="x2"))
+    assert r.json()["id"] == "x2" and "result" in r.json()
+
+    # Busy and errors keep their meaning across nodes.
+    r = httpx.post(f"{live_server_url}/a2a/on-b", headers=auth,
+                   json=rpc(mode="status", status=503))
+    assert r.json()["error"]["data"]["kind"] == "upstream_unavailable"
+
+    # Deregistration on node A tears down node B's subscriber and both tables forget it.
+    services.agent_deregister(actor=SYSTEM, agent_id="on-b")
+    wait_until(lambda: node_a.table.get("on-b") is None, timeout=1)
+    r = httpx.post(f"{node_b_url}/a2a/on-b", headers=auth, json=rpc())
+    assert r.json()["error"]["data"]["kind"] == "agent_not_found"
+    import redis
+
+    pubsub = redis.Redis.from_url(settings.REDIS_URL)
+    wait_until(lambda: pubsub.pubsub_numsub("_AGENTS_.on-b")[0][1] == 0, timeout=1)
+
+
+def test_owner_node_gone_is_unreachable(live_server_url, node_b, agent):
+    node_b_url = node_b.url
+    node_a = runtime.current_node()
+    _, token = make_client(["call"], name="cluster-caller-2")
+    _, admin = make_client(["admin"], name="cluster-admin-2")
+    r = httpx.post(f"{node_b_url}/api/v1/agents", headers={"Authorization": f"Bearer {admin}"},
+                   json={"agent_id": "orphan", "url": agent.url,
+                         "card": {"name": "orphan", "url": agent.url}})
+    assert r.status_code == 201
+    wait_until(lambda: node_a.table.get("orphan") is not None, timeout=2)
+    served = httpx.post(f"{live_server_url}/a2a/orphan", json=rpc(),
+                        headers={"Authorization": f"Bearer {token}"})
+    assert "result" in served.json()
+    # Stop node B: its subscriber is gone, the registry still routes to it.
+    node_b.stop()
+    started = time.monotonic()
+    r = httpx.post(f"{live_server_url}/a2a/orphan", json=rpc(rpc_id="o"),
+                   headers={"Authorization": f"Bearer {token}"})
+    elapsed = time.monotonic() - started
+    assert r.json()["error"]["data"]["kind"] == "unreachable"
+    assert r.json()["id"] == "o" and r.headers["x-a2a-executed"] == "false"
+    assert elapsed < 6
+
+
+def _routed(base: str, agent_id: str, auth: dict) -> bool:
+    r = httpx.post(f"{base}/a2a/{agent_id}", headers=auth, json=rpc())
+    return "result" in r.json()
