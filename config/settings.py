@@ -148,6 +148,7 @@ STATIC_ROOT = DATA_DIR / "static"
 # The admin's and API docs' assets, served by whitenoise straight from the installed apps, so
 # a node needs no collectstatic step and no separate web server.
 WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns on every start without it
 WHITENOISE_AUTOREFRESH = DEBUG
 # One-time tokens shown after creating an API client stay server-side, not in a cookie.
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
