@@ -191,6 +191,23 @@ class PlatformNode:
         return self.proc
 
 
+def create_postgres_db(admin_url: str) -> tuple[str, str]:
+    """Create a throwaway bench database next to ``admin_url``'s; answers (its URL, its name)."""
+    import psycopg
+
+    name = f"a2a_bench_{os.urandom(4).hex()}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return admin_url.rsplit("/", 1)[0] + f"/{name}", name
+
+
+def drop_postgres_db(admin_url: str, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def machine_info() -> dict:
     cpu = ""
     try:

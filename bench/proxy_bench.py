@@ -50,6 +50,8 @@ from bench.common import (  # noqa: E402
     Proc,
     clean_env,
     cpu_seconds,
+    create_postgres_db,
+    drop_postgres_db,
     free_port,
     keep_logs,
     machine_info,
@@ -181,7 +183,45 @@ def start_gateway(server: str, tmp: Path, upstream_url: str, procs: list[Proc],
                headers={"Authorization": f"Bearer {caller}"}, server_pid=proc.pid, gateway=True)
 
 
-def start_arms(tmp: Path, args) -> tuple[list[Arm], list[Proc], str]:
+def start_cross_node(tmp: Path, args, upstream_url: str, procs: list[Proc], upstream: Proc,
+                     database_url: str) -> list[Arm]:
+    """Two distributed nodes (PostgreSQL + Redis, ``serve --server uvicorn``): the agent is
+    registered on node A, which owns its subscriber; node B reaches it through the broker."""
+    shared = {"REDIS_URL": args.redis_url, "SECRET_KEY": "bench-secret-key"}
+    node_a = PlatformNode("node-a", tmp, database_url=database_url,
+                          extra_env={**shared, "NODE_ID": f"bench-a-{os.getpid()}"})
+    node_b = PlatformNode("node-b", tmp, database_url=database_url,
+                          extra_env={**shared, "NODE_ID": f"bench-b-{os.getpid()}"})
+    agent_id = f"{AGENT_ID}-x{os.getpid()}"
+    try:
+        admin, _registrar, caller = node_a.prepare()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for proc in pool.map(lambda node: node.serve("uvicorn"), (node_a, node_b)):
+                procs.append(proc)
+        card = {**json.loads(CARD), "url": f"{upstream_url}/"}
+        response = httpx.post(f"{node_a.url}/api/v1/agents", timeout=30,
+                              headers={"Authorization": f"Bearer {admin}"},
+                              json={"agent_id": agent_id, "url": f"{upstream_url}/",
+                                    "card": card, "max_concurrency": 100_000,
+                                    "ttl_seconds": 86_400})
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"registration failed: {response.status_code} {response.text}")
+    except Exception as exc:
+        return [Arm(name, "", [], available=False, reason=str(exc)[:500], gateway=True)
+                for name in ("dist-single-node", "dist-cross-node")]
+    auth = {"Authorization": f"Bearer {caller}"}
+    pa, pb = node_a.proc, node_b.proc
+    return [
+        Arm("dist-single-node", f"{node_a.url}/a2a/{agent_id}", [pa.pid, upstream.pid],
+            headers=auth, server_pid=pa.pid, gateway=True),
+        # CPU of both nodes: the receiving node and the owner both work for each request.
+        Arm("dist-cross-node", f"{node_b.url}/a2a/{agent_id}", [pb.pid, pa.pid, upstream.pid],
+            headers=auth, server_pid=pb.pid, gateway=True),
+    ]
+
+
+def start_arms(tmp: Path, args, database_url: str | None = None
+               ) -> tuple[list[Arm], list[Proc], str]:
     procs: list[Proc] = []
     up_port = free_port()
     upstream_url = f"http://127.0.0.1:{up_port}"
@@ -216,6 +256,8 @@ def start_arms(tmp: Path, args) -> tuple[list[Arm], list[Proc], str]:
                 lambda server: start_gateway(server, tmp, upstream_url, procs, upstream),
                 ("uvicorn", "daphne")))
         arms.extend(started)
+    if database_url:
+        arms.extend(start_cross_node(tmp, args, upstream_url, procs, upstream, database_url))
     for arm in arms:
         if arm.available:
             probe(arm)
@@ -404,6 +446,20 @@ def ratios(summary: dict) -> list[dict]:
         rows.append({"figure": f"1KiB c=1: {gw} added p50 over direct (us)",
                      "value": round(p50_gw - p50_direct) if p50_gw and p50_direct else None,
                      "target": "<= 250" if gw == "gateway-uvicorn" else ""})
+    if "dist-cross-node" in summary.get("1KiB c=1", {}):
+        p50_x, p50_direct = (get("1KiB c=1", "dist-cross-node", "p50_us"),
+                             get("1KiB c=1", "direct", "p50_us"))
+        rows.append({"figure": "1KiB c=1: cross-node added p50 over direct (us)",
+                     "value": round(p50_x - p50_direct) if p50_x and p50_direct else None,
+                     "target": "<= 1000"})
+        rows.append({"figure": "1KiB c=64: cross-node / single-node, distributed (req/s)",
+                     "value": ratio(get("1KiB c=64", "dist-cross-node"),
+                                    get("1KiB c=64", "dist-single-node")),
+                     "target": ">= 0.5"})
+        rows.append({"figure": "1KiB c=64: distributed single node / embedded (req/s)",
+                     "value": ratio(get("1KiB c=64", "dist-single-node"),
+                                    get("1KiB c=64", "gateway-uvicorn")),
+                     "target": ""})
     for scenario in ("1KiB c=1", "1KiB c=64"):
         rows.append({"figure": f"{scenario}: gateway-daphne / daphne-ceiling (req/s)",
                      "value": ratio(get(scenario, "gateway-daphne"),
@@ -463,6 +519,11 @@ def main() -> int:
     parser.add_argument("--sse-samples", type=int, help="SSE first-event samples per arm")
     parser.add_argument("--hold-seconds", type=int, default=120)
     parser.add_argument("--skip-gateway", action="store_true")
+    parser.add_argument("--cross-node", action="store_true",
+                        help="also two distributed nodes (PostgreSQL + Redis): single-node and "
+                             "cross-node arms")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     rounds = args.rounds or (2 if args.quick else 3)
     duration = args.duration or (1 if args.quick else 4)
@@ -477,13 +538,15 @@ def main() -> int:
     pin_self_to_load_core()
     started = time.time()
 
+    db_url, db_name = (create_postgres_db(args.postgres_url) if args.cross_node
+                       else (None, None))
     with temp_dir("a2a-proxy-bench-") as tmp_name:
         tmp = Path(tmp_name)
         procs: list[Proc] = []
         try:
             phases: dict[str, float] = {}
             mark = time.monotonic()
-            arms, procs, upstream_url = start_arms(tmp, args)
+            arms, procs, upstream_url = start_arms(tmp, args, db_url)
             phases["startup"] = time.monotonic() - mark
             live = [arm for arm in arms if arm.available]
             print("arms: " + ", ".join(f"{a.name}{'' if a.available else ' (unavailable)'}"
@@ -515,7 +578,8 @@ def main() -> int:
             sse_latency = asyncio.run(sse_first_event(sse_arms, sse_samples, rounds))
             phases["sse_latency"] = time.monotonic() - mark
             mark = time.monotonic()
-            hold_arms = [a for a in live if a.gateway or a.name == "aiohttp-proxy"]
+            hold_arms = [a for a in live
+                         if a.name in ("aiohttp-proxy", "gateway-uvicorn", "gateway-daphne")]
             hold = {}
             for arm in hold_arms:
                 hold[arm.name] = asyncio.run(sse_hold(arm, args.streams, upstream_url,
@@ -540,6 +604,8 @@ def main() -> int:
             for proc in reversed(procs):
                 proc.stop()
             keep_logs(tmp, "proxy")
+            if db_name:
+                drop_postgres_db(args.postgres_url, db_name)
     print_report(result)
     path = write_results("proxy", result)
     print(f"\nwrote {path} ({result['elapsed_s']} s: {result['phases_s']})")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
     PlatformNode,
+    create_postgres_db,
+    drop_postgres_db,
     keep_logs,
     machine_info,
     percentile,
@@ -139,22 +140,6 @@ async def heartbeat_open(session, base: str, token: str, ids: list[str], rate: f
     result = figures(latencies, statuses, elapsed)
     result.update({"offered_per_s": rate, "dropped_over_in_flight_cap": dropped})
     return result
-
-
-def create_postgres_db(admin_url: str) -> tuple[str, str]:
-    import psycopg
-
-    name = f"a2a_bench_{os.urandom(4).hex()}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return admin_url.rsplit("/", 1)[0] + f"/{name}", name
-
-
-def drop_postgres_db(admin_url: str, name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def run_load(base: str, registrar: str, args) -> dict:

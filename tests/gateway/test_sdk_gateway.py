@@ -10,6 +10,7 @@ what the caller got *and* what arrived at the agent.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -125,20 +126,43 @@ async def test_sync_reply_relayed_byte_for_byte(gateway_path, echo_agent_factory
     task_id = done.event.task.id
 
     version = {"A2A-Version": shape, "Content-Type": "application/json"}
-    bodies = [
-        {"jsonrpc": "2.0", "id": "get-1", "method": names["get"], "params": {"id": task_id}},
-        {"jsonrpc": "2.0", "id": 42, "method": names["get"], "params": {"id": "no-such-task"}},
-        {"jsonrpc": "2.0", "id": "x", "method": "tasks/noSuchMethod", "params": {}},
+    cases = [  # (request, what the agent answers)
+        ({"jsonrpc": "2.0", "id": "get-1", "method": names["get"], "params": {"id": task_id}},
+         "result"),
+        ({"jsonrpc": "2.0", "id": 42, "method": names["get"], "params": {"id": "no-such-task"}},
+         -32001),
+        ({"jsonrpc": "2.0", "id": "x", "method": "tasks/noSuchMethod", "params": {}}, -32601),
     ]
     with httpx.Client(timeout=30) as http:
-        for body in bodies:
+        for body, expected in cases:
             direct = http.post(agent.url, json=body, headers=version)
             via = http.post(target.gateway_base, json=body, headers={**version, **caller.auth})
             assert via.status_code == direct.status_code == 200
             assert via.content == direct.content, (via.text, direct.text)
             assert via.headers["content-type"].startswith("application/json")
             assert_executed(via)
-    assert "error" in httpx.Response(200, content=direct.content).json()  # the agent's -32601
+            answer = json.loads(via.content)
+            assert answer["id"] == body["id"]
+            if expected == "result":
+                assert answer["result"]["id"] == task_id
+            else:
+                assert answer["error"]["code"] == expected
+
+
+async def test_registered_without_card_uses_the_agents_own(echo_agent_factory, register_agent,
+                                                            caller, live_server_url):
+    """No card in the registration: the registry fetches the SDK agent's card, and the gateway
+    serves it rewritten, so a stock client still ends up going through the gateway."""
+    agent = echo_agent_factory(card_shape="both")
+    target = register_agent(agent, with_card=False)
+    responses: list[httpx.Response] = []
+    async with sdk_client(target.gateway_base, streaming=False, headers=caller.auth,
+                          responses=responses) as client:
+        assert transport_name(client) == "JsonRpcTransport"
+        [reply] = await send_and_collect(client, "fetched")
+    assert get_message_text(reply.event.message) == "echo: fetched"
+    assert all(str(r.url).startswith(live_server_url) for r in responses)
+    assert [r.rpc_method for r in agent.recorder.rpc()] == ["SendMessage"]
 
 
 # --- message/stream ----------------------------------------------------------------------------
