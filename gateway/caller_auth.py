@@ -11,9 +11,9 @@ import asyncio
 import time
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import close_old_connections
 
+from gateway.conf import conf
 from registry.auth import bearer_token
 from registry.permissions import Actor, anonymous_actor
 from registry.selectors import actor_from_token
@@ -46,21 +46,21 @@ class TokenCache:
         is off. Raises :class:`AuthFailed` for a bad header or token."""
         if not authorization:
             return anonymous_actor()
-        token = bearer_token(authorization)
-        if token is None:
-            raise AuthFailed("Authorization must be 'Bearer <token>'")
-        entry = self._entries.get(token)
-        now = time.monotonic()
-        if entry is not None and entry[1] > now:
+        # Keyed by the header as sent: a hit costs one dict lookup, no parsing.
+        entry = self._entries.get(authorization)
+        if entry is not None and entry[1] > time.monotonic():
             actor = entry[0]
         else:
-            actor = await self._resolve(token)
+            token = bearer_token(authorization)
+            if token is None:
+                raise AuthFailed("Authorization must be 'Bearer <token>'")
+            actor = await self._resolve(authorization, token)
         if actor is None:
             raise AuthFailed("invalid or revoked token")
         return actor
 
-    async def _resolve(self, token: str) -> Actor | None:
-        pending = self._pending.get(token)
+    async def _resolve(self, key: str, token: str) -> Actor | None:
+        pending = self._pending.get(key)
         if pending is not None:
             try:
                 return await asyncio.shield(pending)
@@ -69,17 +69,17 @@ class TokenCache:
                     raise  # this request itself was cancelled
             # the shared lookup failed or was cancelled: look up on our own below
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending[token] = future
+        self._pending[key] = future
         try:
             actor = await sync_to_async(_lookup, thread_sensitive=False)(token)
         except BaseException:
             future.cancel()  # waiters retry on their own
             raise
         finally:
-            if self._pending.get(token) is future:
-                del self._pending[token]
+            if self._pending.get(key) is future:
+                del self._pending[key]
         if len(self._entries) >= self.MAX_ENTRIES:
             self._entries.clear()
-        self._entries[token] = (actor, time.monotonic() + settings.A2A_AUTH_CACHE_SECONDS)
+        self._entries[key] = (actor, time.monotonic() + conf.A2A_AUTH_CACHE_SECONDS)
         future.set_result(actor)
         return actor

@@ -139,7 +139,7 @@ async def serve_card(scope: dict[str, Any], receive, send, agent_id: str) -> Non
     if route is None or card is None:
         found = await sync_to_async(_card_of, thread_sensitive=False)(agent_id)
         if found is None:
-            metrics.CARD_REQUESTS.labels("not_found").inc()
+            metrics.count_card("not_found")
             await _json(send, 404, errors.error_body(errors.AGENT_NOT_FOUND, agent_id=agent_id),
                         scope)
             return
@@ -155,11 +155,11 @@ async def serve_card(scope: dict[str, Any], receive, send, agent_id: str) -> Non
     if_none_match = next((v for k, v in scope["headers"] if k == b"if-none-match"), None)
     common = [(b"etag", etag), (b"cache-control", cache_control)]
     if if_none_match is not None and _etag_matches(if_none_match.decode("latin-1"), etag):
-        metrics.CARD_REQUESTS.labels("not_modified").inc()
+        metrics.count_card("not_modified")
         await send({"type": "http.response.start", "status": 304, "headers": common})
         await send({"type": "http.response.body", "body": b""})
         return
-    metrics.CARD_REQUESTS.labels("ok").inc()
+    metrics.count_card("ok")
     await send({"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

@@ -12,6 +12,8 @@ from functools import lru_cache
 
 from django.conf import settings
 
+from gateway.conf import conf
+
 HDR_TAG_PREFIX = "a2a_hdr_"
 
 #: Never forwarded to the agent (lowercase, as ASGI delivers names).
@@ -29,6 +31,18 @@ DROPPED_RESPONSE_HEADERS = frozenset({
     b"content-length", b"proxy-authenticate", b"set-cookie", b"server", b"date",
     b"x-a2a-executed", b"x-a2a-agent-status",
 })
+
+
+_TAG_KEYS: dict[bytes, str] = {}
+
+
+def _tag_key(name: bytes) -> str:
+    key = _TAG_KEYS.get(name)
+    if key is None:
+        key = HDR_TAG_PREFIX + name.decode("latin-1").lower()
+        if len(_TAG_KEYS) < 4096:
+            _TAG_KEYS[name] = key
+    return key
 
 
 @lru_cache(maxsize=8)
@@ -65,7 +79,7 @@ def scan_request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
     """
     out = RequestHeaders()
     tags = out.tags
-    caller_name = _caller_header(settings.A2A_CALLER_ID_HEADER)[0]
+    caller_name = _caller_header(conf.A2A_CALLER_ID_HEADER)[0]
     connection_tokens: list[str] = []
     for name, value in raw:
         if name in DROPPED_REQUEST_HEADERS:
@@ -91,7 +105,7 @@ def scan_request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
             out.forwarded_proto = value.decode("latin-1")
         elif name == b"x-forwarded-host":
             out.forwarded_host = value.decode("latin-1")
-        key = HDR_TAG_PREFIX + name.decode("latin-1").lower()
+        key = _tag_key(name)
         text = value.decode("latin-1")
         previous = tags.get(key)
         tags[key] = text if previous is None else f"{previous}, {text}"
@@ -108,10 +122,10 @@ def outbound_headers(tags: dict[str, str], caller_id: str) -> dict[str, str]:
     headers = {
         key[start:]: value for key, value in tags.items() if key.startswith(HDR_TAG_PREFIX)
     }
-    caller_name, caller_tag = _caller_header(settings.A2A_CALLER_ID_HEADER)
+    caller_name, caller_tag = _caller_header(conf.A2A_CALLER_ID_HEADER)
     # Defence in depth: the gateway never packs it, but tags may come from other transports.
     headers.pop(caller_tag[start:], None)
-    headers[settings.A2A_CALLER_ID_HEADER] = caller_id
+    headers[conf.A2A_CALLER_ID_HEADER] = caller_id
     return headers
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.conf import settings
+from gateway.conf import conf
 
 
 def request_timeout(payload: dict[str, Any]) -> float:
@@ -25,8 +25,8 @@ def request_timeout(payload: dict[str, Any]) -> float:
                 isinstance(value, (int, float)) and not isinstance(value, bool)
                 and value > 0 and value == value  # not NaN
             ):
-                return min(float(value), settings.A2A_MAX_TIMEOUT_SECONDS)
-    return min(float(settings.A2A_DEFAULT_TIMEOUT_SECONDS), settings.A2A_MAX_TIMEOUT_SECONDS)
+                return min(float(value), conf.A2A_MAX_TIMEOUT_SECONDS)
+    return min(float(conf.A2A_DEFAULT_TIMEOUT_SECONDS), conf.A2A_MAX_TIMEOUT_SECONDS)
 
 
 class RateLimiter:
@@ -42,10 +42,10 @@ class RateLimiter:
         self._buckets: dict[str, list[float]] = {}
 
     def allow(self, caller: str) -> bool:
-        rate = settings.A2A_RATE_LIMIT_PER_SECOND
+        rate = conf.A2A_RATE_LIMIT_PER_SECOND
         if rate <= 0:
             return True
-        burst = float(settings.A2A_RATE_LIMIT_BURST or max(1.0, rate))
+        burst = float(conf.A2A_RATE_LIMIT_BURST or max(1.0, rate))
         now = time.monotonic()
         bucket = self._buckets.get(caller)
         if bucket is None:

@@ -1,20 +1,30 @@
 """Prometheus metrics of the gateway, and the ``GET /metrics`` ASGI endpoint.
 
-Label children are cached per label tuple so a hot-path update is a dict lookup plus one
-locked add (``Counter.labels()`` alone costs more than that). Series of a deregistered agent
-are removed so label cardinality follows the registry, not history.
+The hot path only bumps plain integers in dicts (no locks, no label lookups: everything runs on
+the node's event loop); a custom collector turns them into Prometheus families when scraped.
+In-flight requests and active streams are read from the live subscribers at scrape time, so
+they cost nothing per request. Series of a deregistered agent are dropped, so label cardinality
+follows the registry, not history.
+
+Exposed: ``kubemq_a2a_requests_total{agent_id,method}`` (A2A 0.3 and 1.0 method names and
+``tasks/send`` as themselves, anything else ``unknown``), ``kubemq_a2a_sse_streams_active
+{agent_id}``, ``kubemq_a2a_request_duration_seconds{agent_id,outcome}`` (histogram),
+``kubemq_a2a_busy_rejections_total{agent_id}``, ``kubemq_a2a_in_flight{agent_id}`` and
+``kubemq_a2a_card_requests_total{result}``.
 """
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
 )
+from prometheus_client.registry import Collector
 
 #: Method names counted as themselves: A2A 0.3, A2A 1.0, and KubeMQ's tasks/send.
 KNOWN_METHODS = frozenset({
@@ -32,35 +42,14 @@ KNOWN_METHODS = frozenset({
     "tasks/send", "stream_cancel",
 })
 
-REQUESTS = Counter(
-    "kubemq_a2a_requests", "A2A JSON-RPC requests routed to an agent.", ["agent_id", "method"]
-)
-SSE_STREAMS_ACTIVE = Gauge(
-    "kubemq_a2a_sse_streams_active", "SSE streams currently relayed.", ["agent_id"]
-)
-LATENCY = Histogram(
-    "kubemq_a2a_request_duration_seconds",
-    "Time from request to the end of the gateway's reply, by agent and outcome.",
-    ["agent_id", "outcome"],
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
-             30, 60, 300),
-)
-BUSY_REJECTIONS = Counter(
-    "kubemq_a2a_busy_rejections", "Requests rejected at the concurrency cap.", ["agent_id"]
-)
-IN_FLIGHT = Gauge(
-    "kubemq_a2a_in_flight", "Requests (streams included) an agent's subscriber is handling.",
-    ["agent_id"],
-)
-CARD_REQUESTS = Counter(
-    "kubemq_a2a_card_requests", "Rewritten agent cards served, by result.",
-    ["result"],
-)
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+           10.0, 30.0, 60.0, 300.0)
+MAX_SERIES = 100_000
 
-_requests: dict[tuple[str, str], object] = {}
-_latency: dict[tuple[str, str], object] = {}
-_methods_seen: dict[str, set[str]] = {}
-_outcomes_seen: dict[str, set[str]] = {}
+_requests: dict[tuple[str, str], int] = {}
+_latency: dict[tuple[str, str], list[float]] = {}  # bucket counts..., +Inf count, sum
+_busy: dict[str, int] = {}
+_cards: dict[str, int] = {}
 
 
 def method_label(method: str) -> str:
@@ -68,45 +57,115 @@ def method_label(method: str) -> str:
 
 
 def count_request(agent_id: str, method: str) -> None:
-    key = (agent_id, method)
-    child = _requests.get(key)
-    if child is None:
-        label = method_label(method)
-        child = REQUESTS.labels(agent_id, label)
-        if len(_requests) < 100_000:
-            _requests[key] = child
-        _methods_seen.setdefault(agent_id, set()).add(label)
-    child.inc()  # type: ignore[attr-defined]
+    key = (agent_id, method if method in KNOWN_METHODS else "unknown")
+    count = _requests.get(key)
+    if count is None:
+        if len(_requests) >= MAX_SERIES:
+            return
+        count = 0
+    _requests[key] = count + 1
 
 
 def observe_latency(agent_id: str, outcome: str, seconds: float) -> None:
     key = (agent_id, outcome)
-    child = _latency.get(key)
-    if child is None:
-        child = _latency[key] = LATENCY.labels(agent_id, outcome)
-        _outcomes_seen.setdefault(agent_id, set()).add(outcome)
-    child.observe(seconds)  # type: ignore[attr-defined]
+    cells = _latency.get(key)
+    if cells is None:
+        if len(_latency) >= MAX_SERIES:
+            return
+        cells = _latency[key] = [0.0] * (len(BUCKETS) + 2)
+    cells[bisect_left(BUCKETS, seconds)] += 1
+    cells[-1] += seconds
+
+
+def count_busy(agent_id: str) -> None:
+    _busy[agent_id] = _busy.get(agent_id, 0) + 1
+
+
+def count_card(result: str) -> None:
+    _cards[result] = _cards.get(result, 0) + 1
 
 
 def forget_agent(agent_id: str) -> None:
     """Drop every series of a deregistered agent."""
-    for label in _methods_seen.pop(agent_id, set()):
-        _remove(REQUESTS, agent_id, label)
-    for outcome in _outcomes_seen.pop(agent_id, set()):
-        _remove(LATENCY, agent_id, outcome)
-    for key in [k for k in _requests if k[0] == agent_id]:
-        del _requests[key]
-    for key in [k for k in _latency if k[0] == agent_id]:
-        del _latency[key]
-    for metric in (SSE_STREAMS_ACTIVE, BUSY_REJECTIONS, IN_FLIGHT):
-        _remove(metric, agent_id)
+    for store in (_requests, _latency):
+        for key in [k for k in store if k[0] == agent_id]:
+            del store[key]
+    _busy.pop(agent_id, None)
 
 
-def _remove(metric, *labels: str) -> None:
-    try:
-        metric.remove(*labels)
-    except KeyError:
-        pass
+class GatewayCollector(Collector):
+    def describe(self) -> Iterator:
+        # Names only: registration must not run collect() (the node may not exist yet).
+        yield CounterMetricFamily("kubemq_a2a_requests", "", labels=["agent_id", "method"])
+        yield HistogramMetricFamily("kubemq_a2a_request_duration_seconds", "",
+                                    labels=["agent_id", "outcome"])
+        yield CounterMetricFamily("kubemq_a2a_busy_rejections", "", labels=["agent_id"])
+        yield GaugeMetricFamily("kubemq_a2a_in_flight", "", labels=["agent_id"])
+        yield GaugeMetricFamily("kubemq_a2a_sse_streams_active", "", labels=["agent_id"])
+        yield CounterMetricFamily("kubemq_a2a_card_requests", "", labels=["result"])
+
+    def collect(self) -> Iterator:
+        requests = CounterMetricFamily(
+            "kubemq_a2a_requests", "A2A JSON-RPC requests routed to an agent.",
+            labels=["agent_id", "method"])
+        for (agent_id, method), count in list(_requests.items()):
+            requests.add_metric([agent_id, method], count)
+        yield requests
+
+        latency = HistogramMetricFamily(
+            "kubemq_a2a_request_duration_seconds",
+            "Time from request to the end of the gateway's reply, by agent and outcome.",
+            labels=["agent_id", "outcome"])
+        for (agent_id, outcome), cells in list(_latency.items()):
+            cumulative, buckets = 0.0, []
+            for bound, count in zip(BUCKETS, cells, strict=False):
+                cumulative += count
+                buckets.append((_bound(bound), cumulative))
+            cumulative += cells[len(BUCKETS)]
+            buckets.append(("+Inf", cumulative))
+            latency.add_metric([agent_id, outcome], buckets, cells[-1])
+        yield latency
+
+        busy = CounterMetricFamily(
+            "kubemq_a2a_busy_rejections", "Requests rejected at the concurrency cap.",
+            labels=["agent_id"])
+        for agent_id, count in list(_busy.items()):
+            busy.add_metric([agent_id], count)
+        yield busy
+
+        in_flight = GaugeMetricFamily(
+            "kubemq_a2a_in_flight",
+            "Requests (streams included) this node's subscriber of an agent is handling.",
+            labels=["agent_id"])
+        streams = GaugeMetricFamily(
+            "kubemq_a2a_sse_streams_active", "SSE streams currently relayed.",
+            labels=["agent_id"])
+        for subscriber in _subscribers():
+            in_flight.add_metric([subscriber.agent_id], subscriber.in_flight)
+            streams.add_metric([subscriber.agent_id], subscriber.sse_active)
+        yield in_flight
+        yield streams
+
+        cards = CounterMetricFamily(
+            "kubemq_a2a_card_requests", "Rewritten agent cards served, by result.",
+            labels=["result"])
+        for result, count in list(_cards.items()):
+            cards.add_metric([result], count)
+        yield cards
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))
+
+
+def _subscribers() -> list:
+    from gateway import runtime
+
+    node = runtime.current_node()
+    return list(node.manager.subscribers.values()) if node is not None else []
+
+
+REGISTRY.register(GatewayCollector())
 
 
 async def metrics_app(scope, receive, send) -> None:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import time
 
-from django.conf import settings
-
+from gateway.conf import conf
 from registry.events import AgentEvent, AgentRoute
 
 
@@ -70,6 +69,4 @@ class RoutingTable:
 
 
 def _grace() -> float:
-    return settings.A2A_ROUTING_RESYNC_SECONDS + getattr(
-        settings, "A2A_EXPIRY_INTERVAL_SECONDS", 5.0
-    )
+    return conf.A2A_ROUTING_RESYNC_SECONDS + conf.A2A_EXPIRY_INTERVAL_SECONDS

@@ -28,6 +28,7 @@ from django.conf import settings
 from gateway import envelope as env
 from gateway import errors, outbound
 from gateway import metrics as m
+from gateway.conf import conf
 from gateway.headers import outbound_headers, relayed_response_headers
 from gateway.sse import KEEPALIVE, largest_event, split_events
 from registry.events import AgentRoute
@@ -95,16 +96,14 @@ class VirtualSubscriber:
         self.channel = agent_channel(route.agent_id)
         self.layer = layer
         self.route = route
-        self.url = outbound.url(route.endpoint)
         self.in_flight = 0
         self.streams: dict[str, asyncio.Task] = {}
         self._cancel_requested: dict[str, Any] = {}  # request id -> the stream's JSON-RPC id
         self._tasks: set[asyncio.Task] = set()
         self._receiver: asyncio.Task | None = None
         self._stopping = False
-        self._m_in_flight = m.IN_FLIGHT.labels(self.agent_id)
-        self._m_busy = m.BUSY_REJECTIONS.labels(self.agent_id)
-        self._m_streams = m.SSE_STREAMS_ACTIVE.labels(self.agent_id)
+        self.sse_active = 0  # read by the metrics collector at scrape time
+        self._client = None  # the loop's shared outbound client, looked up once
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -116,7 +115,6 @@ class VirtualSubscriber:
 
     def update(self, route: AgentRoute) -> None:
         self.route = route
-        self.url = outbound.url(route.endpoint)
 
     async def stop(self) -> None:
         """Tear down: stop receiving (unsubscribes the channel) and end relayed streams.
@@ -178,23 +176,20 @@ class VirtualSubscriber:
             await sink(env.error(request_id, errors.UNREACHABLE, "agent is deregistering"))
             return
         if self.in_flight >= self.route.max_concurrency:
-            self._m_busy.inc()
+            m.count_busy(self.agent_id)
             await sink(env.error(request_id, errors.BUSY))
             return
         self.in_flight += 1
-        self._m_in_flight.inc()
         if not local:
             sink.arm_ack()  # type: ignore[attr-defined]
         if method in env.STREAMING_METHODS:
-            task = asyncio.get_running_loop().create_task(
-                self._run(query, sink, request_id, streaming=True)
-            )
+            task = asyncio.get_running_loop().create_task(self._run_stream(query, sink, request_id))
             self.streams[request_id] = task
             task.add_done_callback(lambda _t, rid=request_id: self.streams.pop(rid, None))
         elif local:
-            await self._run(query, sink, request_id, streaming=False)
+            await self._run_sync(query, sink, request_id)
         else:
-            _spawn(self._tasks, self._run(query, sink, request_id, streaming=False))
+            _spawn(self._tasks, self._run_sync(query, sink, request_id))
 
     def cancel_stream(self, request_id: str) -> bool:
         """The cancel handler: the caller of a relayed stream went away."""
@@ -207,15 +202,61 @@ class VirtualSubscriber:
 
     # --- handlers --------------------------------------------------------------------------
 
-    async def _run(
-        self, query: dict[str, Any], sink: Sink, request_id: str, *, streaming: bool
-    ) -> None:
+    async def _run_sync(self, query: dict[str, Any], sink: Sink, request_id: str) -> None:
+        """The sync handler: POST the caller's bytes unchanged, relay the agent's answer.
+
+        Kept flat on purpose: it is the proxy's hot path, and every coroutine level costs on
+        each suspension. A small answer is read whole and relayed in one message; SSE, large
+        and 502/503/504 answers go through :meth:`_relay`.
+        """
         tags = query["tags"]
         try:
-            if streaming:
-                await self._stream(query["body"], tags, sink, request_id)
-            else:
-                await self._sync(query["body"], tags, sink, request_id)
+            try:
+                seconds = float(tags.get(env.TAG_TIMEOUT) or conf.A2A_DEFAULT_TIMEOUT_SECONDS)
+            except ValueError:
+                seconds = float(conf.A2A_DEFAULT_TIMEOUT_SECONDS)
+            headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+            client = self._client
+            if client is None or client.closed:
+                client = self._client = outbound.client()
+            try:
+                response = await client.post(self.route.endpoint, query["body"], headers,
+                                             seconds)
+                try:
+                    status = response.status
+                    length = response.content_length
+                    cap = conf.A2A_MAX_RESPONSE_BYTES
+                    if (
+                        status in (502, 503, 504)
+                        or (length is not None and (length > WHOLE_BODY_BYTES or length > cap))
+                        or _is_event_stream(response)
+                    ):
+                        await self._relay(response, sink, request_id)
+                        return
+                    body = await response.read(cap)
+                finally:
+                    outbound.finish(response)
+                if body is None:
+                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
+                    return
+                await sink(env.start(request_id, status, relayed_response_headers(
+                    response.headers), body, more=False, sse=False))
+            except TimeoutError:
+                await sink(env.error(request_id, errors.TIMEOUT))
+            except outbound.CONNECTION_ERRORS as exc:
+                await sink(env.error(request_id, errors.UNREACHABLE, _describe(exc)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("%s: handler failed", self.client_id)
+            await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}"))
+        finally:
+            self.in_flight -= 1
+
+    async def _run_stream(self, query: dict[str, Any], sink: Sink, request_id: str) -> None:
+        tags = query["tags"]
+        try:
+            await self._stream(query["body"], tags, sink, request_id)
         except asyncio.CancelledError:
             if request_id in self._cancel_requested:
                 self._cancel_requested.pop(request_id)
@@ -225,29 +266,10 @@ class VirtualSubscriber:
                 await sink(env.error(request_id, errors.UNREACHABLE, "agent deregistered"))
             raise
         except Exception as exc:
-            logger.exception("%s: handler failed", self.client_id)
+            logger.exception("%s: stream handler failed", self.client_id)
             await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}"))
         finally:
             self.in_flight -= 1
-            self._m_in_flight.dec()
-
-    async def _sync(self, body: bytes, tags: dict[str, str], sink: Sink, request_id: str) -> None:
-        """The sync handler: POST the caller's bytes, relay the agent's answer."""
-        try:
-            seconds = float(tags.get(env.TAG_TIMEOUT) or settings.A2A_DEFAULT_TIMEOUT_SECONDS)
-        except ValueError:
-            seconds = float(settings.A2A_DEFAULT_TIMEOUT_SECONDS)
-        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
-        try:
-            async with outbound.session().post(
-                self.url, data=body, headers=headers, timeout=outbound.timeout(seconds),
-                allow_redirects=False,
-            ) as response:
-                await self._relay(response, sink, request_id)
-        except TimeoutError:
-            await sink(env.error(request_id, errors.TIMEOUT))
-        except outbound.CONNECTION_ERRORS as exc:
-            await sink(env.error(request_id, errors.UNREACHABLE, _describe(exc)))
 
     async def _stream(
         self, body: bytes, tags: dict[str, str], sink: Sink, request_id: str
@@ -255,11 +277,10 @@ class VirtualSubscriber:
         """The SSE handler: open the agent's stream and relay it event by event."""
         headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
         try:
+            # No overall timeout for streams; waiting for the agent's first bytes is bounded
+            # by the idle timeout, like every later silence.
             async with asyncio.timeout(settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
-                response = await outbound.session().post(
-                    self.url, data=body, headers=headers, timeout=outbound.timeout(None),
-                    allow_redirects=False,
-                )
+                response = await outbound.client().post(self.route.endpoint, body, headers, None)
         except TimeoutError:
             await sink(env.error(request_id, errors.TIMEOUT))
             return
@@ -273,10 +294,7 @@ class VirtualSubscriber:
         except outbound.CONNECTION_ERRORS as exc:
             await sink(env.error(request_id, errors.UNREACHABLE, _describe(exc)))
         finally:
-            if response.content.at_eof():
-                response.release()
-            else:
-                response.close()  # drops the upstream connection: the agent sees the end
+            outbound.finish(response)  # an unfinished stream's connection is closed
 
     async def _relay(self, response, sink: Sink, request_id: str) -> None:
         status = response.status
@@ -286,38 +304,31 @@ class VirtualSubscriber:
         if status == 504:
             await sink(env.error(request_id, errors.TIMEOUT, status=status))
             return
-        headers = relayed_response_headers(response.raw_headers)
-        if response.content_type == "text/event-stream":
+        headers = relayed_response_headers(response.headers)
+        if _is_event_stream(response):
             await self._relay_events(response, headers, sink, request_id)
         else:
             await self._relay_body(response, headers, sink, request_id)
 
     async def _relay_body(self, response, headers: list, sink: Sink, request_id: str) -> None:
-        cap = settings.A2A_MAX_RESPONSE_BYTES
+        cap = conf.A2A_MAX_RESPONSE_BYTES
         length = response.content_length
         status = response.status
         if length is not None and length > cap:
             await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
             return
-        if length is not None and length <= WHOLE_BODY_BYTES:
-            body = await response.read()
-            await sink(env.start(request_id, status, headers, body, more=False, sse=False))
-            return
-        if length is None:
-            # Unknown length: buffer up to the cap, so an oversize answer can still become a
+        if length is None or length <= WHOLE_BODY_BYTES:
+            # Unknown length: buffered up to the cap, so an oversize answer can still become a
             # clean response_too_large instead of a truncated relay.
-            buffer = bytearray()
-            async for piece in response.content.iter_any():
-                buffer += piece
-                if len(buffer) > cap:
-                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
-                    return
-            await sink(env.start(request_id, status, headers, bytes(buffer), more=False,
-                                 sse=False))
+            body = await response.read(cap)
+            if body is None:
+                await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
+            else:
+                await sink(env.start(request_id, status, headers, body, more=False, sse=False))
             return
         headers.append((b"content-length", str(length).encode()))
         await sink(env.start(request_id, status, headers, b"", more=True, sse=False))
-        async for piece in response.content.iter_any():
+        while piece := await response.read_chunk():
             await sink(env.chunk(request_id, piece, more=True))
         await sink(env.chunk(request_id, b"", more=False))
 
@@ -326,9 +337,8 @@ class VirtualSubscriber:
         keepalive = settings.A2A_SSE_KEEPALIVE_SECONDS
         idle = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS
         loop = asyncio.get_running_loop()
-        reader = response.content
         await sink(env.start(request_id, response.status, headers, b"", more=True, sse=True))
-        self._m_streams.inc()
+        self.sse_active += 1
         try:
             now = loop.time()
             last_data = last_sent = now
@@ -337,7 +347,7 @@ class VirtualSubscriber:
                 wait = min(last_sent + keepalive, last_data + idle) - loop.time()
                 try:
                     async with asyncio.timeout(max(wait, 0.0)):
-                        piece = await reader.readany()
+                        piece = await response.read_chunk()
                 except TimeoutError:
                     now = loop.time()
                     if now >= last_data + idle:
@@ -358,7 +368,7 @@ class VirtualSubscriber:
                     await sink(env.chunk(request_id, events, more=True))
                     last_sent = last_data
         finally:
-            self._m_streams.dec()
+            self.sse_active -= 1
 
     async def _notify_cancel(self, tags: dict[str, str], body: bytes) -> None:
         """kubemq profile: tell the agent its stream was cancelled (KubeMQ-style agents
@@ -376,13 +386,19 @@ class VirtualSubscriber:
         headers.pop("accept", None)
         headers["content-type"] = "application/json"
         try:
-            async with outbound.session().post(
-                self.url, data=notice, headers=headers,
-                timeout=outbound.timeout(CANCEL_NOTICE_TIMEOUT_SECONDS), allow_redirects=False,
-            ) as response:
-                await response.read()
+            response = await outbound.client().post(self.route.endpoint, notice, headers,
+                                                    CANCEL_NOTICE_TIMEOUT_SECONDS)
+            try:
+                await response.read(64 * 1024)
+            finally:
+                outbound.finish(response)
         except (TimeoutError, *outbound.CONNECTION_ERRORS) as exc:
             logger.info("%s: stream_cancel notice failed: %s", self.client_id, _describe(exc))
+
+
+def _is_event_stream(response: outbound.Response) -> bool:
+    content_type = response.header(b"content-type") or b""
+    return content_type[:17].lower() == b"text/event-stream"
 
 
 def _describe(exc: BaseException) -> str:

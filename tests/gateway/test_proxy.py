@@ -617,3 +617,63 @@ def test_hostile_input_never_500(gw: httpx.Client, agent, live_server_url, token
     r = gw.post("/a2a/tough-agent", json=rpc(), headers={"X-Long": "v" * 7000})
     assert r.status_code == 200
     assert agent.arrived[-1].header("x-long") == "v" * 7000
+
+
+# --- agents that are not well-behaved HTTP servers --------------------------------------------
+
+
+@pytest.fixture
+def raw_agent():
+    """A bare TCP server whose reply bytes each test scripts (``reply`` None: close at once)."""
+    import socket
+    import threading
+
+    state = {"reply": b"", "requests": 0}
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    data = conn.recv(65536)
+                    while b"\r\n\r\n" not in data:
+                        data += conn.recv(65536)
+                except OSError:
+                    continue
+                state["requests"] += 1
+                if state["reply"]:
+                    conn.sendall(state["reply"])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    state["url"] = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    yield state
+    listener.close()
+
+
+def test_close_delimited_and_broken_agents(gw: httpx.Client, raw_agent):
+    register("raw-agent", raw_agent["url"])
+    body = b'{"jsonrpc":"2.0","id":1,"result":"no length, ends at close"}'
+    raw_agent["reply"] = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" \
+                         b"Connection: close\r\n\r\n" + body
+    r = gw.post("/a2a/raw-agent", json=rpc())
+    assert r.status_code == 200 and r.content == body
+    assert r.headers["x-a2a-executed"] == "true"
+    raw_agent["reply"] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\n" \
+                         b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+    r = gw.post("/a2a/raw-agent", json=rpc())
+    assert r.status_code == 201 and r.content == b"{}"
+    for broken in (b"", b"NOT HTTP AT ALL\r\n\r\n",
+                   b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\ntruncated"):
+        raw_agent["reply"] = broken
+        r = gw.post("/a2a/raw-agent", json=rpc(rpc_id="b"))
+        assert r.status_code == 200, broken
+        assert r.json()["error"]["data"]["kind"] == "unreachable", broken
+        assert r.json()["id"] == "b"
