@@ -1,22 +1,31 @@
 """The one pooled outbound HTTP client of the proxy hot path, behind this module.
 
-How it was chosen (measured, see PERFORMANCE.md and the report of the gateway issue): httpx's
-pool is 10x slower than aiohttp at c=64 and httpx over the aiohttp transport still 2.7x, so
-httpx is out of the hot path (it stays the project's HTTP API everywhere else). With aiohttp
-behind this module the gateway reached about 0.85x the reference aiohttp proxy at c=64; a
-py-spy profile put ~28 % of the gateway's CPU inside aiohttp's client machinery (request and
-payload objects, multidicts, timer contexts, a writer task per request). The virtual
-subscriber needs much less: POST bytes, relay bytes. So this module is a small HTTP/1.1 client
-on asyncio protocols with the httptools parser (the one uvicorn uses): keep-alive pools per
-origin, one ``transport.write`` per request, chunked and Content-Length bodies, flow control for
-streams, TLS through ``ssl``. It never adds headers of its own (no User-Agent, Accept or
-Accept-Encoding), never follows redirects, keeps no cookies and never decompresses: bodies are
-relayed byte for byte.
+How it was chosen, by measurement (wrk -t1 pinned to core 1, servers on core 0, 1 KiB
+message/send, CPU per request read from /proc, interleaved rounds on this 2-core machine):
+
+- httpx: out of the hot path (PERFORMANCE.md: its pool is 10x slower than aiohttp at c=64;
+  httpx over the aiohttp transport still 2.7x slower). It stays the project's HTTP API
+  everywhere else (card fetching, discovery, tests).
+- aiohttp behind this module (first version): the gateway reached ~0.8x the reference
+  raw-ASGI + aiohttp proxy at c=64 (240-275 vs 185-200 us CPU per request). A py-spy profile
+  put ~28 % of the gateway's CPU inside aiohttp's client machinery (request, payload and
+  multidict objects, timer contexts, a writer task per request), more than all of the
+  gateway's own work (validation, auth, routing, envelope, metrics).
+- this module (current): the virtual subscriber needs far less than a general client - POST
+  bytes, relay bytes - so it is a small HTTP/1.1 client on asyncio protocols with the httptools
+  parser (the one uvicorn uses). Same rig: 73-82 us CPU per request, ~1.7x the aiohttp proxy's
+  req/s at c=64, p50 at c=1 ~300 us against its ~400 us; 256 KiB bodies at parity (the
+  gateway's one JSON parse of the body is the difference). bench/proxy_bench.py measures it.
+
+What it does: keep-alive pools per origin, one write per request, Content-Length, chunked and
+close-delimited bodies, interim 1xx responses skipped, flow control for streams, TLS through
+``ssl``. It never adds headers of its own (no User-Agent, Accept or Accept-Encoding), never
+follows redirects, keeps no cookies and never decompresses: bodies are relayed byte for byte.
 
 One client per event loop (a process normally has one; tests run several servers, each on its
 own loop), closed on node shutdown. Idle keep-alive connections expire after
 :data:`KEEPALIVE_SECONDS`, just under the common 5 s idle timeout of agent servers (uvicorn,
-Node), so a pooled connection is not reused as the agent closes it.
+Node), so a pooled connection is not reused as the agent closes it. A POST is never retried.
 """
 
 from __future__ import annotations
@@ -249,6 +258,9 @@ class _Connection(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
+        if self.response is None:
+            self.close()  # bytes on an idle connection: not a state worth reusing
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
