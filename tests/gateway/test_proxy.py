@@ -677,3 +677,29 @@ def test_close_delimited_and_broken_agents(gw: httpx.Client, raw_agent):
         assert r.status_code == 200, broken
         assert r.json()["error"]["data"]["kind"] == "unreachable", broken
         assert r.json()["id"] == "b"
+
+
+def test_broker_down_is_unreachable_at_once(gw: httpx.Client, agent, settings):
+    """A Channels layer whose Redis is not there: send() fails fast, the caller gets
+    `unreachable` at once (never queued, never a 500)."""
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    from gateway import runtime
+    from tests.servers import free_port
+
+    settings.A2A_LOCAL_FAST_PATH = False  # every request through the broker
+    register("brokerless", agent.url)
+    node = runtime.current_node()
+    dead = RedisPubSubChannelLayer(hosts=[{"address": f"redis://127.0.0.1:{free_port()}/0",
+                                           "socket_connect_timeout": 0.5}])
+    real, node.layer = node.layer, dead
+    try:
+        started = time.monotonic()
+        r = gw.post("/a2a/brokerless", json=rpc(rpc_id="nb"))
+        assert time.monotonic() - started < 2
+        assert r.status_code == 200 and r.headers["x-a2a-executed"] == "false"
+        assert r.json()["error"]["data"]["kind"] == "unreachable"
+        assert r.json()["id"] == "nb"
+    finally:
+        node.layer = real
+    assert agent.arrived == []
