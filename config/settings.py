@@ -254,6 +254,8 @@ A2A_MAX_RESPONSE_BYTES = env_int("A2A_MAX_RESPONSE_BYTES", 10 * 1024 * 1024, min
 A2A_SSE_KEEPALIVE_SECONDS = env_float("A2A_SSE_KEEPALIVE_SECONDS", 30, minimum=0.05)
 A2A_SSE_IDLE_TIMEOUT_SECONDS = env_float("A2A_SSE_IDLE_TIMEOUT_SECONDS", 300, minimum=0.1)
 A2A_AGENT_URL_ALLOWLIST = env_list("A2A_AGENT_URL_ALLOWLIST")
+# PEM bundle of extra CAs trusted for https agents (besides the system store). Empty: none.
+A2A_OUTBOUND_CA_FILE = env_str("A2A_OUTBOUND_CA_FILE", "")
 A2A_MAX_CARD_BYTES = env_int("A2A_MAX_CARD_BYTES", 64 * 1024, minimum=1)
 A2A_CARD_VALIDATION = env_choice("A2A_CARD_VALIDATION", "lenient", ("lenient", "strict"))
 A2A_CARD_FETCH_TIMEOUT_SECONDS = env_float("A2A_CARD_FETCH_TIMEOUT_SECONDS", 5)

@@ -337,7 +337,6 @@ class Client:
         self.loop = asyncio.get_running_loop()
         self.idle: dict[tuple, list[_Connection]] = {}
         self.closed = False
-        self._ssl: ssl.SSLContext | None = None
 
     async def post(self, endpoint: str, body: bytes, headers: dict[str, str],
                    timeout: float | None) -> Response:
@@ -380,13 +379,12 @@ class Client:
                 if not conn.closed and now - conn.idle_since < KEEPALIVE_SECONDS:
                     return conn
                 conn.close()
-        if where.tls and self._ssl is None:
-            self._ssl = ssl.create_default_context()
+        tls = _tls_context() if where.tls else None
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
                 _, conn = await self.loop.create_connection(
                     lambda: _Connection(self, where.key), where.host, where.port,
-                    ssl=self._ssl if where.tls else None,
+                    ssl=tls,
                     server_hostname=where.host if where.tls else None,
                 )
         except TimeoutError:
@@ -416,6 +414,24 @@ class Client:
             for conn in list(pool):
                 conn.close()
         self.idle.clear()
+
+
+_tls_contexts: dict[str | None, ssl.SSLContext] = {}
+
+
+def _tls_context() -> ssl.SSLContext:
+    """Certificate-verifying TLS context; ``A2A_OUTBOUND_CA_FILE`` adds a private CA bundle
+    (agents behind an internal CA) to the system's trust store."""
+    from django.conf import settings
+
+    cafile = settings.A2A_OUTBOUND_CA_FILE or None
+    context = _tls_contexts.get(cafile)
+    if context is None:
+        context = ssl.create_default_context()
+        if cafile:
+            context.load_verify_locations(cafile=cafile)
+        _tls_contexts[cafile] = context
+    return context
 
 
 def _expire(response: Response) -> None:

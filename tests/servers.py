@@ -20,18 +20,21 @@ def free_port() -> int:
 class ThreadedUvicorn:
     """An ASGI app served by a real uvicorn on 127.0.0.1 in a thread of the test process."""
 
-    def __init__(self, app, *, port: int | None = None, lifespan: str = "on") -> None:
+    def __init__(self, app, *, port: int | None = None, lifespan: str = "on",
+                 ssl_certfile: str | None = None, ssl_keyfile: str | None = None) -> None:
         self.port = port or free_port()
+        self.scheme = "https" if ssl_certfile else "http"
         self.config = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, lifespan=lifespan, log_level="warning",
             loop="asyncio", timeout_graceful_shutdown=2,
+            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
         )
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> ThreadedUvicorn:
         self.thread.start()
