@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from gateway import errors, metrics, runtime
-from gateway.caller_auth import AuthFailed
+from registry.token_cache import AuthFailed
 from gateway.headers import scan_request_headers
 from registry.cards import rewrite_card_endpoints
 from registry.ids import AGENT_ID_RE

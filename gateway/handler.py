@@ -23,7 +23,7 @@ from django.conf import settings
 
 from gateway import envelope as env
 from gateway import errors, metrics, runtime
-from gateway.caller_auth import AuthFailed
+from registry.token_cache import AuthFailed
 from gateway.cards import serve_card
 from gateway.conf import conf
 from gateway.headers import scan_request_headers

@@ -1,4 +1,5 @@
-"""HTTP routing: ``/a2a/...`` and ``/metrics`` to lean ASGI handlers, the rest to Django.
+"""HTTP routing: ``/a2a/...``, ``/metrics`` and heartbeats to lean ASGI handlers, the rest to
+Django.
 
 Django's view and middleware stack alone caps a core near 1,000 req/s (PERFORMANCE.md), so the
 gateway's hot path never enters it; the admin, the REST API and everything else do.
@@ -10,6 +11,7 @@ from collections.abc import Awaitable
 
 from gateway.handler import a2a_app
 from gateway.metrics import metrics_app
+from registry import heartbeats
 
 
 def http_application(django_app):
@@ -22,6 +24,9 @@ def http_application(django_app):
             return a2a_app(scope, receive, send)
         if path == "/metrics":
             return metrics_app(scope, receive, send)
+        fast = heartbeats.route(scope)
+        if fast is not None:
+            return fast(scope, receive, send)
         return django_app(scope, receive, send)
 
     router._asgi_single_callable = True  # type: ignore[attr-defined]  (for Channels)

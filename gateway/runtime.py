@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from gateway import outbound
-from gateway.caller_auth import TokenCache
+from registry.token_cache import TokenCache
 from gateway.conf import reload as reload_conf
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter

@@ -104,18 +104,28 @@ def _exception_handler(exc, context):
 def _read_object(request) -> dict[str, Any]:
     """The request body as a JSON object (any Content-Type, as KubeMQ reads it), size-capped."""
     limit = settings.A2A_MAX_CARD_BYTES
-    too_large = _KubeMQError(413, f"request body too large: the limit is {limit} bytes")
     try:
         if int(request.META.get("CONTENT_LENGTH") or 0) > limit:
-            raise too_large
+            raise _too_large()
     except ValueError:
         raise _KubeMQError(400, "invalid Content-Length") from None
     try:
         body = request.body
     except RequestDataTooBig:
-        raise too_large from None
-    if len(body) > limit:
-        raise too_large
+        raise _too_large() from None
+    return parse_object(body)
+
+
+def _too_large() -> _KubeMQError:
+    return _KubeMQError(
+        413, f"request body too large: the limit is {settings.A2A_MAX_CARD_BYTES} bytes"
+    )
+
+
+def parse_object(body: bytes) -> dict[str, Any]:
+    """A KubeMQ request body (bytes) as a JSON object; :class:`_KubeMQError` (4xx) if not."""
+    if len(body) > settings.A2A_MAX_CARD_BYTES:
+        raise _too_large()
     if not body.strip():
         raise _KubeMQError(400, "request body must be a JSON object")
     try:
@@ -279,12 +289,23 @@ class AgentItemView(KubeMQView):
         return Response(enriched_card(agent))  # KubeMQ answers 200 for new and re-registered
 
     def _heartbeat(self, request) -> Response:
-        agent_id = _valid_id(_read_object(request).get("agent_id"))
-        try:
-            agent = services.agent_heartbeat(actor=request_actor(request), agent_id=agent_id)
-        except services.AgentNotFound:
-            raise _KubeMQError(400, NOT_FOUND) from None  # KubeMQ: unknown agent -> 400
-        return Response({"agent_id": agent.agent_id, "last_seen": kubemq_time(agent.last_seen)})
+        status, body = kubemq_heartbeat(actor=request_actor(request), body=request.body)
+        return Response(body, status=status)
+
+
+def kubemq_heartbeat(*, actor, body: bytes) -> tuple[int, dict[str, Any]]:
+    """``POST /agents/heartbeat``: status and JSON body, for this view and the ASGI fast path
+    (registry.heartbeats) alike."""
+    try:
+        agent_id = _valid_id(parse_object(body).get("agent_id"))
+        beat = services.agent_heartbeat(actor=actor, agent_id=agent_id)
+    except _KubeMQError as exc:
+        return exc.status, {"error": str(exc)}
+    except services.AgentNotFound:
+        return 400, {"error": NOT_FOUND}  # KubeMQ: heartbeat of an unknown agent -> 400
+    except PermissionDenied as exc:
+        return 403, {"error": str(exc)}
+    return 200, {"agent_id": beat.agent_id, "last_seen": kubemq_time(beat.last_seen)}
 
 
 def _base_url(request) -> str:

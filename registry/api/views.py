@@ -18,6 +18,18 @@ from registry.api.serializers import (
 )
 from registry.auth import request_actor
 from registry.models import Agent
+from registry.permissions import PermissionDenied
+
+
+def v1_heartbeat(*, actor, agent_id: str) -> tuple[int, dict]:
+    """``POST /api/v1/agents/{id}/heartbeat``: status and JSON body (view and fast path)."""
+    try:
+        beat = services.agent_heartbeat(actor=actor, agent_id=agent_id)
+    except services.AgentNotFound:
+        return 404, {"error": "agent not found", "agent_id": agent_id}
+    except PermissionDenied as exc:
+        return 403, {"error": str(exc)}
+    return 200, dict(HeartbeatOutput(beat).data)
 
 
 class AgentFilter(django_filters.FilterSet):
@@ -76,8 +88,10 @@ class AgentViewSet(
     @extend_schema(request=None, responses=HeartbeatOutput)
     @action(detail=True, methods=["post"])
     def heartbeat(self, request, agent_id: str):
-        agent = services.agent_heartbeat(actor=request_actor(request), agent_id=agent_id)
-        return Response(HeartbeatOutput(agent).data)
+        # Under ASGI, registry.heartbeats answers this path before Django; both use this one
+        # function so the answers are the same.
+        status_code, body = v1_heartbeat(actor=request_actor(request), agent_id=agent_id)
+        return Response(body, status=status_code)
 
     @extend_schema(responses={(200, "application/json"): dict})
     @action(detail=True, methods=["get"])
