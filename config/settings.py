@@ -182,7 +182,10 @@ if REDIS_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 10000}}
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": 10000},
+        }
     }
 
 # --- Celery ----------------------------------------------------------------------------------
@@ -271,8 +274,9 @@ A2A_LOCAL_FAST_PATH = env_bool("A2A_LOCAL_FAST_PATH", True)
 DISCOVERY_CONFIG = env_str("DISCOVERY_CONFIG")
 # --- discovery (discovery/) ---
 DISCOVERY_FETCH_TIMEOUT_SECONDS = env_float("DISCOVERY_FETCH_TIMEOUT_SECONDS", 5.0, minimum=0.01)
-DISCOVERY_CONNECT_TIMEOUT_SECONDS = env_float("DISCOVERY_CONNECT_TIMEOUT_SECONDS", 3.0,
-                                              minimum=0.01)
+DISCOVERY_CONNECT_TIMEOUT_SECONDS = env_float(
+    "DISCOVERY_CONNECT_TIMEOUT_SECONDS", 3.0, minimum=0.01
+)
 DISCOVERY_FETCH_CONCURRENCY = env_int("DISCOVERY_FETCH_CONCURRENCY", 32, minimum=1)
 DISCOVERY_HTTP_TRANSPORT = env_choice("DISCOVERY_HTTP_TRANSPORT", "aiohttp", ("aiohttp", "httpx"))
 DISCOVERY_EXPIRY_JITTER = env_float("DISCOVERY_EXPIRY_JITTER", 0.1, minimum=0)

@@ -24,11 +24,11 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from gateway import errors, metrics, runtime
-from registry.token_cache import AuthFailed
 from gateway.headers import scan_request_headers
 from registry.cards import rewrite_card_endpoints
 from registry.ids import AGENT_ID_RE
 from registry.selectors import agent_get
+from registry.token_cache import AuthFailed
 
 MAX_CACHED = 4096
 _HOST_RE = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")

@@ -23,7 +23,6 @@ from django.conf import settings
 
 from gateway import envelope as env
 from gateway import errors, metrics, runtime
-from registry.token_cache import AuthFailed
 from gateway.cards import serve_card
 from gateway.conf import conf
 from gateway.headers import scan_request_headers
@@ -31,6 +30,7 @@ from gateway.limits import request_timeout
 from gateway.replicator import ORIGIN
 from gateway.sse import error_event
 from registry.ids import AGENT_ID_RE, agent_channel
+from registry.token_cache import AuthFailed
 
 logger = logging.getLogger(__name__)
 

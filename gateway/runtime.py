@@ -19,7 +19,6 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from gateway import outbound
-from registry.token_cache import TokenCache
 from gateway.conf import reload as reload_conf
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter
@@ -28,6 +27,7 @@ from gateway.routing_table import RoutingTable
 from gateway.subscriber_manager import SubscriberManager
 from registry import selectors, services
 from registry.ids import DISCOVERY_GROUP
+from registry.token_cache import TokenCache
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -282,7 +281,7 @@ def _renew_lease(*, agent_id: str, now: datetime, owner_pk: object):
     if isinstance(expires_at, str):
         expires_at = parse_datetime(expires_at)
     if timezone.is_naive(expires_at):
-        expires_at = timezone.make_aware(expires_at, dt_timezone.utc)
+        expires_at = timezone.make_aware(expires_at, UTC)
     return now, expires_at
 
 
@@ -299,7 +298,8 @@ def agent_heartbeat(*, actor: Actor, agent_id: str) -> HeartbeatResult:
     if renewed is None:
         agent = (
             Agent.objects.filter(agent_id=agent_id, status=Agent.Status.ACTIVE)
-            .only("pk", "owner_id").first()
+            .only("pk", "owner_id")
+            .first()
         )
         if agent is None:
             raise AgentNotFound(agent_id)
@@ -357,7 +357,10 @@ def agents_expire(*, now=None) -> dict[str, int]:
 
 
 def api_client_create(
-    *, name: str, scopes: list[str], allowed_agents: list[str] | None = None,
+    *,
+    name: str,
+    scopes: list[str],
+    allowed_agents: list[str] | None = None,
     client_id: str | None = None,
 ) -> tuple[ApiClient, str]:
     """Create an API client; returns it and its token (the only time the token is seen)."""
@@ -377,7 +380,9 @@ def api_client_create(
     if ApiClient.objects.filter(client_id=cid).exists():
         raise InvalidInput(f"a client named {cid!r} exists already")
     return ApiClient.objects.create_key(
-        name=name[:50], client_id=cid, scopes=list(dict.fromkeys(scopes)),
+        name=name[:50],
+        client_id=cid,
+        scopes=list(dict.fromkeys(scopes)),
         allowed_agents=allowed,
     )
 
@@ -451,8 +456,9 @@ def api_client_update(
     return client
 
 
-def agents_renew_leases(*, agent_ids: list[str], ttl_seconds: int, source: str | None = None
-                        ) -> int:
+def agents_renew_leases(
+    *, agent_ids: list[str], ttl_seconds: int, source: str | None = None
+) -> int:
     """Renew the lease of active agents in bulk (discovery keeps its selected agents routable).
 
     Like a heartbeat, only the lease moves: no broadcast, routing tables learn the new expiry
@@ -467,7 +473,7 @@ def agents_renew_leases(*, agent_ids: list[str], ttl_seconds: int, source: str |
     renewed = 0
     ids = list(agent_ids)
     for i in range(0, len(ids), 500):
-        renewed += qs.filter(agent_id__in=ids[i:i + 500]).update(
+        renewed += qs.filter(agent_id__in=ids[i : i + 500]).update(
             last_seen=now, expires_at=now + timedelta(seconds=ttl_seconds)
         )
     return renewed

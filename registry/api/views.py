@@ -50,9 +50,7 @@ class AgentFilter(django_filters.FilterSet):
         return queryset & selectors.agent_list(**{name: value})
 
 
-class AgentViewSet(
-    mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
-):
+class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Agents: register (POST), list, read, update (PATCH), deregister (DELETE)."""
 
     lookup_field = "agent_id"
@@ -67,9 +65,12 @@ class AgentViewSet(
     def create(self, request):
         data = AgentRegisterInput(data=request.data)
         data.is_valid(raise_exception=True)
-        agent, created = services.agent_register(actor=request_actor(request), **data.validated_data)
+        agent, created = services.agent_register(
+            actor=request_actor(request), **data.validated_data
+        )
         return Response(
-            AgentOutput(agent).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+            AgentOutput(agent).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
     @extend_schema(request=AgentUpdateInput, responses=AgentOutput)

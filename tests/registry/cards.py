@@ -16,9 +16,7 @@ def card_03(url: str = "http://127.0.0.1:9/", *, tags=("echo", "test"), name="Ec
         "capabilities": {"streaming": True},
         "defaultInputModes": ["text/plain"],
         "defaultOutputModes": ["text/plain"],
-        "skills": [
-            {"id": "echo", "name": "Echo", "description": "Echo back", "tags": list(tags)}
-        ],
+        "skills": [{"id": "echo", "name": "Echo", "description": "Echo back", "tags": list(tags)}],
     }
 
 
@@ -29,15 +27,23 @@ def card_10(url: str = "http://127.0.0.1:9/a2a", *, tags=("warranty",)) -> dict:
         "version": "2.0.0",
         "supportedInterfaces": [
             {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
-            {"url": url.replace("/a2a", "/rest"), "protocolBinding": "HTTP+JSON",
-             "protocolVersion": "1.0"},
+            {
+                "url": url.replace("/a2a", "/rest"),
+                "protocolBinding": "HTTP+JSON",
+                "protocolVersion": "1.0",
+            },
         ],
         "capabilities": {"streaming": True},
         "defaultInputModes": ["text/plain"],
         "defaultOutputModes": ["application/json"],
         "skills": [
-            {"id": "claims", "name": "Claims", "description": "File a claim", "tags": list(tags),
-             "inputModes": ["text/plain", "image/png"]}
+            {
+                "id": "claims",
+                "name": "Claims",
+                "description": "File a claim",
+                "tags": list(tags),
+                "inputModes": ["text/plain", "image/png"],
+            }
         ],
     }
 
@@ -49,7 +55,9 @@ def card_kubemq(agent_id: str = "echo-agent-01", url: str = "http://127.0.0.1:9/
         "description": "A simple echo agent for testing",
         "version": "1.0.0",
         "url": url,
-        "skills": [{"id": "echo", "name": "Echo", "description": "Echoes", "tags": ["test", "echo"]}],
+        "skills": [
+            {"id": "echo", "name": "Echo", "description": "Echoes", "tags": ["test", "echo"]}
+        ],
         "defaultInputModes": ["text"],
         "defaultOutputModes": ["text"],
         "protocolVersions": ["1.0"],

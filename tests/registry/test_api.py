@@ -20,8 +20,10 @@ from tests.servers import serve_app
 
 
 def test_register_read_update_delete(api: httpx.Client):
-    r = api.post("/api/v1/agents", json={"agent_id": "echo-1", "card": card_03(),
-                                          "ttl_seconds": 60, "max_concurrency": 5})
+    r = api.post(
+        "/api/v1/agents",
+        json={"agent_id": "echo-1", "card": card_03(), "ttl_seconds": 60, "max_concurrency": 5},
+    )
     assert r.status_code == 201, r.text
     body = r.json()
     assert body["agent_id"] == "echo-1" and body["status"] == "active" and body["routable"]
@@ -40,8 +42,10 @@ def test_register_read_update_delete(api: httpx.Client):
 
 
 def test_card_is_served_byte_exact(api: httpx.Client):
-    raw = (b'{"name": "Signed",  "url": "http://127.0.0.1:9/",\n "signatures": '
-           b'[{"protected": "eyJhbGciOiJFUzI1NiJ9", "signature": "c2ln"}]}')
+    raw = (
+        b'{"name": "Signed",  "url": "http://127.0.0.1:9/",\n "signatures": '
+        b'[{"protected": "eyJhbGciOiJFUzI1NiJ9", "signature": "c2ln"}]}'
+    )
     services.agent_register(actor=SYSTEM, agent_id="signed", card=raw)
     r = api.get("/api/v1/agents/signed/card")
     assert r.status_code == 200 and r.content == raw
@@ -85,17 +89,22 @@ def test_authentication_and_authorization(live_server_url):
         def as_(token):
             return {"Authorization": f"Bearer {token}"}
 
-        r = http.post("/api/v1/agents", headers=as_(registrar),
-                      json={"agent_id": "owned", "card": card_03()})
+        r = http.post(
+            "/api/v1/agents", headers=as_(registrar), json={"agent_id": "owned", "card": card_03()}
+        )
         assert r.status_code == 201
-        r = http.post("/api/v1/agents", headers=as_(other),
-                      json={"agent_id": "owned", "card": card_03()})
+        r = http.post(
+            "/api/v1/agents", headers=as_(other), json={"agent_id": "owned", "card": card_03()}
+        )
         assert r.status_code == 403 and "another client" in r.json()["error"]
         assert http.delete("/api/v1/agents/owned", headers=as_(other)).status_code == 403
-        r = http.post("/api/v1/agents", headers=as_(caller),
-                      json={"agent_id": "x-1", "card": card_03()})
+        r = http.post(
+            "/api/v1/agents", headers=as_(caller), json={"agent_id": "x-1", "card": card_03()}
+        )
         assert r.status_code == 403
-        assert http.post("/api/v1/agents/owned/heartbeat", headers=as_(registrar)).status_code == 200
+        assert (
+            http.post("/api/v1/agents/owned/heartbeat", headers=as_(registrar)).status_code == 200
+        )
     assert Agent.objects.get(agent_id="owned").owner.client_id == "reg-a"
 
 
@@ -116,12 +125,18 @@ BAD_BODIES = [
     (b'{"agent_id": "ok-1", "card": {"name": "x"}, "ttl_seconds": "90"}', "ttl_seconds"),
     (b'{"agent_id": "ok-1", "card": {"name": "x"}, "ttl_seconds": 1.5}', "ttl_seconds"),
     (b'{"agent_id": "ok-1", "card": {"name": "x"}, "max_concurrency": true}', "max_concurrency"),
-    (b'{"agent_id": "ok-1", "card": {"name": "x", "url": "http://127.0.0.1:9/"}, "evil": 1}',
-     "evil: unknown field"),
-    (b'{"agent_id": "Bad_Id", "card": {"name": "x", "url": "http://127.0.0.1:9/"}}',
-     "invalid agent_id"),
-    (b'{"agent_id": "_AGENTS_.x", "card": {"name": "x", "url": "http://127.0.0.1:9/"}}',
-     "reserved prefix"),
+    (
+        b'{"agent_id": "ok-1", "card": {"name": "x", "url": "http://127.0.0.1:9/"}, "evil": 1}',
+        "evil: unknown field",
+    ),
+    (
+        b'{"agent_id": "Bad_Id", "card": {"name": "x", "url": "http://127.0.0.1:9/"}}',
+        "invalid agent_id",
+    ),
+    (
+        b'{"agent_id": "_AGENTS_.x", "card": {"name": "x", "url": "http://127.0.0.1:9/"}}',
+        "reserved prefix",
+    ),
     (b'{"agent_id": "ok-1", "card": {"name": "x", "url": "/relative"}}', "http or https"),
     (b'{"agent_id": "ok-1", "card": {"name": "x", "url": "file:///etc/passwd"}}', "http or https"),
     (b'{"agent_id": "ok-1", "card": {"name": "x", "url": "http://169.254.169.254/"}}', "metadata"),
@@ -143,8 +158,11 @@ def test_oversized_card_and_body(api: httpx.Client):
     card["description"] = "x" * (70 * 1024)
     r = api.post("/api/v1/agents", json={"agent_id": "big-1", "card": card})
     assert r.status_code == 400 and "larger than 65536 bytes" in r.json()["error"]
-    r = api.post("/api/v1/agents", content=b'{"agent_id": "' + b"a" * (2 * 1024 * 1024) + b'"}',
-                 headers={"Content-Type": "application/json"})
+    r = api.post(
+        "/api/v1/agents",
+        content=b'{"agent_id": "' + b"a" * (2 * 1024 * 1024) + b'"}',
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 413 and r.json()["error"] == "request body too large"
     assert Agent.objects.count() == 0
 
@@ -185,8 +203,9 @@ def test_register_without_card_fails_clearly(api: httpx.Client):
     assert "could not fetch the agent card" in r.json()["error"] and "HTTP 404" in r.json()["error"]
     from tests.servers import free_port
 
-    r = api.post("/api/v1/agents",
-                 json={"agent_id": "nocard", "url": f"http://127.0.0.1:{free_port()}/"})
+    r = api.post(
+        "/api/v1/agents", json={"agent_id": "nocard", "url": f"http://127.0.0.1:{free_port()}/"}
+    )
     assert r.status_code == 400 and "could not fetch" in r.json()["error"]
     assert Agent.objects.count() == 0
 
@@ -197,11 +216,13 @@ def test_concurrent_registrations_of_one_id(live_server_url, admin_token):
     barrier = threading.Barrier(8)
 
     def register(i: int) -> None:
-        with httpx.Client(base_url=live_server_url, timeout=30,
-                          headers={"Authorization": f"Bearer {admin_token}"}) as http:
+        with httpx.Client(
+            base_url=live_server_url, timeout=30, headers={"Authorization": f"Bearer {admin_token}"}
+        ) as http:
             barrier.wait()
-            r = http.post("/api/v1/agents",
-                          json={"agent_id": "racer", "card": card_03(name=f"Racer {i}")})
+            r = http.post(
+                "/api/v1/agents", json={"agent_id": "racer", "card": card_03(name=f"Racer {i}")}
+            )
             results.append(r.status_code)
 
     threads = [threading.Thread(target=register, args=(i,)) for i in range(8)]
@@ -223,8 +244,10 @@ def test_ttl_expiry_removes_agent_from_listing(api: httpx.Client):
 
     time.sleep(1.2)
     # Past the lease the agent is already not routable, before the job runs.
-    active = [a["agent_id"] for a in api.get("/api/v1/agents", params={"status": "active"})
-              .json()["results"]]
+    active = [
+        a["agent_id"]
+        for a in api.get("/api/v1/agents", params={"status": "active"}).json()["results"]
+    ]
     assert active == ["stays"]
     agents_expire_task.apply(throw=True)
     brief = api.get("/api/v1/agents/brief").json()

@@ -38,7 +38,10 @@ def test_index_fields():
 
 
 def test_raw_bytes_kept_exactly():
-    raw = b'{ "name" : "X",\n  "url": "http://x.example/", "signatures": [{"protected": "e30", "signature": "abc"}] }'
+    raw = (
+        b'{ "name" : "X",\n  "url": "http://x.example/", '
+        b'"signatures": [{"protected": "e30", "signature": "abc"}] }'
+    )
     parsed = parse_card(raw)
     assert parsed.raw == raw
 
