@@ -183,7 +183,7 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "BACKEND": "gateway.layers.InMemoryChannelLayer",
             "CONFIG": {"capacity": 10000},
         }
     }

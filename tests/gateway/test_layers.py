@@ -1,0 +1,37 @@
+"""The embedded channel layer: same semantics as Channels' in-memory layer, cheap at scale."""
+
+import asyncio
+
+from gateway.layers import InMemoryChannelLayer
+
+
+async def test_delivers_and_still_expires_messages():
+    layer = InMemoryChannelLayer(expiry=0.05, capacity=100)
+    await layer.send("_AGENTS_.a", {"type": "one"})
+    assert (await layer.receive("_AGENTS_.a"))["type"] == "one"
+    await layer.send("_AGENTS_.stale", {"type": "old"})
+    await asyncio.sleep(0.1)
+    layer._next_sweep = 0  # the next receive sweeps
+    await layer.send("_AGENTS_.b", {"type": "two"})
+    assert (await layer.receive("_AGENTS_.b"))["type"] == "two"
+    assert "_AGENTS_.stale" not in layer.channels
+
+
+async def test_sweep_runs_at_most_once_per_interval():
+    layer = InMemoryChannelLayer(capacity=100)
+    sweeps = 0
+    original = InMemoryChannelLayer.__mro__[1]._clean_expired
+
+    def counting(self):
+        nonlocal sweeps
+        sweeps += 1
+        original(self)
+
+    InMemoryChannelLayer.__mro__[1]._clean_expired = counting
+    try:
+        for i in range(50):
+            await layer.send(f"_AGENTS_.c{i}", {"type": "x"})
+            assert (await layer.receive(f"_AGENTS_.c{i}"))["type"] == "x"
+    finally:
+        InMemoryChannelLayer.__mro__[1]._clean_expired = original
+    assert sweeps == 1
