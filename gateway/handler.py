@@ -416,6 +416,14 @@ class Exchange:
     async def deliver(self, message: dict[str, Any]) -> None:
         kind = message["k"]
         send = self.send
+        if self.done or (kind == env.START and self.started) or (
+            kind == env.CHUNK and not self.started
+        ):
+            # A duplicate or out-of-order reply (e.g. two nodes misconfigured with one NODE_ID
+            # both answering): the caller's response is already decided; never break it.
+            if kind != env.ACK:
+                logger.warning("ignored an unexpected %s reply for %s", kind, self.agent_id)
+            return
         if kind == env.START:
             status = message["status"]
             headers = list(message["headers"])
