@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from registry import services
+from registry import events, services
 from tests.servers import serve_app
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -82,3 +82,12 @@ def api(live_server_url, admin_token):
         base_url=live_server_url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30
     ) as client:
         yield client
+
+
+@pytest.fixture
+def recorded_events():
+    """Every registry event published while the test runs, in order."""
+    seen: list[events.AgentEvent] = []
+    unsubscribe = events.subscribe(seen.append)
+    yield seen
+    unsubscribe()

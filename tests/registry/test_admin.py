@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from registry import events, selectors, services
+from registry import selectors, services
 from registry.models import Agent, ApiClient, CardVersion, Node
 from registry.permissions import SYSTEM
 from tests.conftest import make_client
@@ -38,14 +37,6 @@ def queries_for(client, url: str) -> int:
         response = client.get(url)
     assert response.status_code == 200
     return len(ctx.captured_queries)
-
-
-@pytest.fixture
-def recorded_events():
-    seen: list[events.AgentEvent] = []
-    unsubscribe = events.subscribe(seen.append)
-    yield seen
-    unsubscribe()
 
 
 # --- query counts --------------------------------------------------------------------------

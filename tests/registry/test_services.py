@@ -5,19 +5,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from registry import events, services
+from registry import services
 from registry.models import Agent, CardVersion
 from registry.permissions import SYSTEM, Actor, PermissionDenied
 from tests.conftest import make_client
 from tests.registry.cards import card_03, card_10
-
-
-@pytest.fixture
-def received():
-    got: list[events.AgentEvent] = []
-    unsubscribe = events.subscribe(got.append)
-    yield got
-    unsubscribe()
 
 
 def actor_for(client) -> Actor:
@@ -28,7 +20,7 @@ def actor_for(client) -> Actor:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_register_reregister_keeps_registered_at_and_records_history(received):
+def test_register_reregister_keeps_registered_at_and_records_history(recorded_events):
     agent, created = services.agent_register(actor=SYSTEM, agent_id="echo-1", card=card_03())
     assert created and agent.status == Agent.Status.ACTIVE
     assert agent.ttl_seconds == 90 and agent.max_concurrency == 100
@@ -41,8 +33,8 @@ def test_register_reregister_keeps_registered_at_and_records_history(received):
     assert again.last_seen > first_registered and again.ttl_seconds == 30
     assert Agent.objects.count() == 1
     assert CardVersion.objects.filter(agent=again).count() == 2
-    assert [e.kind for e in received] == ["registered", "updated"]
-    assert received[0].route.endpoint == "http://127.0.0.1:9/"
+    assert [e.kind for e in recorded_events] == ["registered", "updated"]
+    assert recorded_events[0].route.endpoint == "http://127.0.0.1:9/"
 
 
 @pytest.mark.django_db
@@ -115,14 +107,14 @@ def test_heartbeat_extends_lease_and_unknown_is_not_found():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_expiry_marks_then_purges_and_fires_events(received, settings):
+def test_expiry_marks_then_purges_and_fires_events(recorded_events, settings):
     services.agent_register(actor=SYSTEM, agent_id="short", card=card_03(), ttl_seconds=1)
     services.agent_register(actor=SYSTEM, agent_id="long", card=card_10(), ttl_seconds=600)
-    received.clear()
+    recorded_events.clear()
     later = timezone.now() + timedelta(seconds=2)
     assert services.agents_expire(now=later) == {"expired": 1, "purged": 0}
     assert Agent.objects.get(agent_id="short").status == Agent.Status.EXPIRED
-    assert [(e.kind, e.agent_id) for e in received] == [("expired", "short")]
+    assert [(e.kind, e.agent_id) for e in recorded_events] == [("expired", "short")]
     with pytest.raises(services.AgentNotFound):
         services.agent_heartbeat(actor=SYSTEM, agent_id="short")
     settings.A2A_EXPIRED_RETENTION_SECONDS = 60
