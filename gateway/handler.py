@@ -127,17 +127,10 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
     if not isinstance(method, str) or not method:
         await _error(send, errors.INVALID_REQUEST, rpc_id, None, "missing method field")
         return
-    if not AGENT_ID_RE.match(agent_id):
-        await _error(send, errors.INVALID_REQUEST, rpc_id, None, "invalid agent id")
+    admitted = await _admit_to_agent(scope, send, headers.authorization, rpc_id, agent_id)
+    if admitted is None:
         return
-    node = runtime._node or await runtime.ensure_node()
-    caller = await _admit(node, scope, send, headers.authorization, rpc_id, agent_id)
-    if caller is None:
-        return
-    route = node.table.get(agent_id)
-    if route is None:
-        await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id)
-        return
+    node, caller, route = admitted
     metrics.count_request(agent_id, method)
     timeout = request_timeout(payload)
     tags = headers.tags
@@ -171,17 +164,10 @@ async def handle_get_stream(scope: dict[str, Any], receive, send, agent_id: str)
     params, and its events are relayed."""
     started = time.perf_counter()
     headers = scan_request_headers(scope["headers"])
-    if not AGENT_ID_RE.match(agent_id):
-        await _error(send, errors.INVALID_REQUEST, None, None, "invalid agent id")
+    admitted = await _admit_to_agent(scope, send, headers.authorization, None, agent_id)
+    if admitted is None:
         return
-    node = runtime._node or await runtime.ensure_node()
-    caller = await _admit(node, scope, send, headers.authorization, None, agent_id)
-    if caller is None:
-        return
-    route = node.table.get(agent_id)
-    if route is None:
-        await _error(send, errors.AGENT_NOT_FOUND, None, agent_id)
-        return
+    node, caller, route = admitted
     rpc_id = f"stream-{next(_request_ids)}"
     body = orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": "message/stream",
                          "params": {}})
@@ -198,6 +184,23 @@ async def handle_get_stream(scope: dict[str, Any], receive, send, agent_id: str)
 
 
 # --- shared steps -----------------------------------------------------------------------------
+
+async def _admit_to_agent(scope, send, authorization, rpc_id, agent_id):
+    """Check the agent id, the caller and the route: ``(node, caller id, route)``, or None
+    once the refusal has been answered."""
+    if not AGENT_ID_RE.match(agent_id):
+        await _error(send, errors.INVALID_REQUEST, rpc_id, None, "invalid agent id")
+        return None
+    node = runtime._node or await runtime.ensure_node()
+    caller = await _admit(node, scope, send, authorization, rpc_id, agent_id)
+    if caller is None:
+        return None
+    route = node.table.get(agent_id)
+    if route is None:
+        await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id)
+        return None
+    return node, caller, route
+
 
 async def _admit(node, scope, send, authorization, rpc_id, agent_id) -> str | None:
     """Authenticate, authorize and rate-limit: the caller's client id, or None once the
