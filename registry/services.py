@@ -6,6 +6,7 @@ messages fit for an API client, and publishes registry events after commit.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -148,6 +150,28 @@ def _publish(kind: events.EventKind, agent: Agent) -> None:
     events.publish(events.AgentEvent(kind=kind, agent_id=agent.agent_id, route=agent_route(agent)))
 
 
+def _node_dead_after() -> timedelta:
+    """A node whose last heartbeat is older than this is taken for dead."""
+    return timedelta(seconds=max(60.0, 6 * settings.A2A_NODE_HEARTBEAT_SECONDS))
+
+
+def _owning_node(*, agent_id: str, current: Agent | None) -> str:
+    """The node whose virtual subscriber will serve a new or renewed registration.
+
+    A registration arriving at a serving node belongs to that node (KubeMQ's rule). One made
+    elsewhere -- a Celery worker running discovery, a management command -- goes to a live
+    node: the agent's current one if it is alive, else one picked by the agent id's hash so
+    agents spread over the cluster. With no live node known, this process's id.
+    """
+    since = timezone.now() - _node_dead_after()
+    live = sorted(Node.objects.filter(last_heartbeat__gte=since).values_list("node_id", flat=True))
+    if not live or settings.NODE_ID in live:
+        return settings.NODE_ID
+    if current is not None and current.node_id in live:
+        return current.node_id
+    return live[int(hashlib.sha256(agent_id.encode()).hexdigest(), 16) % len(live)]
+
+
 def agent_register(
     *,
     actor: Actor,
@@ -181,7 +205,7 @@ def agent_register(
         "expires_at": now + timedelta(seconds=ttl),
         "status": Agent.Status.ACTIVE,
         "source": source,
-        "node_id": node_id or settings.NODE_ID,
+        "node_id": node_id or _owning_node(agent_id=agent_id, current=existing),
     }
     created = False
     with transaction.atomic():
@@ -337,15 +361,21 @@ def agents_extend_ttl(*, agent_ids: list[str], seconds: int | None = None) -> in
 def agents_expire(*, now=None) -> dict[str, int]:
     """Mark agents past their lease expired and purge those expired beyond the retention."""
     now = now or timezone.now()
+    # Agents of a node that stopped heartbeating expire too (KubeMQ: "if Node A goes down, the
+    # agent's heartbeat expires on all nodes"): their subscriber is gone, and their next
+    # heartbeat is answered "not found", so they re-register on a live node.
+    dead_nodes = Node.objects.filter(last_heartbeat__lt=now - _node_dead_after()).values(
+        "node_id"
+    )
     expired_ids = list(
-        Agent.objects.filter(status=Agent.Status.ACTIVE, expires_at__lte=now).values_list(
-            "agent_id", flat=True
-        )
+        Agent.objects.filter(status=Agent.Status.ACTIVE)
+        .filter(Q(expires_at__lte=now) | Q(node_id__in=dead_nodes))
+        .values_list("agent_id", flat=True)
     )
     marked = 0
     if expired_ids:
         marked = Agent.objects.filter(
-            agent_id__in=expired_ids, status=Agent.Status.ACTIVE, expires_at__lte=now
+            agent_id__in=expired_ids, status=Agent.Status.ACTIVE
         ).update(status=Agent.Status.EXPIRED)
         for agent_id in expired_ids:
             events.publish(events.AgentEvent(kind="expired", agent_id=agent_id))

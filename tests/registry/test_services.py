@@ -167,3 +167,48 @@ def test_anonymous_heartbeats_only_unowned_agents(settings):
         services.agent_heartbeat(actor=anon, agent_id="owned")
     beat = services.agent_heartbeat(actor=SYSTEM, agent_id="owned")
     assert beat.ttl_seconds == 90
+
+
+@pytest.mark.django_db(transaction=True)
+def test_agents_of_a_dead_node_expire(recorded_events, settings):
+    """KubeMQ: when a node goes down its agents expire everywhere and must re-register."""
+    from registry.models import Node
+
+    now = timezone.now()
+    Node.objects.create(node_id="alive", last_heartbeat=now)
+    Node.objects.create(node_id="gone", last_heartbeat=now - timedelta(minutes=5))
+    services.agent_register(actor=SYSTEM, agent_id="on-alive", card=card_03(), node_id="alive")
+    services.agent_register(actor=SYSTEM, agent_id="on-gone", card=card_03(), node_id="gone")
+    recorded_events.clear()
+    assert services.agents_expire(now=now)["expired"] == 1
+    assert [(e.kind, e.agent_id) for e in recorded_events] == [("expired", "on-gone")]
+    with pytest.raises(services.AgentNotFound):
+        services.agent_heartbeat(actor=SYSTEM, agent_id="on-gone")
+    services.agent_heartbeat(actor=SYSTEM, agent_id="on-alive")
+
+
+@pytest.mark.django_db
+def test_registrations_made_off_node_go_to_a_live_node(settings):
+    """A Celery worker or a command is no node: what it registers is owned by a live one."""
+    from registry.models import Node
+
+    now = timezone.now()
+    settings.NODE_ID = "worker-process"
+    # No live node known: this process's id (embedded mode, or a cluster starting).
+    agent, _ = services.agent_register(actor=SYSTEM, agent_id="early", card=card_03())
+    assert agent.node_id == "worker-process"
+    Node.objects.create(node_id="node-a", last_heartbeat=now)
+    Node.objects.create(node_id="node-b", last_heartbeat=now)
+    Node.objects.create(node_id="node-dead", last_heartbeat=now - timedelta(minutes=5))
+    owners = {
+        services.agent_register(actor=SYSTEM, agent_id=f"d-{i}", card=card_03())[0].node_id
+        for i in range(12)
+    }
+    assert owners == {"node-a", "node-b"}
+    # Re-registration keeps a live owner; a registration arriving at a live node stays there.
+    first = Agent.objects.get(agent_id="d-0").node_id
+    assert services.agent_register(actor=SYSTEM, agent_id="d-0", card=card_03())[0].node_id \
+        == first
+    settings.NODE_ID = "node-b"
+    assert services.agent_register(actor=SYSTEM, agent_id="here", card=card_03())[0].node_id \
+        == "node-b"
