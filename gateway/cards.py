@@ -25,6 +25,7 @@ from django.db import close_old_connections
 
 from gateway import errors, metrics, runtime
 from gateway.headers import scan_request_headers
+from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.cards import rewrite_card_endpoints
 from registry.ids import AGENT_ID_RE
 from registry.selectors import agent_get
@@ -123,7 +124,7 @@ async def serve_card(scope: dict[str, Any], receive, send, agent_id: str) -> Non
         except AuthFailed as exc:
             actor, detail = None, str(exc)
         else:
-            detail = "authentication required: send Authorization: Bearer <token>"
+            detail = UNAUTHENTICATED_MESSAGE
         if actor is None:
             await _json(send, 401, errors.error_body(errors.UNAUTHENTICATED, agent_id=agent_id,
                                                      detail=detail), scope)

@@ -29,6 +29,7 @@ from gateway.headers import scan_request_headers
 from gateway.limits import request_timeout
 from gateway.replicator import ORIGIN
 from gateway.sse import error_event
+from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
 from registry.token_cache import AuthFailed
 
@@ -213,7 +214,7 @@ async def _admit(node, scope, send, authorization, rpc_id, agent_id) -> str | No
         return None
     if actor is None:
         await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id,
-                     "authentication required: send Authorization: Bearer <token>",
+                     UNAUTHENTICATED_MESSAGE,
                      extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
         return None
     if not actor.may_call(agent_id):

@@ -7,6 +7,9 @@ from rest_framework import authentication, exceptions, permissions
 from registry.permissions import Actor, anonymous_actor, staff_actor
 from registry.selectors import actor_from_token
 
+#: What every surface answers (with 401) to a request that carries no credentials.
+UNAUTHENTICATED_MESSAGE = "authentication required: send Authorization: Bearer <token>"
+
 
 def bearer_token(header: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` (or ``Api-Key <token>``) header."""
@@ -46,7 +49,7 @@ def request_actor(request) -> Actor | None:
 
 
 class IsAuthenticatedOrAnonymousAllowed(permissions.BasePermission):
-    message = "authentication required: send Authorization: Bearer <token>"
+    message = UNAUTHENTICATED_MESSAGE
 
     def has_permission(self, request, view) -> bool:
         return request_actor(request) is not None

@@ -20,13 +20,15 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
+from registry.api.views import v1_heartbeat
+from registry.auth import UNAUTHENTICATED_MESSAGE
+from registry.kubemq_api import kubemq_heartbeat
 from registry.permissions import Actor
 from registry.token_cache import AuthFailed, TokenCache
 
 _V1_PATH = re.compile(r"^/api/v1/agents/([^/]+)/heartbeat/?\Z")
 _KUBEMQ_PATH = "/agents/heartbeat"
 _JSON = (b"content-type", b"application/json")
-_UNAUTHENTICATED = "authentication required: send Authorization: Bearer <token>"
 
 tokens = TokenCache()
 
@@ -96,18 +98,14 @@ async def _answer(kind: str, agent_id: str | None, authorization: str | None, re
         actor = None
     else:
         if actor is None:
-            status, payload = 401, {"error": _UNAUTHENTICATED}
+            status, payload = 401, {"error": UNAUTHENTICATED_MESSAGE}
             extra.append((b"www-authenticate", b'Bearer realm="api"'))
     if actor is not None:
         if kind == "v1":
-            from registry.api.views import v1_heartbeat
-
             status, payload = await sync_to_async(_in_thread, thread_sensitive=False)(
                 v1_heartbeat, actor=actor, agent_id=agent_id
             )
         else:
-            from registry.kubemq_api import kubemq_heartbeat
-
             status, payload = await sync_to_async(_in_thread, thread_sensitive=False)(
                 kubemq_heartbeat, actor=actor, body=body
             )

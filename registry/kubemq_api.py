@@ -35,7 +35,11 @@ from rest_framework.views import APIView
 
 from registry import selectors, services
 from registry.api.exceptions import exception_handler as api_exception_handler
-from registry.auth import IsAuthenticatedOrAnonymousAllowed, request_actor
+from registry.auth import (
+    UNAUTHENTICATED_MESSAGE,
+    IsAuthenticatedOrAnonymousAllowed,
+    request_actor,
+)
 from registry.ids import agent_id_error
 from registry.models import Agent
 from registry.permissions import PermissionDenied
@@ -339,7 +343,7 @@ def platform_card(base_url: str) -> dict[str, Any]:
 class CardsPublicOrToken(permissions.BasePermission):
     """Cards are public by design unless A2A_CARDS_REQUIRE_TOKEN is on."""
 
-    message = "authentication required: send Authorization: Bearer <token>"
+    message = UNAUTHENTICATED_MESSAGE
 
     def has_permission(self, request, view) -> bool:
         if not settings.A2A_CARDS_REQUIRE_TOKEN:

@@ -7,6 +7,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.permissions import PermissionDenied
 from registry.services import AgentNotFound, InvalidInput
 
@@ -33,7 +34,7 @@ def exception_handler(exc, context):
         return None
     detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
     if isinstance(exc, exceptions.NotAuthenticated):
-        detail = "authentication required: send Authorization: Bearer <token>"
+        detail = UNAUTHENTICATED_MESSAGE
     body = {"error": _flatten(detail)}
     if isinstance(exc, exceptions.ValidationError) and isinstance(detail, dict):
         body["fields"] = detail
