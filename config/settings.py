@@ -263,6 +263,12 @@ A2A_MAX_CARD_BYTES = env_int("A2A_MAX_CARD_BYTES", 64 * 1024, minimum=1)
 A2A_CARD_VALIDATION = env_choice("A2A_CARD_VALIDATION", "lenient", ("lenient", "strict"))
 A2A_CARD_FETCH_TIMEOUT_SECONDS = env_float("A2A_CARD_FETCH_TIMEOUT_SECONDS", 5)
 A2A_CARDS_REQUIRE_TOKEN = env_bool("A2A_CARDS_REQUIRE_TOKEN", False)
+# Card signatures (docs/signatures.md): off | verify (record the result) | require (refuse
+# unsigned/invalid cards at registration and in discovery). Trusted keys come only from here.
+A2A_CARD_SIGNATURES = env_choice("A2A_CARD_SIGNATURES", "verify", ("off", "verify", "require"))
+A2A_CARD_JWKS_FILE = env_str("A2A_CARD_JWKS_FILE", "")
+A2A_CARD_JWKS_URLS = env_list("A2A_CARD_JWKS_URLS")
+A2A_CARD_JWKS_MIN_REFRESH_SECONDS = env_float("A2A_CARD_JWKS_MIN_REFRESH_SECONDS", 30.0)
 A2A_RATE_LIMIT_PER_SECOND = env_float("A2A_RATE_LIMIT_PER_SECOND", 0)  # 0: off
 A2A_RATE_LIMIT_BURST = env_int("A2A_RATE_LIMIT_BURST", 0)
 A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)

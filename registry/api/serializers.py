@@ -60,7 +60,7 @@ class AgentOutput(serializers.ModelSerializer):
         fields = [
             "agent_id", "name", "description", "url", "status", "routable", "source",
             "ttl_seconds", "max_concurrency", "registered_at", "last_seen", "expires_at",
-            "node_id", "owner", "card_sha256", "tags", "card",
+            "node_id", "owner", "card_sha256", "card_signature", "tags", "card",
         ]
 
     def get_owner(self, agent: Agent) -> str | None:
