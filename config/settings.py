@@ -269,6 +269,9 @@ A2A_CARD_SIGNATURES = env_choice("A2A_CARD_SIGNATURES", "verify", ("off", "verif
 A2A_CARD_JWKS_FILE = env_str("A2A_CARD_JWKS_FILE", "")
 A2A_CARD_JWKS_URLS = env_list("A2A_CARD_JWKS_URLS")
 A2A_CARD_JWKS_MIN_REFRESH_SECONDS = env_float("A2A_CARD_JWKS_MIN_REFRESH_SECONDS", 30.0)
+# OpenTelemetry tracing (docs/tracing.md): off | on. The exporter follows the standard OTEL_*
+# variables (OTLP over HTTP by default); setting those alone does not turn tracing on.
+A2A_TRACING = env_choice("A2A_TRACING", "off", ("off", "on"))
 A2A_RATE_LIMIT_PER_SECOND = env_float("A2A_RATE_LIMIT_PER_SECOND", 0)  # 0: off
 A2A_RATE_LIMIT_BURST = env_int("A2A_RATE_LIMIT_BURST", 0)
 A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 
+from config import tracing
 from discovery import alerts, metrics
 from discovery.card_cache import CardCache, CardEntry, Outcome, RefreshResult, default_cache
 from discovery.config_file import ConfigFileError, config_file_sync
@@ -312,6 +313,7 @@ def _keep_routable(ttl: int) -> None:
             logger.warning("could not keep %s routable: %s", agent_id, exc)
 
 
+@tracing.traced("discovery.cycle")
 def run_cycle(
     *,
     cache: CardCache | None = None,
@@ -337,6 +339,10 @@ def run_cycle(
         _cycle(report, cache or default_cache(), progress, on_total)
     report.seconds = time.monotonic() - started
     metrics.CYCLE_SECONDS.observe(report.seconds)
+    tracing.annotate(**{"discovery.cards_fetched": report.fetched,
+                        "discovery.cards_failed": report.failed,
+                        "discovery.selected": report.selected,
+                        "discovery.snapshot_version": report.version})
     return report
 
 

@@ -33,6 +33,9 @@ TAG_REPLY_CHANNEL = "a2a_reply_channel"
 TAG_REQUEST_ID = "a2a_request_id"
 TAG_RPC_ID = "a2a_rpc_id"  # the caller's JSON-RPC id (for stream_cancel towards the agent)
 TAG_STREAM_ID = "a2a_stream_id"  # stream_cancel: the request id of the stream to cancel
+# W3C trace context of the entry node's span (gateway.tracing; only when tracing is on)
+TAG_TRACEPARENT = "a2a_traceparent"
+TAG_TRACESTATE = "a2a_tracestate"
 
 START = "s"
 CHUNK = "c"

@@ -22,7 +22,7 @@ import orjson
 from django.conf import settings
 
 from gateway import envelope as env
-from gateway import errors, metrics, runtime
+from gateway import errors, metrics, runtime, tracing
 from gateway.cards import serve_card
 from gateway.conf import conf
 from gateway.headers import scan_request_headers
@@ -139,6 +139,11 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
     tags[env.TAG_TIMEOUT] = repr(timeout)
     tags[env.TAG_CALLER] = caller
     tags[env.TAG_REQUEST_ID] = f"{_ORIGIN}.{next(_request_ids)}"
+    trace = None
+    if tracing.ENABLED:
+        trace = tracing.start_call(send, agent_id=agent_id, method=method, payload=payload,
+                                   request_bytes=len(body), tags=tags, caller=caller)
+        send = trace.send
     exchange = Exchange(send, rpc_id, agent_id)
     query = env.query(body, tags)
     subscriber = node.manager.subscribers.get(agent_id) if route.node_id == conf.NODE_ID \
@@ -155,6 +160,8 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
                         timeout + conf.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS,
                         streaming=method in env.STREAMING_METHODS)
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    if trace is not None:
+        trace.end(exchange.outcome)
 
 
 # --- GET /a2a/{agent_id}/stream ----------------------------------------------------------------

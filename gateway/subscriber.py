@@ -26,7 +26,7 @@ import orjson
 from django.conf import settings
 
 from gateway import envelope as env
-from gateway import errors, outbound
+from gateway import errors, outbound, tracing
 from gateway import metrics as m
 from gateway.conf import conf
 from gateway.headers import outbound_headers, relayed_response_headers
@@ -172,6 +172,9 @@ class VirtualSubscriber:
         if method == env.CANCEL_METHOD and env.TAG_STREAM_ID in tags:
             self.cancel_stream(tags[env.TAG_STREAM_ID])
             return
+        if tracing.ENABLED:  # a child span of the entry node's; the agent gets its context
+            sink = tracing.subscriber_sink(query, sink, agent_id=self.agent_id,
+                                           endpoint=self.route.endpoint, local=local)
         if self._stopping:
             await sink(env.error(request_id, errors.UNREACHABLE, "agent is deregistering"))
             return

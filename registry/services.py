@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from config import tracing
 from registry import events
 from registry.card_fetch import CardFetchError, fetch_card_bytes
 from registry.cards import CardError, ParsedCard, card_signature_check, parse_card
@@ -104,7 +105,8 @@ def _resolve_card(
         if not url:
             raise InvalidInput("either a url or a card is required")
         try:
-            card = fetch_card_bytes(url)
+            with tracing.span("registry.card_fetch", **{"url.full": url}):
+                card = fetch_card_bytes(url)
         except CardFetchError as exc:
             raise InvalidInput(str(exc)) from None
     try:
@@ -183,6 +185,7 @@ def _owning_node(*, agent_id: str, current: Agent | None) -> str:
     return live[int(hashlib.sha256(agent_id.encode()).hexdigest(), 16) % len(live)]
 
 
+@tracing.traced("registry.register")
 def agent_register(
     *,
     actor: Actor,
@@ -320,6 +323,7 @@ def _renew_lease(*, agent_id: str, now: datetime, owner_pk: object):
     return now, expires_at
 
 
+@tracing.traced("registry.heartbeat")
 def agent_heartbeat(*, actor: Actor, agent_id: str) -> HeartbeatResult:
     """Renew an active agent's lease by its TTL. An expired or unknown agent is not found.
 
@@ -343,6 +347,7 @@ def agent_heartbeat(*, actor: Actor, agent_id: str) -> HeartbeatResult:
     return HeartbeatResult(agent_id=agent_id, last_seen=last_seen, expires_at=expires_at)
 
 
+@tracing.traced("registry.deregister")
 def agent_deregister(*, actor: Actor, agent_id: str) -> None:
     """Remove an agent and its card history; its subscriber is torn down by the event."""
     with transaction.atomic():
