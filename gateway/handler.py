@@ -186,9 +186,16 @@ async def handle_get_stream(scope: dict[str, Any], receive, send, agent_id: str)
     tags[env.TAG_METHOD] = "message/stream"
     tags[env.TAG_TIMEOUT] = repr(float(settings.A2A_DEFAULT_TIMEOUT_SECONDS))
     tags[env.TAG_CALLER] = caller
+    trace = None
+    if tracing.ENABLED:
+        trace = tracing.start_call(send, agent_id=agent_id, method="message/stream",
+                                   payload=None, request_bytes=0, tags=tags, caller=caller)
+        send = trace.send
     exchange = Exchange(send, rpc_id, agent_id)
     await _dispatch(node, route, env.query(body, tags), exchange, receive, 0.0, streaming=True)
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    if trace is not None:
+        trace.end(exchange.outcome)
 
 
 # --- shared steps -----------------------------------------------------------------------------

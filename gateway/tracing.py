@@ -128,7 +128,7 @@ class CallTrace:
             span.set_attribute("a2a.executed", self.executed)
         if self.status is not None:
             span.set_attribute("http.response.status_code", self.status)
-        if outcome not in ("ok", "agent_error"):
+        if outcome not in ("ok", "agent_error", "client_disconnect"):
             from opentelemetry.trace import Status, StatusCode
 
             span.set_status(Status(StatusCode.ERROR, outcome))
@@ -200,13 +200,19 @@ class _TracedSink:
             self._end(message["kind"])
         await self.sink(message)
 
+    def __del__(self) -> None:
+        # A stream cancelled because its caller left sends no last message: its task drops the
+        # sink when it ends, and the span ends with it.
+        if self.span.is_recording():
+            self._end("cancelled")
+
     def _end(self, outcome: str) -> None:
         span = self.span
         if not span.is_recording():
             return
         span.set_attribute("a2a.outcome", outcome)
         span.set_attribute("a2a.response_bytes", self.response_bytes)
-        if outcome not in ("ok", "agent_error"):
+        if outcome not in ("ok", "agent_error", "cancelled"):
             from opentelemetry.trace import Status, StatusCode
 
             span.set_status(Status(StatusCode.ERROR, outcome))

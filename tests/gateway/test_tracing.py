@@ -126,6 +126,42 @@ def test_call_continues_the_callers_trace_to_the_agent(
     assert out["a2a.task_id"] == task["id"] and out["a2a.context_id"] == task["contextId"]
 
 
+def test_streams_are_traced_to_their_end(
+    spans, echo_agent, register_agent, make_caller, live_server_url
+):
+    registered = register_agent(echo_agent)
+    caller = make_caller()
+    body = {**rpc("task stream me"), "method": "message/stream"}
+    headers = {**caller.auth, "traceparent": TRACEPARENT}
+    url = f"{live_server_url}/a2a/{registered.agent_id}"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=30) as r:
+        received = b"".join(r.iter_bytes())
+    assert r.headers["content-type"].startswith("text/event-stream")
+    wait_until(lambda: by_name(spans, "a2a message/stream"), timeout=5)
+    (entry,) = by_name(spans, "a2a message/stream")
+    (outbound,) = by_name(spans, "a2a.agent message/stream")
+    assert outbound.parent.span_id == entry.context.span_id
+    assert entry.attributes["a2a.outcome"] == "ok"
+    assert entry.attributes["a2a.response_bytes"] == len(received) > 0
+    assert outbound.attributes["a2a.outcome"] == "ok"
+
+    # A caller leaving mid-stream: both spans still end, and say so.
+    spans.clear()
+    with httpx.stream(
+        "POST",
+        url,
+        json={**body, "params": rpc("wait for me")["params"]},
+        headers=headers,
+        timeout=30,
+    ) as r:
+        next(r.iter_bytes())
+    wait_until(lambda: by_name(spans, "a2a.agent message/stream"), timeout=10)
+    (entry,) = by_name(spans, "a2a message/stream")
+    (outbound,) = by_name(spans, "a2a.agent message/stream")
+    assert entry.attributes["a2a.outcome"] == "client_disconnect"
+    assert outbound.attributes["a2a.outcome"] == "cancelled"
+
+
 def test_gateway_errors_are_spans_with_their_outcome(
     spans, register_agent, make_caller, live_server_url, api
 ):
