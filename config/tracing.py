@@ -82,7 +82,9 @@ def setup(*, exporter: Any = None, force: bool = False) -> bool:
         env_exporter = _exporter_from_env()
         if env_exporter is not None:
             provider.add_span_processor(BatchSpanProcessor(env_exporter))
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+    if exporter is None and not isinstance(trace.get_tracer_provider(), TracerProvider):
+        # Libraries that trace through the global API (the a2a-sdk does) join in. Not for a
+        # test's exporter: the global provider can be set once per process only.
         trace.set_tracer_provider(provider)
     _state["provider"] = provider
     _state["tracer"] = provider.get_tracer("a2a-registry")
