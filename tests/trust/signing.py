@@ -84,8 +84,11 @@ class JwksServer:
         self.requests: Counter[str] = Counter()
         self.validators: list[str] = []
 
-    def set_keys(self, *keys: TestKey) -> None:
-        self.body = json.dumps(jwks(*keys)).encode()
+    def set_keys(self, *keys: TestKey, pad: int = 0) -> None:
+        document = jwks(*keys)
+        if pad:
+            document["padding"] = "x" * pad
+        self.body = json.dumps(document).encode()
         self.etag = '"' + hashlib.sha256(self.body).hexdigest()[:16] + '"'
 
     async def __call__(self, scope, receive, send) -> None:

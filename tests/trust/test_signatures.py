@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from registry import services
+from registry import services, signatures
 from registry.models import Agent, CardVersion
 from registry.permissions import SYSTEM
 from tests.registry.cards import card_03, card_10
@@ -174,3 +174,42 @@ def test_admin_shows_the_signature_on_the_card_history(admin_client, jwks_file, 
     assert page.status_code == 200
     html = page.content.decode()
     assert "signature" in html.lower() and ">valid<" in html.replace("\n", "")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unknown_kids_cannot_make_the_registry_hammer_the_key_server(settings):
+    """An unknown kid revalidates the JWKS at most once per A2A_CARD_JWKS_MIN_REFRESH_SECONDS."""
+    trusted = TestKey("ES256", "trusted")
+    server = JwksServer(trusted)
+    with serve_app(server) as srv:
+        settings.A2A_CARD_JWKS_URLS = [f"{srv.url}/jwks.json"]
+        for i in range(5):
+            card = sign_raw(card_03(), TestKey("ES256", f"random-{i}"))
+            assert register(card, f"probe-{i}").card_signature == "unknown_key"
+        assert register(sign_raw(card_03(), trusted), "good").card_signature == "valid"
+    assert server.requests["/jwks.json"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_oversized_or_unreachable_jwks_trusts_nothing_new(settings):
+    key = TestKey("ES256", "big")
+    server = JwksServer()
+    server.set_keys(key, pad=300 * 1024)  # over the 256 KiB cap
+    with serve_app(server) as srv:
+        settings.A2A_CARD_JWKS_URLS = [f"{srv.url}/jwks.json"]
+        assert register(sign_raw(card_03(), key)).card_signature == "unknown_key"
+    settings.A2A_CARD_JWKS_URLS = ["http://127.0.0.1:9/jwks.json"]  # nothing listens there
+    signatures.reset()
+    assert register(sign_raw(card_03(), key), "other").card_signature == "unknown_key"
+
+
+@pytest.mark.django_db
+def test_malformed_signatures_are_clear_errors_not_crashes(jwks_file):
+    card = {**card_03(), "signatures": [{"protected": 5, "signature": None}]}
+    agent = register(card)
+    assert agent.card_signature == "invalid"
+    assert version(agent).signature_detail == "malformed signatures list"
+    garbage = {**card_03(), "signatures": [{"protected": "!!not-base64!!", "signature": "x"}]}
+    assert register(garbage, "garbage").card_signature == "invalid"
+    with pytest.raises(services.InvalidInput, match="signatures must be a list"):
+        register({**card_03(), "signatures": "signed, honest"}, "not-a-list")
