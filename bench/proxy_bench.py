@@ -12,6 +12,8 @@ SSE) on core 1, a fast local agent answering a fixed JSON-RPC result. Arms:
   daphne-ceiling   wrk -> Daphne + URLRouter + raw ASGI fixed reply (no upstream at all)
   gateway-traced   (--tracing) as gateway-uvicorn with A2A_TRACING=on, spans exported over
                    OTLP/HTTP to a sink on the load core; compare with gateway-uvicorn (off)
+  gateway-baseline (--baseline-ref REF) the uvicorn gateway built from git REF (e.g. the
+                   commit before a feature): "compiled in but off" / "without it", same run
 
 Figures: req/s, p50/p99 for 1 KiB ``message/send`` at c=1 and c=64 and 256 KiB at c=64; server
 CPU per request (all server-side processes of the arm); ratios; SSE first-event latency; how
@@ -22,7 +24,7 @@ are migrated, get API clients, and the agent is registered through the API) and 
 end. ``--quick`` takes about a minute; the default run a few minutes. Loopback only.
 
     .venv/bin/python bench/proxy_bench.py [--quick] [--rounds N] [--duration S] [--streams N]
-        [--tracing]
+        [--tracing] [--baseline-ref REF]
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from bench.common import (  # noqa: E402
     BENCH,
     LOAD_CORE,
     PYTHON,
+    ROOT,
     PlatformNode,
     Proc,
     clean_env,
@@ -164,11 +167,21 @@ def probe(arm: Arm, timeout: float = 10.0) -> None:
     arm.available, arm.reason = False, f"probe failed: {last}"
 
 
+def baseline_checkout(ref: str, tmp: Path) -> Path:
+    """The project's files at git ``ref`` (``git archive``), to run a baseline gateway from."""
+    root = tmp / "baseline-src"
+    root.mkdir()
+    archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    return root
+
+
 def start_gateway(server: str, tmp: Path, upstream_url: str, procs: list[Proc],
                   upstream: Proc, *, name: str | None = None,
-                  extra_env: dict[str, str] | None = None) -> Arm:
+                  extra_env: dict[str, str] | None = None, root: Path | None = None) -> Arm:
     name = name or f"gateway-{server}"
-    node = PlatformNode(name, tmp, extra_env=extra_env)
+    node = PlatformNode(name, tmp, extra_env=extra_env, **({"root": root} if root else {}))
     try:
         admin, _registrar, caller = node.prepare()
         proc = node.serve(server)
@@ -274,6 +287,10 @@ def start_arms(tmp: Path, args, database_url: str | None = None
                                       "A2A_TRACING": "on", "OTEL_TRACES_EXPORTER": "otlp",
                                       "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
                                           f"http://127.0.0.1:{sink_port}/v1/traces"}))
+    if args.baseline_ref:
+        arms.append(start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
+                                  name="gateway-baseline",
+                                  root=baseline_checkout(args.baseline_ref, tmp)))
     if database_url:
         arms.extend(start_cross_node(tmp, args, upstream_url, procs, upstream, database_url))
     for arm in arms:
@@ -484,6 +501,12 @@ def ratios(summary: dict) -> list[dict]:
                          "value": ratio(get(scenario, "gateway-traced"),
                                         get(scenario, "gateway-uvicorn")),
                          "target": "reported (README)"})
+    if "gateway-baseline" in summary.get("1KiB c=64", {}):
+        for scenario in summary:
+            rows.append({"figure": f"{scenario}: gateway-uvicorn / gateway-baseline (req/s)",
+                         "value": ratio(get(scenario, "gateway-uvicorn"),
+                                        get(scenario, "gateway-baseline")),
+                         "target": ">= 0.97 (tracing compiled in but off)"})
     for scenario in ("1KiB c=1", "1KiB c=64"):
         rows.append({"figure": f"{scenario}: gateway-daphne / daphne-ceiling (req/s)",
                      "value": ratio(get(scenario, "gateway-daphne"),
@@ -549,6 +572,8 @@ def main() -> int:
     parser.add_argument("--tracing", action="store_true",
                         help="also the uvicorn gateway with OpenTelemetry tracing on "
                              "(gateway-traced), side by side with tracing off")
+    parser.add_argument("--baseline-ref", metavar="REF",
+                        help="also a uvicorn gateway built from this git ref (gateway-baseline)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
