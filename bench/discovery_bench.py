@@ -118,7 +118,7 @@ def _setup_django(tmp: str) -> None:
     if not os.environ.get("DATABASE_URL"):
         os.environ["A2A_SQLITE_PATH"] = os.path.join(tmp, "bench.sqlite3")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("A2A_TESTING", "1")
+    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
     import django
 
     django.setup()

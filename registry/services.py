@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from config import node as node_config
 from registry import events
 from registry.card_fetch import CardFetchError, fetch_card_bytes
 from registry.cards import CardError, ParsedCard, parse_card
@@ -163,10 +164,11 @@ def _owning_node(*, agent_id: str, current: Agent | None) -> str:
     node: the agent's current one if it is alive, else one picked by the agent id's hash so
     agents spread over the cluster. With no live node known, this process's id.
     """
+    this_node = node_config.node_id()
     since = timezone.now() - _node_dead_after()
     live = sorted(Node.objects.filter(last_heartbeat__gte=since).values_list("node_id", flat=True))
-    if not live or settings.NODE_ID in live:
-        return settings.NODE_ID
+    if not live or this_node in live:
+        return this_node
     if current is not None and current.node_id in live:
         return current.node_id
     return live[int(hashlib.sha256(agent_id.encode()).hexdigest(), 16) % len(live)]

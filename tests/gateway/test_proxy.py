@@ -237,19 +237,22 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
 def test_validation_answers(gw: httpx.Client, agent):
     register("val-agent", agent.url)
     url = "/a2a/val-agent"
-    # Content-Type not JSON, or body not JSON: -32700 with id null
-    r = gw.post(url, content=b'{"jsonrpc":"2.0","id":1,"method":"x"}',
-                headers={"Content-Type": "text/plain"})
+    # A body that is not JSON: -32700 with id null, whatever the Content-Type; the message
+    # says when the declared media type was not JSON either.
+    r = gw.post(url, content=b"{invalid json!!!", headers={"Content-Type": "application/json"})
     assert r.status_code == 200 and error_of(r)["code"] == -32700
     assert r.json()["id"] is None and r.headers["x-a2a-executed"] == "false"
-    r = gw.post(url, content=b"{invalid json!!!", headers={"Content-Type": "application/json"})
-    assert error_of(r)["code"] == -32700 and r.json()["id"] is None
+    assert error_of(r)["message"] == "parse error: invalid JSON"
     r = gw.post(url, content=b"\xff\xfe\x00garbage", headers={"Content-Type": "application/json"})
     assert r.status_code == 200 and error_of(r)["code"] == -32700
-    # not one JSON-RPC 2.0 object with a string method: -32600
-    for bad in ([rpc()], [], "str", {"jsonrpc": "1.0", "id": 7, "method": "x"},
-                {"jsonrpc": "2.0", "id": 7}, {"jsonrpc": "2.0", "id": 7, "method": 5},
-                {"jsonrpc": "2.0", "id": {"x": 1}, "method": "m"}):
+    r = gw.post(url, content=b"not json", headers={"Content-Type": "text/plain; charset=utf-8"})
+    assert error_of(r)["code"] == -32700
+    assert error_of(r)["message"] == "parse error: invalid JSON (Content-Type text/plain is not JSON)"
+    r = gw.post(url, content=b"[1,", headers={"Content-Type": "application/vnd.a2a+json"})
+    assert error_of(r)["message"] == "parse error: invalid JSON"
+    # not one JSON object with a string method: -32600
+    for bad in ([rpc()], [], "str", {"jsonrpc": "2.0", "id": 7},
+                {"jsonrpc": "2.0", "id": 7, "method": 5}, {"jsonrpc": "2.0", "id": 7, "method": ""}):
         r = gw.post(url, json=bad)
         assert r.status_code == 200, bad
         error = error_of(r)
@@ -265,6 +268,31 @@ def test_validation_answers(gw: httpx.Client, agent):
     r = gw.get(url)
     assert r.status_code == 405 and "POST" in r.headers["allow"]
     assert agent.arrived == []  # nothing reached the agent
+
+
+def test_what_the_agent_would_accept_is_forwarded_unchanged(gw: httpx.Client, agent):
+    """The gateway checks only what it needs (a JSON object with a string method): a missing
+    or non-JSON Content-Type, another jsonrpc version or an unusual id reach the agent as sent,
+    and the agent's own answer comes back."""
+    register("lenient-agent", agent.url)
+    url = "/a2a/lenient-agent"
+    bodies = [
+        (b'{"jsonrpc":"2.0","id":1,"method":"no/content-type"}', None),
+        (b'{"jsonrpc":"2.0","id":2,"method":"text/plain"}', "text/plain"),
+        (b'{"jsonrpc":"2.0","id":3,"method":"substring"}', "application/x-notjson"),
+        (b'{"jsonrpc":"1.0","id":4,"method":"old/version"}', "application/json"),
+        (b'{"jsonrpc":"2.0","id":{"x":1},"method":"object/id"}', "application/json"),
+    ]
+    for body, content_type in bodies:
+        headers = {"Content-Type": content_type} if content_type else {}
+        request = gw.build_request("POST", url, content=body, headers=headers)
+        assert content_type is not None or "content-type" not in request.headers
+        r = gw.send(request)
+        assert r.status_code == 200 and r.headers["x-a2a-executed"] == "true", body
+        assert r.json()["result"]["method"] == orjson.loads(body)["method"]
+    assert [a.body for a in agent.arrived] == [body for body, _ in bodies]
+    assert agent.arrived[0].header("content-type") is None
+    assert agent.arrived[1].header("content-type") == "text/plain"
 
 
 def test_unknown_and_deregistered_agent(gw: httpx.Client, agent):
@@ -527,17 +555,23 @@ def test_timeout_from_params(gw: httpx.Client, agent, path_mode):
     assert body["error"]["code"] == -32053 and r.headers["x-a2a-executed"] == "false"
 
 
-def test_timeout_setting_defaults(settings):
+def test_timeout_setting_defaults():
+    from gateway.conf import NodeSettings
     from gateway.limits import request_timeout
 
-    settings.A2A_DEFAULT_TIMEOUT_SECONDS = 300
-    settings.A2A_MAX_TIMEOUT_SECONDS = 3600
-    assert request_timeout({}) == 300
-    assert request_timeout({"params": {"configuration": {"timeout": "5"}}}) == 300
-    assert request_timeout({"params": {"configuration": {"timeout": True}}}) == 300
-    assert request_timeout({"params": {"configuration": {"timeout": -1}}}) == 300
-    assert request_timeout({"params": {"configuration": {"timeout": 2.5}}}) == 2.5
-    assert request_timeout({"params": {"configuration": {"timeout": 99999}}}) == 3600
+    node_settings = NodeSettings.from_django().but(A2A_DEFAULT_TIMEOUT_SECONDS=300,
+                                                   A2A_MAX_TIMEOUT_SECONDS=3600)
+
+    def timeout(payload: dict) -> float:
+        return request_timeout(payload, node_settings)
+
+    assert timeout({}) == 300
+    assert timeout({"params": {"configuration": {"timeout": "5"}}}) == 300
+    assert timeout({"params": {"configuration": {"timeout": True}}}) == 300
+    assert timeout({"params": {"configuration": {"timeout": -1}}}) == 300
+    assert timeout({"params": {"configuration": {"timeout": 2.5}}}) == 2.5
+    assert timeout({"params": {"configuration": {"timeout": 99999}}}) == 3600
+    assert request_timeout({}, node_settings.but(A2A_MAX_TIMEOUT_SECONDS=60)) == 60
 
 
 # --- profiles, metrics, hostile input -----------------------------------------------------------
