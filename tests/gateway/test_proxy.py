@@ -247,12 +247,14 @@ def test_validation_answers(gw: httpx.Client, agent):
     assert r.status_code == 200 and error_of(r)["code"] == -32700
     r = gw.post(url, content=b"not json", headers={"Content-Type": "text/plain; charset=utf-8"})
     assert error_of(r)["code"] == -32700
-    assert error_of(r)["message"] == "parse error: invalid JSON (Content-Type text/plain is not JSON)"
+    assert error_of(r)["message"] == \
+        "parse error: invalid JSON (Content-Type text/plain is not JSON)"
     r = gw.post(url, content=b"[1,", headers={"Content-Type": "application/vnd.a2a+json"})
     assert error_of(r)["message"] == "parse error: invalid JSON"
     # not one JSON object with a string method: -32600
     for bad in ([rpc()], [], "str", {"jsonrpc": "2.0", "id": 7},
-                {"jsonrpc": "2.0", "id": 7, "method": 5}, {"jsonrpc": "2.0", "id": 7, "method": ""}):
+                {"jsonrpc": "2.0", "id": 7, "method": 5},
+                {"jsonrpc": "2.0", "id": 7, "method": ""}):
         r = gw.post(url, json=bad)
         assert r.status_code == 200, bad
         error = error_of(r)
