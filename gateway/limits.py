@@ -8,6 +8,7 @@ responses).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway.conf import NodeSettings
@@ -38,8 +39,10 @@ class RateLimiter:
 
     MAX_CALLERS = 100_000
 
-    def __init__(self, settings: NodeSettings) -> None:
+    def __init__(self, settings: NodeSettings, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
         self.settings = settings
+        self.clock = clock  # injectable: tests move time by hand
         self._buckets: dict[str, list[float]] = {}
 
     def allow(self, caller: str) -> bool:
@@ -48,7 +51,7 @@ class RateLimiter:
         if rate <= 0:
             return True
         burst = float(settings.A2A_RATE_LIMIT_BURST or max(1.0, rate))
-        now = time.monotonic()
+        now = self.clock()
         bucket = self._buckets.get(caller)
         if bucket is None:
             if len(self._buckets) >= self.MAX_CALLERS:

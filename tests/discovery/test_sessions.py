@@ -10,6 +10,7 @@ from discovery import sessions, tree_factory
 from discovery.loop import run_cycle
 from discovery.models import CardBlob, Snapshot
 from tests.conftest import make_client
+from tests.discovery.conftest import require_extra
 from tests.discovery.servers import make_card, skill
 
 
@@ -71,9 +72,7 @@ def test_tree_builds_without_network(card_server, configure, cache, clock):
 
 @pytest.mark.django_db
 def test_adk_adapter(card_server, configure, cache, clock):
-    pytest.importorskip(
-        "google.adk", reason="google-adk is an optional extra (large); not installed here"
-    )
+    require_extra("google.adk", "pip install google-adk")
     from discovery.adk import build_remote_agents
 
     _publish_two_versions(card_server, configure, cache, clock)
