@@ -38,8 +38,9 @@ def _modules(package: str) -> dict[str, Path]:
 
 def test_the_registry_imports_neither_the_gateway_nor_discovery():
     offenders = {
-        module: sorted(name for name in _imports(path)
-                       if name.split(".")[0] in ("gateway", "discovery"))
+        module: sorted(
+            name for name in _imports(path) if name.split(".")[0] in ("gateway", "discovery")
+        )
         for module, path in _modules("registry").items()
     }
     assert {m: names for m, names in offenders.items() if names} == {}
@@ -59,8 +60,11 @@ def test_gateway_modules_import_one_another_one_way():
         state[module] = 1
         for target in sorted(graph[module]):
             if state.get(target) == 1:
-                cycles.append(trail[trail.index(target):] + [module, target]
-                              if target in trail else [module, target])
+                cycles.append(
+                    trail[trail.index(target) :] + [module, target]
+                    if target in trail
+                    else [module, target]
+                )
             elif target not in state:
                 visit(target, trail + [module])
         state[module] = 2

@@ -25,8 +25,9 @@ def require_extra(module: str, install: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        message = f"{module} is an optional extra: pip install -r requirements/extras.txt " \
-                  f"(or {install})"
+        message = (
+            f"{module} is an optional extra: pip install -r requirements/extras.txt (or {install})"
+        )
         if IN_CI:
             pytest.fail(f"{message} -- CI=true: CI installs the extras")
         pytest.skip(message)

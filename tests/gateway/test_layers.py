@@ -45,10 +45,12 @@ def test_channels_still_has_the_private_hook_we_override():
 
     from channels.layers import InMemoryChannelLayer as ChannelsLayer
 
-    assert callable(getattr(ChannelsLayer, "_clean_expired", None)), \
+    assert callable(getattr(ChannelsLayer, "_clean_expired", None)), (
         "channels.layers.InMemoryChannelLayer._clean_expired is gone: revisit gateway/layers.py"
+    )
     for method in ("receive", "group_send"):
         source = inspect.getsource(getattr(ChannelsLayer, method))
-        assert "self._clean_expired()" in source, \
+        assert "self._clean_expired()" in source, (
             f"Channels' {method}() no longer calls _clean_expired: revisit gateway/layers.py"
+        )
     assert InMemoryChannelLayer._clean_expired is not ChannelsLayer._clean_expired

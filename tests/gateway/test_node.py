@@ -40,11 +40,19 @@ class RecordingAgent:
                 break
         self.bodies.append(body)
         request = orjson.loads(body)
-        answer = orjson.dumps({"jsonrpc": "2.0", "id": request.get("id"),
-                               "result": {"method": request.get("method")}})
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(answer)).encode())]})
+        answer = orjson.dumps(
+            {"jsonrpc": "2.0", "id": request.get("id"), "result": {"method": request.get("method")}}
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(answer)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": answer})
 
 
@@ -66,8 +74,11 @@ async def test_two_nodes_in_one_process_route_across_a_shared_layer():
     layer = InMemoryChannelLayer()
     base = NodeSettings.from_django()
     hosts = {
-        name: NodeHost(lambda name=name: GatewayNode(
-            base.but(NODE_ID=name, A2A_LOCAL_FAST_PATH=True), layer=layer, broadcast=True))
+        name: NodeHost(
+            lambda name=name: GatewayNode(
+                base.but(NODE_ID=name, A2A_LOCAL_FAST_PATH=True), layer=layer, broadcast=True
+            )
+        )
         for name in ("node-a", "node-b")
     }
     for host in hosts.values():
@@ -78,8 +89,8 @@ async def test_two_nodes_in_one_process_route_across_a_shared_layer():
         with serve_app(agent, lifespan="off") as agent_server:
             url = f"{agent_server.url}/"
             await sync_to_async(services.agent_register, thread_sensitive=False)(
-                actor=SYSTEM, agent_id="owned-by-b", url=url, card=card_03(url),
-                node_id="node-b")
+                actor=SYSTEM, agent_id="owned-by-b", url=url, card=card_03(url), node_id="node-b"
+            )
             # The registry event reached both nodes: both route, only B subscribes.
             await _until(lambda: "owned-by-b" in node_b.manager.subscribers, "B's subscriber")
             await _until(lambda: node_a.table.get("owned-by-b") is not None, "A's route")
@@ -87,14 +98,20 @@ async def test_two_nodes_in_one_process_route_across_a_shared_layer():
 
             _, token = await sync_to_async(make_client, thread_sensitive=False)(["call"])
             app_a = http_application(_django_unused, host=hosts["node-a"])
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_a),
-                                         base_url="http://node-a") as client:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app_a), base_url="http://node-a"
+            ) as client:
                 body = b'{"jsonrpc":"2.0","id":"x1","method":"message/send","params":{}}'
-                r = await client.post("/a2a/owned-by-b", content=body, headers={
-                    "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+                r = await client.post(
+                    "/a2a/owned-by-b",
+                    content=body,
+                    headers={
+                        "Authorization": f"Bearer {token}",
+                        "Content-Type": "application/json",
+                    },
+                )
             assert r.status_code == 200 and r.headers["x-a2a-executed"] == "true"
-            assert r.json() == {"jsonrpc": "2.0", "id": "x1",
-                                "result": {"method": "message/send"}}
+            assert r.json() == {"jsonrpc": "2.0", "id": "x1", "result": {"method": "message/send"}}
             assert agent.bodies == [body]  # exactly once, unchanged, through B's subscriber
     finally:
         for host in hosts.values():
@@ -105,8 +122,9 @@ async def test_two_nodes_in_one_process_route_across_a_shared_layer():
 @pytest.mark.django_db(transaction=True)
 async def test_a_node_keeps_its_own_settings():
     """A node built with explicit settings keeps them; Django's settings are not consulted."""
-    node_settings = NodeSettings.from_django().but(NODE_ID="explicit-node",
-                                                   A2A_MAX_REQUEST_BYTES=1234)
+    node_settings = NodeSettings.from_django().but(
+        NODE_ID="explicit-node", A2A_MAX_REQUEST_BYTES=1234
+    )
     host = NodeHost(lambda: GatewayNode(node_settings))
     node = await host.ensure()
     try:
@@ -115,8 +133,9 @@ async def test_a_node_keeps_its_own_settings():
         with pytest.raises(AttributeError):
             node.settings.A2A_MAX_REQUEST_BYTES = 1  # frozen
         app = http_application(_django_unused, host=host)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://n") as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://n"
+        ) as client:
             r = await client.post("/a2a/some-agent", content=b"x" * 2000)
         assert r.status_code == 413 and "1234 bytes" in r.json()["error"]["message"]
     finally:
