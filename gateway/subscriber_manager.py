@@ -41,7 +41,7 @@ class SubscriberManager:
     def reconfigure(self, settings: NodeSettings) -> None:
         """New settings for the manager and every live subscriber (tests change settings)."""
         self.settings = settings
-        for subscriber in self.subscribers.values():
+        for subscriber in list(self.subscribers.values()):  # may run off the node's loop
             subscriber.settings = settings
 
     async def stop(self) -> None:
