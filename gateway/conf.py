@@ -33,7 +33,6 @@ class NodeSettings:
     """Every setting the gateway reads (see the README's Settings table for each meaning)."""
 
     NODE_ID: str
-    EMBEDDED: bool
     A2A_MAX_REQUEST_BYTES: int
     A2A_MAX_RESPONSE_BYTES: int
     A2A_DEFAULT_TIMEOUT_SECONDS: float

@@ -7,8 +7,9 @@ with a bearer token are answered here: token from the process's token cache (the
 uses), one ``UPDATE ... RETURNING`` in a worker thread, the same status and body functions as
 the DRF views (:func:`registry.api.views.v1_heartbeat`,
 :func:`registry.kubemq_api.kubemq_heartbeat`). Requests with a session cookie and no token
-(staff in a browser) go to Django. An edge handler like ``/a2a``, so it lives with the other
-ASGI entry points (gateway.routing); the registry itself knows no ASGI.
+(staff in a browser) go to Django. A body over ``A2A_MAX_CARD_BYTES`` is answered 413 without
+reading further (a heartbeat carries at most an agent id). An edge handler like ``/a2a``, so
+it lives with the other ASGI entry points (gateway.routing); the registry knows no ASGI.
 """
 
 from __future__ import annotations

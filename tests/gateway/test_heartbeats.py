@@ -130,3 +130,20 @@ def test_one_token_cache_so_revocation_lands_everywhere_alike(live_server_url):
     assert statuses() == accepted  # cached on every surface: the same delay everywhere
     shared_token_cache().clear()  # the lifetime has passed
     assert statuses() == {"api": 401, "heartbeat": 401, "gateway": "unauthenticated"}
+
+
+def test_heartbeat_bodies_are_capped_on_both_surfaces(live_server_url, setup_agents, settings):
+    """The one body reader stops at the cap: an oversize heartbeat body, sent in chunks
+    without a Content-Length, is refused with 413 on both paths."""
+    owner_token, _ = setup_agents
+    limit = settings.A2A_MAX_CARD_BYTES
+
+    def chunks():
+        for _ in range(limit // 1000 + 10):
+            yield b" " * 1000
+
+    for path in ("/api/v1/agents/beater/heartbeat", "/agents/heartbeat"):
+        r = httpx.post(live_server_url + path, content=chunks(),
+                       headers={"Authorization": f"Bearer {owner_token}"})
+        assert r.status_code == 413, path
+        assert r.json() == {"error": f"request body too large: the limit is {limit} bytes"}
