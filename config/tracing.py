@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
+
+from config import node as node_config
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def tracer() -> Any:
 
 
 def _exporter_from_env() -> Any:
-    kind = (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").strip().lower()
+    kind = settings.OTEL_TRACES_EXPORTER
     if kind == "none":
         return None
     if kind == "console":
@@ -61,7 +62,7 @@ def setup(*, exporter: Any = None, force: bool = False) -> bool:
     if exporter is None and not force:
         if settings.A2A_TRACING != "on":
             return False
-        if (os.environ.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
+        if settings.OTEL_SDK_DISABLED:
             return False
     from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
@@ -71,8 +72,8 @@ def setup(*, exporter: Any = None, force: bool = False) -> bool:
     shutdown()
     resource = Resource.create(
         {
-            "service.name": os.environ.get("OTEL_SERVICE_NAME") or "a2a-registry",
-            "service.instance.id": settings.NODE_ID,
+            "service.name": settings.OTEL_SERVICE_NAME,
+            "service.instance.id": node_config.node_id(),
         }
     )
     provider = TracerProvider(resource=resource)

@@ -25,7 +25,6 @@ from typing import Any
 import orjson
 
 from gateway import envelope as env
-from gateway.conf import conf
 
 #: Read by the hot path before calling into this module; set by config.tracing.setup().
 ENABLED = False
@@ -147,6 +146,7 @@ def start_call(
     request_bytes: int,
     tags: dict[str, str],
     caller: str,
+    node_id: str,
 ) -> CallTrace:
     """Open the entry span (continuing the caller's trace) and put its context in ``tags``."""
     parent = _context_of(tags.get(_HDR_TRACEPARENT), tags.get(_HDR_TRACESTATE))
@@ -156,7 +156,7 @@ def start_call(
         "rpc.system": "jsonrpc",
         "rpc.method": method,
         "a2a.request_bytes": request_bytes,
-        "a2a.node": conf.NODE_ID,
+        "a2a.node": node_id,
         "a2a.caller_id": caller,
     }
     if task_id:
@@ -240,7 +240,7 @@ def _answer_ids(attributes: dict[str, Any], body: bytes) -> None:
 
 
 def subscriber_sink(
-    query: dict[str, Any], sink: Any, *, agent_id: str, endpoint: str, local: bool
+    query: dict[str, Any], sink: Any, *, agent_id: str, endpoint: str, local: bool, node_id: str
 ) -> Any:
     """Open the subscriber's span under the envelope's context, point the agent's
     ``traceparent`` at it, and return the sink that ends it with the call."""
@@ -251,7 +251,7 @@ def subscriber_sink(
         "a2a.agent_id": agent_id,
         "rpc.system": "jsonrpc",
         "rpc.method": method,
-        "a2a.node": conf.NODE_ID,
+        "a2a.node": node_id,
         "a2a.local": local,
         "server.address": endpoint,
         "a2a.request_bytes": len(query.get("body") or b""),
