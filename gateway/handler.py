@@ -25,7 +25,7 @@ from gateway import envelope as env
 from gateway import errors, metrics, runtime
 from gateway.cards import serve_card
 from gateway.conf import conf
-from gateway.headers import scan_request_headers
+from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
 from gateway.limits import request_timeout
 from gateway.replicator import ORIGIN
 from gateway.sse import error_event
@@ -128,7 +128,7 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
     if not isinstance(method, str) or not method:
         await _error(send, errors.INVALID_REQUEST, rpc_id, None, "missing method field")
         return
-    admitted = await _admit_to_agent(scope, send, headers.authorization, rpc_id, agent_id)
+    admitted = await _admit_to_agent(scope, send, headers, rpc_id, agent_id)
     if admitted is None:
         return
     node, caller, route = admitted
@@ -165,7 +165,7 @@ async def handle_get_stream(scope: dict[str, Any], receive, send, agent_id: str)
     params, and its events are relayed."""
     started = time.perf_counter()
     headers = scan_request_headers(scope["headers"])
-    admitted = await _admit_to_agent(scope, send, headers.authorization, None, agent_id)
+    admitted = await _admit_to_agent(scope, send, headers, None, agent_id)
     if admitted is None:
         return
     node, caller, route = admitted
@@ -186,17 +186,24 @@ async def handle_get_stream(scope: dict[str, Any], receive, send, agent_id: str)
 
 # --- shared steps -----------------------------------------------------------------------------
 
-async def _admit_to_agent(scope, send, authorization, rpc_id, agent_id):
+async def _admit_to_agent(scope, send, headers: RequestHeaders, rpc_id, agent_id):
     """Check the agent id, the caller and the route: ``(node, caller id, route)``, or None
     once the refusal has been answered."""
     if not AGENT_ID_RE.match(agent_id):
         await _error(send, errors.INVALID_REQUEST, rpc_id, None, "invalid agent id")
         return None
     node = runtime._node or await runtime.ensure_node()
+    route = node.table.get(agent_id)
+    authorization = headers.authorization
+    if route is not None and route.credential_passthrough:
+        # Credential passthrough: Authorization belongs to the agent and travels unchanged;
+        # the caller authenticates to the gateway with X-Gateway-Authorization.
+        authorization = headers.gateway_authorization
+        if headers.authorization is not None:
+            headers.tags[AUTHORIZATION_TAG] = headers.authorization
     caller = await _admit(node, scope, send, authorization, rpc_id, agent_id)
     if caller is None:
         return None
-    route = node.table.get(agent_id)
     if route is None:
         await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id)
         return None

@@ -215,7 +215,8 @@ class VirtualSubscriber:
                 seconds = float(tags.get(env.TAG_TIMEOUT) or conf.A2A_DEFAULT_TIMEOUT_SECONDS)
             except ValueError:
                 seconds = float(conf.A2A_DEFAULT_TIMEOUT_SECONDS)
-            headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+            headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
+                                       passthrough=self.route.credential_passthrough)
             client = self._client
             if client is None or client.closed:
                 client = self._client = outbound.client()
@@ -240,7 +241,8 @@ class VirtualSubscriber:
                     await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
                     return
                 await sink(env.start(request_id, status, relayed_response_headers(
-                    response.headers), body, more=False, sse=False))
+                    response.headers, self.route.credential_passthrough), body, more=False,
+                    sse=False))
             except TimeoutError:
                 await sink(env.error(request_id, errors.TIMEOUT))
             except outbound.CONNECTION_ERRORS as exc:
@@ -275,7 +277,8 @@ class VirtualSubscriber:
         self, body: bytes, tags: dict[str, str], sink: Sink, request_id: str
     ) -> None:
         """The SSE handler: open the agent's stream and relay it event by event."""
-        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
+                                   passthrough=self.route.credential_passthrough)
         try:
             # No overall timeout for streams; waiting for the agent's first bytes is bounded
             # by the idle timeout, like every later silence.
@@ -304,7 +307,8 @@ class VirtualSubscriber:
         if status == 504:
             await sink(env.error(request_id, errors.TIMEOUT, status=status))
             return
-        headers = relayed_response_headers(response.headers)
+        headers = relayed_response_headers(response.headers,
+                                           self.route.credential_passthrough)
         if _is_event_stream(response):
             await self._relay_events(response, headers, sink, request_id)
         else:
@@ -381,7 +385,8 @@ class VirtualSubscriber:
             "jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": env.CANCEL_METHOD,
             "params": {"id": original, "request_id": original},
         })
-        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
+                                   passthrough=self.route.credential_passthrough)
         headers.pop("content-type", None)
         headers.pop("accept", None)
         headers["content-type"] = "application/json"
