@@ -28,7 +28,7 @@ from gateway.conf import conf
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
 from gateway.limits import request_timeout
 from gateway.replicator import ORIGIN
-from gateway.sse import error_event
+from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
 from registry.token_cache import AuthFailed
@@ -336,25 +336,36 @@ _DISCONNECT: dict[str, Any] = {"k": "disconnect"}
 
 async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) -> None:
     """Relay a stream: reply messages in, SSE (or an up-front JSON answer) out, while watching
-    for the caller going away (then the subscriber is told to cancel the stream)."""
+    for the caller going away (then the subscriber is told to cancel the stream).
+
+    Backpressure end to end: at most ``A2A_SSE_BUFFER_BYTES`` wait for the caller
+    (:class:`~gateway.sse.StreamBuffer`); the local subscriber waits for room, and through the
+    broker the owner sends at most that window ahead of what the caller has read (``stream_credit``
+    messages move it on), so the agent is no longer read while the caller lags. A caller whose
+    connection takes nothing for ``A2A_SSE_STALL_TIMEOUT_SECONDS`` gets a terminal
+    ``stream_stalled`` error event and the stream is freed on both sides.
+    """
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
-    queue: asyncio.Queue = asyncio.Queue()
+    window = settings.A2A_SSE_BUFFER_BYTES
+    stall = settings.A2A_SSE_STALL_TIMEOUT_SECONDS
+    buffer = StreamBuffer(window)
     remote = subscriber is None or not conf.A2A_LOCAL_FAST_PATH
+    credit: _Credit | None = None
     if remote:
-        if not await _send_query(node, query, queue, exchange):
+        tags[env.TAG_WINDOW] = str(window)
+        if not await _send_query(node, query, buffer, exchange):
             return
+        credit = _Credit(node, query, exchange.agent_id, window)
     else:
-        async def sink(message: dict[str, Any]) -> None:
-            queue.put_nowait(message)
-
-        await subscriber.handle(query, sink, local=True)
+        await subscriber.handle(query, buffer.put, local=True)
+    exchange.send = flow_controlled(exchange.send)
 
     async def watch() -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                queue.put_nowait(_DISCONNECT)
+                buffer.push(_DISCONNECT)
                 return
 
     watcher = asyncio.get_running_loop().create_task(watch())
@@ -364,7 +375,7 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
         while not exchange.done:
             try:
                 async with asyncio.timeout(guard if acked else ACK_TIMEOUT_SECONDS):
-                    message = await queue.get()
+                    message = await buffer.get()
             except TimeoutError:
                 if exchange.started:
                     await exchange.fail(errors.TIMEOUT, "stream lost")
@@ -377,12 +388,76 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                 exchange.outcome = "client_disconnect"
                 await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
                 return
+            if message is OVERFLOW:
+                await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+                await _end_stalled(exchange, f"more than {window} bytes buffered for the caller")
+                return
             acked = True
-            await exchange.deliver(message)
+            try:
+                async with asyncio.timeout(stall):
+                    await exchange.deliver(message)
+            except TimeoutError:
+                await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+                await _end_stalled(exchange, f"the caller read nothing for {stall:g} s")
+                return
+            if credit is not None:
+                body = message.get("body")
+                if body:
+                    await credit.delivered(len(body))
     finally:
         watcher.cancel()
+        close = getattr(exchange.send, "close", None)
+        if close is not None:
+            close()
         if remote:
             node.inbox.pending.pop(request_id, None)
+
+
+async def _end_stalled(exchange: Exchange, detail: str) -> None:
+    """End a stream whose caller stopped reading: a terminal error event if its connection
+    takes one within the stall timeout (at least 1 s, at most 5 s), else the response is
+    abandoned (the server closes the connection once its few buffered bytes are read)."""
+    exchange.outcome = errors.STREAM_STALLED
+    logger.warning("stream to %s ended: %s", exchange.agent_id, detail)
+    try:
+        async with asyncio.timeout(min(max(settings.A2A_SSE_STALL_TIMEOUT_SECONDS, 1.0), 5.0)):
+            await exchange.fail(errors.STREAM_STALLED, detail)
+    except TimeoutError:
+        pass
+
+
+class _Credit:
+    """The caller's side of a stream's flow control through the broker: tells the owning
+    subscriber how many body bytes the caller has taken (cumulative, so a lost credit is made
+    good by the next one), every quarter window."""
+
+    __slots__ = ("node", "tags", "agent_id", "step", "total", "reported")
+
+    def __init__(self, node, query, agent_id: str, window: int) -> None:
+        self.node = node
+        self.tags = query["tags"]
+        self.agent_id = agent_id
+        self.step = max(window // 4, 1)
+        self.total = 0
+        self.reported = 0
+
+    async def delivered(self, size: int) -> None:
+        self.total += size
+        if self.total - self.reported < self.step:
+            return
+        self.reported = self.total
+        tags = self.tags
+        message = env.query(b"", {
+            env.TAG_METHOD: env.CREDIT_METHOD,
+            env.TAG_STREAM_ID: tags[env.TAG_REQUEST_ID],
+            env.TAG_CREDIT: str(self.total),
+            env.TAG_REQUEST_ID: tags[env.TAG_REQUEST_ID] + ".credit",
+            env.TAG_REPLY_CHANNEL: tags.get(env.TAG_REPLY_CHANNEL, ""),
+        })
+        try:
+            await self.node.layer.send(agent_channel(self.agent_id), message)
+        except Exception as exc:  # the next credit carries the total; the stall timeout bounds
+            logger.warning("stream_credit not delivered: %s", exc)
 
 
 async def _cancel_stream(node, subscriber, query, agent_id: str, remote: bool) -> None:
