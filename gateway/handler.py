@@ -368,7 +368,15 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                 buffer.push(_DISCONNECT)
                 return
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    stopped = False
+
+    async def stop() -> None:
+        nonlocal stopped
+        stopped = True
+        await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+
+    loop = asyncio.get_running_loop()
+    watcher = loop.create_task(watch())
     guard = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
     acked = not remote
     try:
@@ -382,14 +390,14 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                 else:
                     await exchange.fail(errors.UNREACHABLE if not acked else errors.TIMEOUT,
                                         "no live subscriber for this agent")
-                await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+                await stop()
                 return
             if message is _DISCONNECT:
                 exchange.outcome = "client_disconnect"
-                await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+                await stop()
                 return
             if message is OVERFLOW:
-                await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+                await stop()
                 await _end_stalled(exchange, f"more than {window} bytes buffered for the caller")
                 return
             acked = True
@@ -397,20 +405,39 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                 async with asyncio.timeout(stall):
                     await exchange.deliver(message)
             except TimeoutError:
-                await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+                await stop()
                 await _end_stalled(exchange, f"the caller read nothing for {stall:g} s")
                 return
             if credit is not None:
                 body = message.get("body")
                 if body:
                     await credit.delivered(len(body))
+        if exchange.mapped:  # answered already; the rest of the agent's body is not wanted
+            await stop()
     finally:
         watcher.cancel()
+        if not stopped and not (exchange.done and not exchange.mapped):
+            # Left early (the server cancelled this task: Daphne does after a disconnect): a
+            # subscriber waiting for room in the buffer must not wait forever.
+            if remote:
+                _background(loop, _cancel_stream(node, subscriber, query, exchange.agent_id,
+                                                 remote))
+            else:
+                subscriber.cancel_stream(request_id)
         close = getattr(exchange.send, "close", None)
         if close is not None:
             close()
         if remote:
             node.inbox.pending.pop(request_id, None)
+
+
+_background_tasks: set[asyncio.Task] = set()
+
+
+def _background(loop, coro) -> None:
+    task = loop.create_task(coro)
+    _background_tasks.add(task)
+    task.add_done_callback(_background_tasks.discard)
 
 
 async def _end_stalled(exchange: Exchange, detail: str) -> None:
@@ -488,7 +515,7 @@ async def _discard(message: dict[str, Any]) -> None:
 class Exchange:
     """The caller's side of one request: turns reply messages into the ASGI response."""
 
-    __slots__ = ("send", "rpc_id", "agent_id", "started", "done", "sse", "outcome")
+    __slots__ = ("send", "rpc_id", "agent_id", "started", "done", "sse", "outcome", "mapped")
 
     def __init__(self, send, rpc_id: Any, agent_id: str) -> None:
         self.send = send
@@ -498,6 +525,7 @@ class Exchange:
         self.done = False
         self.sse = False
         self.outcome = "unknown"
+        self.mapped = False  # the agent's error status was answered as a JSON-RPC error
 
     async def deliver(self, message: dict[str, Any]) -> None:
         kind = message["k"]
@@ -507,11 +535,15 @@ class Exchange:
         ):
             # A duplicate or out-of-order reply (e.g. two nodes misconfigured with one NODE_ID
             # both answering): the caller's response is already decided; never break it.
-            if kind != env.ACK:
+            if kind != env.ACK and not self.mapped:
                 logger.warning("ignored an unexpected %s reply for %s", kind, self.agent_id)
             return
         if kind == env.START:
             status = message["status"]
+            if status >= 400 and conf.A2A_ERROR_PROFILE == "kubemq" and not message["sse"] \
+                    and not _is_jsonrpc_answer(message):
+                await self._agent_status_error(status, message["more"])
+                return
             headers = list(message["headers"])
             headers.append(EXECUTED_TRUE)
             headers.append((b"x-a2a-agent-status", str(status).encode()))
@@ -535,6 +567,32 @@ class Exchange:
                             status=message.get("status"))
         # acks carry nothing for the caller
 
+    async def _agent_status_error(self, status: int, more: bool) -> None:
+        """Profile kubemq: the agent's HTTP error status (its body not a JSON-RPC answer)
+        becomes HTTP 200 with a JSON-RPC error, as KubeMQ documents (error-codes.md): 502 and
+        503 -> -32603 "unavailable", 504 -> -32001 "timeout", any other -> -32603 naming the
+        status. The agent answered, so executed is true."""
+        if status in (502, 503):
+            kind, detail = errors.UPSTREAM_UNAVAILABLE, ""
+        elif status == 504:
+            kind, detail = errors.TIMEOUT, ""
+        else:
+            kind, detail = errors.AGENT_ERROR, f"agent error: HTTP {status}"
+        self.started = True
+        self.done = True
+        self.mapped = more  # the rest of the agent's body is dropped quietly
+        self.outcome = "agent_error"
+        body = orjson.dumps({
+            "jsonrpc": "2.0", "id": self.rpc_id,
+            "error": errors.error_object(kind, agent_id=self.agent_id, detail=detail,
+                                         status=status, executed=True),
+        })
+        await self.send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            EXECUTED_TRUE, (b"x-a2a-agent-status", str(status).encode()),
+        ]})
+        await self.send({"type": "http.response.body", "body": body})
+
     async def fail(self, kind: str, detail: str = "", *, status: int | None = None) -> None:
         """Answer a transport error: a JSON-RPC error before the reply started, a terminal
         ``event: error`` inside an event stream, an aborted body otherwise."""
@@ -556,6 +614,18 @@ class Exchange:
             return
         # A plain body cut short cannot be answered any more: returning without completing the
         # response makes the server close the connection, so the caller sees the truncation.
+
+
+def _is_jsonrpc_answer(message: dict[str, Any]) -> bool:
+    """Whether a whole reply body is a JSON-RPC 2.0 response (relayed as the agent sent it)."""
+    if message["more"]:
+        return False  # larger than the subscriber reads whole: not a JSON-RPC error body
+    try:
+        answer = orjson.loads(message["body"])
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(answer, dict) and answer.get("jsonrpc") == "2.0" and (
+        "error" in answer or "result" in answer)
 
 
 async def _error(send, kind: str, rpc_id: Any, agent_id: str | None, detail: str = "", *,
