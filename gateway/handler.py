@@ -290,7 +290,9 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
     """Send the Query through the broker and relay the reply messages as they come."""
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
-    queue: asyncio.Queue = asyncio.Queue()
+    # Bounded: an agent answering a sync method with an endless event stream, to a caller that
+    # does not read, must not grow this node (replies beyond the response cap end the call).
+    queue = StreamBuffer(conf.A2A_MAX_RESPONSE_BYTES)
     if not await _send_query(node, query, queue, exchange):
         return
     loop = asyncio.get_running_loop()
@@ -309,13 +311,16 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
                 else:
                     await exchange.fail(errors.TIMEOUT)
                 return
+            if message is OVERFLOW:
+                await exchange.fail(errors.RESPONSE_TOO_LARGE)
+                return
             acked = True
             await exchange.deliver(message)
     finally:
         node.inbox.pending.pop(request_id, None)
 
 
-async def _send_query(node, query, queue: asyncio.Queue, exchange: Exchange) -> bool:
+async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> bool:
     tags = query["tags"]
     if not node.inbox.ready:
         await exchange.fail(errors.UNREACHABLE, "broker unavailable")
@@ -552,7 +557,12 @@ class Exchange:
             if not more and status not in (204, 304):
                 headers.append((b"content-length", str(len(body)).encode()))
             self.started = True
-            self.sse = message["sse"]
+            if message["sse"]:
+                # Events answer any method (the agent's Content-Type decides): the caller's
+                # send must wait while its connection is full, on Daphne too.
+                self.sse = True
+                if more:
+                    self.send = send = flow_controlled(send)
             self.outcome = "ok" if status < 400 else "agent_error"
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body, "more_body": more})

@@ -47,7 +47,8 @@ STALL_SECONDS = 3.0
 
 @dataclass
 class FloodAgent:
-    """``message/stream``: 64 KiB events as fast as the connection takes them, until the caller's
+    """``message/stream`` (and the sync method ``flood/sync``: the agent's Content-Type decides
+    what is relayed): 64 KiB events as fast as the connection takes them, until the caller's
     side closes; anything else: a small JSON-RPC result."""
 
     sent: dict[int, int] = field(default_factory=dict)
@@ -67,7 +68,7 @@ class FloodAgent:
             if not message.get("more_body"):
                 break
         payload = orjson.loads(body)
-        if payload.get("method") != "message/stream":
+        if payload.get("method") not in ("message/stream", "flood/sync"):
             answer = orjson.dumps({"jsonrpc": "2.0", "id": payload.get("id"), "result": "ok"})
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"application/json")]})
@@ -84,12 +85,13 @@ class FloodAgent:
             closed.set()
 
         watcher = asyncio.get_running_loop().create_task(watch())
+        limit = AGENT_STREAM_LIMIT if payload["method"] == "message/stream" else 64 << 20
         event = b"data: " + orjson.dumps({"jsonrpc": "2.0", "id": payload.get("id"),
                                           "result": {"pad": "x" * EVENT_PAD}}) + b"\n\n"
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
-            while not closed.is_set() and self.sent[number] < AGENT_STREAM_LIMIT:
+            while not closed.is_set() and self.sent[number] < limit:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
                 self.sent[number] += len(event)
                 await asyncio.sleep(0)  # let the disconnect watcher run
@@ -177,12 +179,13 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
                 process.wait()
 
 
-def stalled_caller(node: Node, agent_id: str, token: str) -> socket.socket:
-    """Open ``message/stream`` through the node and never read (tiny receive buffer)."""
+def stalled_caller(node: Node, agent_id: str, token: str,
+                   method: str = "message/stream") -> socket.socket:
+    """Call ``method`` (a stream) through the node and never read (tiny receive buffer)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", node.port))
-    body = orjson.dumps(rpc("message/stream", rpc_id="stalled"))
+    body = orjson.dumps(rpc(method, rpc_id="stalled"))
     sock.sendall(
         f"POST /a2a/{agent_id} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
@@ -259,6 +262,35 @@ def test_non_reading_callers_do_not_grow_the_node(flood, server):
                 time.sleep(0.1)
             assert flood.open == 0, "the stalled streams were not freed"
             unrelated()
+        finally:
+            for sock in callers:
+                sock.close()
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "daphne"])
+def test_sync_method_answered_with_an_event_stream_is_bounded(flood, server):
+    """A non-streaming method the agent answers with an endless event stream: relayed as
+    events, with the same backpressure (no stall deadline on the sync path: the memory is
+    bounded while the caller holds the connection)."""
+    with running_node(server) as node:
+        register_on(node, "flood", flood.url)
+        auth = {"Authorization": f"Bearer {node.token}"}
+
+        def unrelated() -> None:
+            r = httpx.post(f"{node.url}/a2a/flood", json=rpc(rpc_id="u"), headers=auth,
+                           timeout=5)
+            assert r.status_code == 200 and r.json()["result"] == "ok", r.text
+
+        for _ in range(5):
+            unrelated()
+        baseline = node.rss_mib()
+        callers = [stalled_caller(node, "flood", node.token, "flood/sync") for _ in range(3)]
+        try:
+            peak, ok = hold_and_watch(node, callers, unrelated, 2.5)
+            sent = sorted(flood.sent.values())
+            assert len(sent) == 3 and ok > 5
+            assert max(sent) < 32 * 1024 * 1024, sent
+            assert peak - baseline < 48, (baseline, peak)
         finally:
             for sock in callers:
                 sock.close()
