@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('registry', '0001_initial'),
+        ("registry", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='agent',
-            name='credential_passthrough',
-            field=models.BooleanField(default=False, help_text="The caller's Authorization reaches the agent unchanged (agents with their own securitySchemes); callers authenticate to the gateway with X-Gateway-Authorization."),
+            model_name="agent",
+            name="credential_passthrough",
+            field=models.BooleanField(
+                default=False,
+                help_text="The caller's Authorization reaches the agent unchanged (agents with their own securitySchemes); callers authenticate to the gateway with X-Gateway-Authorization.",
+            ),
         ),
     ]

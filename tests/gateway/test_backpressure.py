@@ -70,8 +70,13 @@ class FloodAgent:
         payload = orjson.loads(body)
         if payload.get("method") not in ("message/stream", "flood/sync"):
             answer = orjson.dumps({"jsonrpc": "2.0", "id": payload.get("id"), "result": "ok"})
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"application/json")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
             await send({"type": "http.response.body", "body": answer})
             return
         number = len(self.sent)
@@ -86,11 +91,21 @@ class FloodAgent:
 
         watcher = asyncio.get_running_loop().create_task(watch())
         limit = AGENT_STREAM_LIMIT if payload["method"] == "message/stream" else 64 << 20
-        event = b"data: " + orjson.dumps({"jsonrpc": "2.0", "id": payload.get("id"),
-                                          "result": {"pad": "x" * EVENT_PAD}}) + b"\n\n"
+        event = (
+            b"data: "
+            + orjson.dumps(
+                {"jsonrpc": "2.0", "id": payload.get("id"), "result": {"pad": "x" * EVENT_PAD}}
+            )
+            + b"\n\n"
+        )
         try:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/event-stream")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
             while not closed.is_set() and self.sent[number] < limit:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
                 self.sent[number] += len(event)
@@ -125,8 +140,14 @@ class Node:
 
 
 def _manage(args: list[str], env: dict[str, str]) -> str:
-    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -135,12 +156,20 @@ def _manage(args: list[str], env: dict[str, str]) -> str:
 def running_node(server: str, *, distributed: bool = False, **extra: str) -> Iterator[Node]:
     """``manage.py serve --server <server>`` in a subprocess: embedded with its own data dir,
     or (``distributed``) on this test run's PostgreSQL database and Redis."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PYTEST") and k not in ("DATABASE_URL", "REDIS_URL")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("PYTEST") and k not in ("DATABASE_URL", "REDIS_URL")
+    }
     port = free_port()
-    env.update(SECRET_KEY="backpressure-test", A2A_TESTING="false", LOG_LEVEL="WARNING",
-               NODE_ID=f"bp-{server}-{port}",
-               A2A_SSE_STALL_TIMEOUT_SECONDS=str(STALL_SECONDS), **extra)
+    env.update(
+        SECRET_KEY="backpressure-test",
+        A2A_TESTING="false",
+        LOG_LEVEL="WARNING",
+        NODE_ID=f"bp-{server}-{port}",
+        A2A_SSE_STALL_TIMEOUT_SECONDS=str(STALL_SECONDS),
+        **extra,
+    )
     with tempfile.TemporaryDirectory() as data_dir:
         env["A2A_DATA_DIR"] = data_dir
         if distributed:
@@ -148,12 +177,26 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
             token = make_client(["admin"])[1]
         else:
             _manage(["migrate", "--noinput", "-v", "0"], env)
-            token = _manage(["create_client", "bp-admin", "--scopes", "admin,call"],
-                            env).strip().splitlines()[-1]
+            token = (
+                _manage(["create_client", "bp-admin", "--scopes", "admin,call"], env)
+                .strip()
+                .splitlines()[-1]
+            )
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "--server", server, "--port", str(port),
-             "--no-periodic"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "manage.py",
+                "serve",
+                "--server",
+                server,
+                "--port",
+                str(port),
+                "--no-periodic",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         node = Node(f"http://127.0.0.1:{port}", port, process, token)
         try:
@@ -179,8 +222,9 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
                 process.wait()
 
 
-def stalled_caller(node: Node, agent_id: str, token: str,
-                   method: str = "message/stream") -> socket.socket:
+def stalled_caller(
+    node: Node, agent_id: str, token: str, method: str = "message/stream"
+) -> socket.socket:
     """Call ``method`` (a stream) through the node and never read (tiny receive buffer)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -213,8 +257,11 @@ def read_to_end(sock: socket.socket, timeout: float) -> bytes:
 
 
 def register_on(node: Node, agent_id: str, url: str) -> None:
-    r = httpx.post(f"{node.url}/api/v1/agents", headers={"Authorization": f"Bearer {node.token}"},
-                   json={"agent_id": agent_id, "url": url, "card": {"name": agent_id, "url": url}})
+    r = httpx.post(
+        f"{node.url}/api/v1/agents",
+        headers={"Authorization": f"Bearer {node.token}"},
+        json={"agent_id": agent_id, "url": url, "card": {"name": agent_id, "url": url}},
+    )
     assert r.status_code == 201, r.text
 
 
@@ -240,8 +287,7 @@ def test_non_reading_callers_do_not_grow_the_node(flood, server):
         auth = {"Authorization": f"Bearer {node.token}"}
 
         def unrelated() -> None:
-            r = httpx.post(f"{node.url}/a2a/other", json=rpc(rpc_id="u"), headers=auth,
-                           timeout=5)
+            r = httpx.post(f"{node.url}/a2a/other", json=rpc(rpc_id="u"), headers=auth, timeout=5)
             assert r.status_code == 200 and r.json()["result"] == "ok", r.text
 
         for _ in range(5):  # warm up the paths before the baseline
@@ -277,8 +323,7 @@ def test_sync_method_answered_with_an_event_stream_is_bounded(flood, server):
         auth = {"Authorization": f"Bearer {node.token}"}
 
         def unrelated() -> None:
-            r = httpx.post(f"{node.url}/a2a/flood", json=rpc(rpc_id="u"), headers=auth,
-                           timeout=5)
+            r = httpx.post(f"{node.url}/a2a/flood", json=rpc(rpc_id="u"), headers=auth, timeout=5)
             assert r.status_code == 200 and r.json()["result"] == "ok", r.text
 
         for _ in range(5):
@@ -313,8 +358,9 @@ def test_stalled_caller_gets_a_terminal_error_event(flood, server):
         assert flood.open == 0
 
 
-def test_cross_node_stalled_callers_are_bounded(live_server_url, redis_url, postgres_url, flood,
-                                                settings):
+def test_cross_node_stalled_callers_are_bounded(
+    live_server_url, redis_url, postgres_url, flood, settings
+):
     """The caller enters node B; the agent is owned by this process's node (A). B's inbox
     never grows an unbounded queue, A's subscriber stops reading the agent (flow control),
     and unrelated cross-node calls keep working."""
@@ -323,14 +369,19 @@ def test_cross_node_stalled_callers_are_bounded(live_server_url, redis_url, post
     settings.A2A_SSE_STALL_TIMEOUT_SECONDS = STALL_SECONDS
     with running_node("uvicorn", distributed=True) as node_b:
         for agent_id in ("flood-x", "other-x"):
-            services.agent_register(actor=SYSTEM, agent_id=agent_id, url=flood.url,
-                                    card={"name": agent_id, "url": flood.url})
+            services.agent_register(
+                actor=SYSTEM,
+                agent_id=agent_id,
+                url=flood.url,
+                card={"name": agent_id, "url": flood.url},
+            )
         _, token = make_client(["call"])
         auth = {"Authorization": f"Bearer {token}"}
 
         def unrelated() -> None:
-            r = httpx.post(f"{node_b.url}/a2a/other-x", json=rpc(rpc_id="u"), headers=auth,
-                           timeout=5)
+            r = httpx.post(
+                f"{node_b.url}/a2a/other-x", json=rpc(rpc_id="u"), headers=auth, timeout=5
+            )
             assert r.status_code == 200 and r.json().get("result") == "ok", r.text
 
         deadline = time.monotonic() + 10

@@ -20,8 +20,9 @@ HTML = "<html><body>Internal Server Error</body></html>"
 
 
 @pytest.mark.parametrize("method", ["message/send", "message/stream"])
-def test_kubemq_profile_maps_agent_error_statuses(gw: httpx.Client, agent, path_mode, settings,
-                                                  method):
+def test_kubemq_profile_maps_agent_error_statuses(
+    gw: httpx.Client, agent, path_mode, settings, method
+):
     settings.A2A_ERROR_PROFILE = "kubemq"
     register("km-status", agent.url)
     cases = [
@@ -33,9 +34,17 @@ def test_kubemq_profile_maps_agent_error_statuses(gw: httpx.Client, agent, path_
         (504, -32001, "timeout"),
     ]
     for status, code, needle in cases:
-        r = gw.post("/a2a/km-status", json=rpc(method, rpc_id=f"k{status}", mode="status",
-                                               status=status, body=HTML,
-                                               content_type="text/html"))
+        r = gw.post(
+            "/a2a/km-status",
+            json=rpc(
+                method,
+                rpc_id=f"k{status}",
+                mode="status",
+                status=status,
+                body=HTML,
+                content_type="text/html",
+            ),
+        )
         assert r.status_code == 200, (status, r.text)
         assert r.headers["content-type"] == "application/json"
         assert r.headers["x-a2a-agent-status"] == str(status)
@@ -50,8 +59,9 @@ def test_kubemq_profile_maps_agent_error_statuses(gw: httpx.Client, agent, path_
             assert error["data"]["executed"] is True and error["data"]["kind"] == "agent_error"
 
 
-def test_kubemq_profile_relays_json_rpc_answers_and_maps_large_bodies(gw: httpx.Client, agent,
-                                                                      path_mode, settings):
+def test_kubemq_profile_relays_json_rpc_answers_and_maps_large_bodies(
+    gw: httpx.Client, agent, path_mode, settings
+):
     settings.A2A_ERROR_PROFILE = "kubemq"
     register("km-rpc", agent.url)
     app_error = '{"jsonrpc":"2.0","id":5,"error":{"code":-32000,"message":"boom"}}'
@@ -60,8 +70,10 @@ def test_kubemq_profile_relays_json_rpc_answers_and_maps_large_bodies(gw: httpx.
     assert r.headers["x-a2a-executed"] == "true"
     # Larger than the subscriber reads whole (relayed in pieces): mapped all the same.
     big = "x" * (300 * 1024)
-    r = gw.post("/a2a/km-rpc", json=rpc(rpc_id="b", mode="status", status=500, body=big,
-                                        content_type="text/plain"))
+    r = gw.post(
+        "/a2a/km-rpc",
+        json=rpc(rpc_id="b", mode="status", status=500, body=big, content_type="text/plain"),
+    )
     assert r.status_code == 200 and r.json()["error"]["code"] == -32603
     assert "500" in r.json()["error"]["message"] and r.json()["id"] == "b"
     # The gateway keeps working after dropping the rest of that body.
@@ -72,8 +84,10 @@ def test_kubemq_profile_relays_json_rpc_answers_and_maps_large_bodies(gw: httpx.
 def test_a2a_profile_relays_agent_status_and_body(gw: httpx.Client, agent, path_mode):
     register("a2a-status", agent.url)
     for status in (400, 404, 500):
-        r = gw.post("/a2a/a2a-status", json=rpc(mode="status", status=status, body=HTML,
-                                                content_type="text/html"))
+        r = gw.post(
+            "/a2a/a2a-status",
+            json=rpc(mode="status", status=status, body=HTML, content_type="text/html"),
+        )
         assert r.status_code == status and r.text == HTML
         assert r.headers["x-a2a-executed"] == "true"
         assert r.headers["x-a2a-agent-status"] == str(status)
