@@ -26,9 +26,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from django.conf import settings
-from django.core.signals import setting_changed
 
-from gateway.conf import conf
+from gateway import conf
 
 HDR_TAG_PREFIX = "a2a_hdr_"
 #: The header a caller of a credential-passthrough agent authenticates to the gateway with
@@ -152,7 +151,7 @@ def scan_request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
     """
     out = RequestHeaders()
     tags = out.tags
-    caller_name = _caller_header(conf.A2A_CALLER_ID_HEADER)[0]
+    caller_name = _caller_header(conf.active.A2A_CALLER_ID_HEADER)[0]
     connection_tokens: list[str] = []
     for name, value in raw:
         if name in DROPPED_REQUEST_HEADERS:
@@ -203,12 +202,13 @@ def outbound_headers(
     """
     start = len(HDR_TAG_PREFIX)
     headers = {key[start:]: value for key, value in tags.items() if key.startswith(HDR_TAG_PREFIX)}
-    caller_name, caller_tag = _caller_header(conf.A2A_CALLER_ID_HEADER)
+    caller_header = conf.active.A2A_CALLER_ID_HEADER
+    caller_name, caller_tag = _caller_header(caller_header)
     # Defence in depth: the gateway never packs these, but tags may come from other transports.
     headers.pop(caller_tag[start:], None)
     if not passthrough:
         headers.pop("authorization", None)
-    headers[conf.A2A_CALLER_ID_HEADER] = caller_id
+    headers[caller_header] = caller_id
     return headers
 
 
@@ -219,14 +219,12 @@ class _ResponseRules:
     """The dropped response header names and prefixes (built-ins plus the setting), and the
     per-name decisions made so far: name as the agent sent it -> lowercase name, or None."""
 
-    __slots__ = ("names", "prefixes", "plain", "passthrough")
+    __slots__ = ("source", "names", "prefixes", "plain", "passthrough")
 
-    def __init__(self) -> None:
-        extra = [
-            n.strip().lower().encode("latin-1")
-            for n in getattr(settings, "A2A_DROP_RESPONSE_HEADERS", ())
-            if n.strip()
-        ]
+    def __init__(self, extra_names: tuple[str, ...]) -> None:
+        #: The setting's value these rules were built from (``A2A_DROP_RESPONSE_HEADERS``).
+        self.source = extra_names
+        extra = [n.strip().lower().encode("latin-1") for n in extra_names if n.strip()]
         self.names = DROPPED_RESPONSE_HEADERS | {n for n in extra if not n.endswith(b"*")}
         self.prefixes = DROPPED_RESPONSE_PREFIXES + tuple(n[:-1] for n in extra if n.endswith(b"*"))
         self.plain: dict[bytes, bytes | None] = {}
@@ -245,15 +243,26 @@ class _ResponseRules:
         return decision
 
 
-_rules = _ResponseRules()
+_rules = _ResponseRules(conf.active.A2A_DROP_RESPONSE_HEADERS)
 _MISS = b"\x00"
+
+
+def _response_rules() -> _ResponseRules:
+    """The rules of the active settings (rebuilt only when ``A2A_DROP_RESPONSE_HEADERS``
+    changed: a node started with other settings, or a test changed the setting)."""
+    global _rules
+    rules = _rules
+    extra = conf.active.A2A_DROP_RESPONSE_HEADERS
+    if rules.source is not extra:
+        rules = _rules = _ResponseRules(extra)
+    return rules
 
 
 def relayed_response_headers(
     raw: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]], passthrough: bool = False
 ) -> list[tuple[bytes, bytes]]:
     """The agent's response headers to relay to the caller (lowercase names)."""
-    rules = _rules
+    rules = _response_rules()
     cache = rules.passthrough if passthrough else rules.plain
     out = []
     for name, value in raw:
@@ -263,12 +272,3 @@ def relayed_response_headers(
         if lowered is not None:
             out.append((lowered, value))
     return out
-
-
-def _on_setting_changed(*, setting: str, **kwargs) -> None:
-    global _rules
-    if setting == "A2A_DROP_RESPONSE_HEADERS":
-        _rules = _ResponseRules()
-
-
-setting_changed.connect(_on_setting_changed, dispatch_uid="gateway.headers")

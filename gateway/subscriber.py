@@ -23,12 +23,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from django.conf import settings
 
 from gateway import envelope as env
 from gateway import errors, outbound
 from gateway import metrics as m
-from gateway.conf import conf
+from gateway.conf import NodeSettings
 from gateway.headers import outbound_headers, relayed_response_headers
 from gateway.sse import KEEPALIVE, largest_event, split_events
 from registry.events import AgentRoute
@@ -62,7 +61,7 @@ class BrokerSink:
     """
 
     __slots__ = ("layer", "channel", "request_id", "_ack_timer", "_tasks", "window", "sent",
-                 "credited", "_credit_waiter")
+                 "credited", "credit_timeout", "_credit_waiter")
 
     def __init__(self, layer, channel: str, request_id: str, tasks: set[asyncio.Task]) -> None:
         self.layer = layer
@@ -73,6 +72,8 @@ class BrokerSink:
         self.window = 0  # 0: no flow control (sync replies, bounded by the response cap)
         self.sent = 0
         self.credited = 0
+        #: How long a flow-controlled stream waits for credit (set with ``window``).
+        self.credit_timeout = 0.0
         self._credit_waiter: asyncio.Future | None = None
 
     def credit(self, total: int) -> None:
@@ -86,7 +87,7 @@ class BrokerSink:
     async def _wait_credit(self) -> None:
         # Bounded: a gateway that vanished, or credits lost in the broker, end the stream
         # after the gateway's own stall timeout would have (plus its buffer) - never a hang.
-        limit = settings.A2A_SSE_STALL_TIMEOUT_SECONDS + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
+        limit = self.credit_timeout
         try:
             async with asyncio.timeout(limit):
                 while self.sent - self.credited >= self.window:
@@ -134,7 +135,8 @@ def _spawn(tasks: set[asyncio.Task], coro) -> asyncio.Task:
 class VirtualSubscriber:
     """One agent's subscriber on its owning node."""
 
-    def __init__(self, route: AgentRoute, layer) -> None:
+    def __init__(self, route: AgentRoute, layer, settings: NodeSettings) -> None:
+        self.settings = settings
         self.agent_id = route.agent_id
         self.client_id = f"a2a-vsub-{route.agent_id}"
         self.channel = agent_channel(route.agent_id)
@@ -241,6 +243,11 @@ class VirtualSubscriber:
                     sink.window = max(int(tags.get(env.TAG_WINDOW) or 0), 0)  # type: ignore[attr-defined]
                 except ValueError:
                     pass
+                settings = self.settings
+                sink.credit_timeout = (  # type: ignore[attr-defined]
+                    settings.A2A_SSE_STALL_TIMEOUT_SECONDS
+                    + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
+                )
                 self._stream_sinks[request_id] = sink  # type: ignore[assignment]
             task = asyncio.get_running_loop().create_task(self._run_stream(query, sink, request_id))
             self.streams[request_id] = task
@@ -274,10 +281,11 @@ class VirtualSubscriber:
         """
         tags = query["tags"]
         try:
+            settings = self.settings
             try:
-                seconds = float(tags.get(env.TAG_TIMEOUT) or conf.A2A_DEFAULT_TIMEOUT_SECONDS)
+                seconds = float(tags.get(env.TAG_TIMEOUT) or settings.A2A_DEFAULT_TIMEOUT_SECONDS)
             except ValueError:
-                seconds = float(conf.A2A_DEFAULT_TIMEOUT_SECONDS)
+                seconds = float(settings.A2A_DEFAULT_TIMEOUT_SECONDS)
             headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
                                        passthrough=self.route.credential_passthrough)
             client = self._client
@@ -289,7 +297,7 @@ class VirtualSubscriber:
                 try:
                     status = response.status
                     length = response.content_length
-                    cap = conf.A2A_MAX_RESPONSE_BYTES
+                    cap = settings.A2A_MAX_RESPONSE_BYTES
                     if (
                         status in (502, 503, 504)
                         or (length is not None and (length > WHOLE_BODY_BYTES or length > cap))
@@ -325,7 +333,7 @@ class VirtualSubscriber:
         except asyncio.CancelledError:
             if request_id in self._cancel_requested:
                 self._cancel_requested.pop(request_id)
-                if settings.A2A_ERROR_PROFILE == "kubemq":
+                if self.settings.A2A_ERROR_PROFILE == "kubemq":
                     _spawn(self._tasks, self._notify_cancel(tags, query["body"]))
             elif self._stopping:
                 await sink(env.error(request_id, errors.UNREACHABLE, "agent deregistered"))
@@ -345,7 +353,7 @@ class VirtualSubscriber:
         try:
             # No overall timeout for streams; waiting for the agent's first bytes is bounded
             # by the idle timeout, like every later silence.
-            async with asyncio.timeout(settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
+            async with asyncio.timeout(self.settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
                 response = await outbound.client().post(self.route.endpoint, body, headers, None)
         except TimeoutError:
             await sink(env.error(request_id, errors.TIMEOUT))
@@ -381,7 +389,7 @@ class VirtualSubscriber:
             await self._relay_body(response, headers, sink, request_id)
 
     async def _relay_body(self, response, headers: list, sink: Sink, request_id: str) -> None:
-        cap = conf.A2A_MAX_RESPONSE_BYTES
+        cap = self.settings.A2A_MAX_RESPONSE_BYTES
         length = response.content_length
         status = response.status
         if length is not None and length > cap:
@@ -403,6 +411,7 @@ class VirtualSubscriber:
         await sink(env.chunk(request_id, b"", more=False))
 
     async def _relay_events(self, response, headers: list, sink: Sink, request_id: str) -> None:
+        settings = self.settings
         cap = settings.A2A_MAX_RESPONSE_BYTES
         keepalive = settings.A2A_SSE_KEEPALIVE_SECONDS
         idle = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS
