@@ -15,7 +15,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway import runtime
+from gateway import conf, runtime
+from gateway.headers import relayed_response_headers
 from registry.models import Agent
 from tests.conftest import make_client
 from tests.gateway import test_proxy as proxy
@@ -249,6 +250,25 @@ def test_the_dropped_list_is_extended_by_a_setting(live_server_url, hagent, toke
         json=rpc(headers=[["X-Powered-By", "php"]]),
     )
     assert r.headers["x-powered-by"] == "php"
+
+
+def test_the_dropped_list_follows_the_started_nodes_settings():
+    """A node started with its own settings object (no Django setting changed) brings its
+    A2A_DROP_RESPONSE_HEADERS to the response rules, like every other gateway setting."""
+    previous = conf.active
+    node_settings = previous.but(A2A_DROP_RESPONSE_HEADERS=["X-Internal", "X-Trace-*"])
+    assert node_settings.A2A_DROP_RESPONSE_HEADERS == ("X-Internal", "X-Trace-*")
+    raw = [(b"X-Internal", b"1"), (b"X-Trace-Id", b"2"), (b"X-Kept", b"3")]
+    try:
+        conf.activate(node_settings)
+        assert relayed_response_headers(raw) == [(b"x-kept", b"3")]
+    finally:
+        conf.activate(previous)
+    assert relayed_response_headers(raw) == [
+        (b"x-internal", b"1"),
+        (b"x-trace-id", b"2"),
+        (b"x-kept", b"3"),
+    ]
 
 
 # --- 10.17: credential passthrough ------------------------------------------------------------
