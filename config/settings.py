@@ -251,6 +251,14 @@ A2A_MAX_REQUEST_BYTES = env_int("A2A_MAX_REQUEST_BYTES", 10 * 1024 * 1024, minim
 A2A_MAX_RESPONSE_BYTES = env_int("A2A_MAX_RESPONSE_BYTES", 10 * 1024 * 1024, minimum=1)
 A2A_SSE_KEEPALIVE_SECONDS = env_float("A2A_SSE_KEEPALIVE_SECONDS", 30, minimum=0.05)
 A2A_SSE_IDLE_TIMEOUT_SECONDS = env_float("A2A_SSE_IDLE_TIMEOUT_SECONDS", 300, minimum=0.1)
+# Backpressure of relayed streams: at most this many bytes wait for a caller per stream (then
+# the agent is no longer read); a caller that reads nothing for the stall timeout while data
+# waits gets a terminal error event and the stream is freed.
+A2A_SSE_BUFFER_BYTES = env_int("A2A_SSE_BUFFER_BYTES", 1024 * 1024, minimum=4096)
+A2A_SSE_STALL_TIMEOUT_SECONDS = env_float("A2A_SSE_STALL_TIMEOUT_SECONDS", 60, minimum=0.05)
+# Extra agent response header names never relayed to callers (comma-separated; a trailing "*"
+# matches a prefix), on top of gateway.headers.DROPPED_RESPONSE_HEADERS.
+A2A_DROP_RESPONSE_HEADERS = env_list("A2A_DROP_RESPONSE_HEADERS")
 A2A_AGENT_URL_ALLOWLIST = env_list("A2A_AGENT_URL_ALLOWLIST")
 # PEM bundle of extra CAs trusted for https agents (besides the system store). Empty: none.
 A2A_OUTBOUND_CA_FILE = env_str("A2A_OUTBOUND_CA_FILE", "")

@@ -47,6 +47,12 @@ STREAMING_METHODS = frozenset(
     {"message/stream", "tasks/resubscribe", "SendStreamingMessage", "SubscribeToTask"}
 )
 CANCEL_METHOD = "stream_cancel"
+#: Stream flow control through the broker: a Query's ``a2a_window`` tag is how many body bytes
+#: the owner may send ahead of what the caller has read; ``stream_credit`` messages (tags
+#: ``a2a_stream_id`` and ``a2a_credit``: cumulative bytes delivered to the caller) move it on.
+CREDIT_METHOD = "stream_credit"
+TAG_WINDOW = "a2a_window"
+TAG_CREDIT = "a2a_credit"
 
 
 def query(body: bytes, tags: dict[str, str]) -> dict[str, Any]:

@@ -119,6 +119,10 @@ class CallTrace:
             self.response_bytes += len(message.get("body") or b"")
         await self._send(message)
 
+    def flow_controlled(self, wrap) -> None:
+        """Apply the stream relay's flow control to the server's own ``send`` beneath."""
+        self._send = wrap(self._send)
+
     def end(self, outcome: str) -> None:
         span = self.span
         attributes: dict[str, Any] = {

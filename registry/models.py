@@ -55,6 +55,11 @@ class Agent(models.Model):
     last_seen = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     node_id = models.CharField(max_length=200, blank=True, help_text="The owning node.")
+    credential_passthrough = models.BooleanField(
+        default=False,
+        help_text="The caller's Authorization reaches the agent unchanged (agents with their own "
+        "securitySchemes); callers authenticate to the gateway with X-Gateway-Authorization.",
+    )
     owner = models.ForeignKey(
         "registry.ApiClient", null=True, blank=True, on_delete=models.SET_NULL,
         related_name="agents",
