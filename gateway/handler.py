@@ -92,7 +92,10 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
     cap = conf.A2A_MAX_REQUEST_BYTES
     if headers.content_length is not None and headers.content_length > cap:
         await _error(send, errors.REQUEST_TOO_LARGE, None, None,
-                     f"request body larger than {cap} bytes")
+                     f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
+        return
+    # Authenticate before reading the body: an unknown caller never gets to upload one.
+    if not await _authenticated(headers.authorization, send, agent_id):
         return
     try:
         body = await _read_body(receive, cap)
@@ -100,7 +103,7 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
         return
     if body is None:
         await _error(send, errors.REQUEST_TOO_LARGE, None, None,
-                     f"request body larger than {cap} bytes")
+                     f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
         return
     if b"json" not in headers.content_type.lower():
         await _error(send, errors.PARSE_ERROR, None, None, "Content-Type must be application/json")
@@ -201,6 +204,24 @@ async def _admit_to_agent(scope, send, authorization, rpc_id, agent_id):
         await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id)
         return None
     return node, caller, route
+
+
+async def _authenticated(authorization, send, agent_id: str) -> bool:
+    """Whether the caller authenticates (answered 401 if not), checked before the body is
+    read; ``_admit`` repeats it from the token cache with the request's id."""
+    node = runtime._node or await runtime.ensure_node()
+    try:
+        actor = await node.tokens.actor(authorization)
+    except AuthFailed as exc:
+        detail = str(exc)
+    else:
+        if actor is not None:
+            return True
+        detail = UNAUTHENTICATED_MESSAGE
+    # Connection: close, so the server stops reading (and discarding) the unread body.
+    await _error(send, errors.UNAUTHENTICATED, None, agent_id, detail,
+                 extra=[(b"www-authenticate", b'Bearer realm="a2a"'), (b"connection", b"close")])
+    return False
 
 
 async def _admit(node, scope, send, authorization, rpc_id, agent_id) -> str | None:

@@ -1,0 +1,286 @@
+"""The two HTTP servers a node runs under, with the same connection and body limits.
+
+Both uvicorn (httptools) and Daphne (Twisted) are configured here by ``manage.py serve``:
+
+- **Body caps before reading**: a request announcing a ``Content-Length`` above its route's cap
+  (``A2A_MAX_REQUEST_BYTES`` under ``/a2a/``, ``A2A_MAX_API_BODY_BYTES`` elsewhere) is answered
+  413 as soon as its headers are in, without waiting for a byte of the body; a chunked body is
+  cut at the cap. Under uvicorn the gateway and :mod:`config.edge` enforce this (uvicorn hands
+  the body over as it arrives, with backpressure); Daphne's Twisted channel would spool the
+  whole body to disk before the application runs, so its request class enforces it instead.
+- **Header timeout** (``A2A_HTTP_HEADER_TIMEOUT_SECONDS``): a connection that has not sent a
+  complete request head this long after connecting, or after starting its next request, is
+  answered 408 and closed, however slowly it drips bytes (idle timers reset on every byte).
+- **Keep-alive timeout** (``A2A_HTTP_KEEPALIVE_SECONDS``): an idle connection between requests
+  is closed after this long.
+- **Connection limit** (``A2A_HTTP_MAX_CONNECTIONS``): connections beyond it are answered 503
+  and closed at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from dataclasses import dataclass
+
+import orjson
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    header_timeout: float
+    keepalive: float
+    max_connections: int
+    a2a_body_bytes: int
+    api_body_bytes: int
+
+    @classmethod
+    def from_settings(cls) -> ServerLimits:
+        return cls(
+            header_timeout=settings.A2A_HTTP_HEADER_TIMEOUT_SECONDS,
+            keepalive=settings.A2A_HTTP_KEEPALIVE_SECONDS,
+            max_connections=settings.A2A_HTTP_MAX_CONNECTIONS,
+            a2a_body_bytes=settings.A2A_MAX_REQUEST_BYTES,
+            api_body_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+        )
+
+    def body_cap(self, path: bytes | str) -> int:
+        prefix = b"/a2a/" if isinstance(path, bytes) else "/a2a/"
+        return self.a2a_body_bytes if path.startswith(prefix) else self.api_body_bytes
+
+
+class PortInUse(Exception):
+    """The port is taken by another process."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, bound before anything says "serving".
+
+    Binding here (not inside the server) turns a busy port into one clear error at once, and
+    hands both servers the same socket.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(f"port {port} is in use on {host}") from None
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _raw_response(status: int, reason: str, body: bytes, *, a2a: bool) -> bytes:
+    headers = [
+        f"HTTP/1.1 {status} {reason}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if a2a:
+        headers.append("X-A2A-Executed: false")
+    return ("\r\n".join(headers) + "\r\n\r\n").encode() + body
+
+
+def too_large_response(path: bytes, cap: int) -> bytes:
+    """The 413 answer for an over-cap body, in the route's error shape."""
+    detail = f"request body larger than {cap} bytes"
+    if path.startswith(b"/a2a/"):
+        from gateway import errors
+
+        body = errors.error_body(errors.REQUEST_TOO_LARGE, agent_id=None, detail=detail)
+        return _raw_response(413, "Content Too Large", body, a2a=True)
+    return _raw_response(413, "Content Too Large", orjson.dumps({"error": detail}), a2a=False)
+
+
+TIMEOUT_RESPONSE = _raw_response(
+    408, "Request Timeout", b'{"error": "request headers not received in time"}', a2a=False
+)
+BUSY_RESPONSE = _raw_response(
+    503, "Service Unavailable", b'{"error": "too many connections"}', a2a=False
+)
+
+
+# --- uvicorn -----------------------------------------------------------------------------------
+
+
+def uvicorn_protocol(limits: ServerLimits):
+    """uvicorn's httptools protocol with a header deadline and a connection limit."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class LimitedHttpToolsProtocol(HttpToolsProtocol):
+        _head_deadline = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                transport.write(BUSY_RESPONSE)
+                transport.close()
+                return
+            self._arm_head_deadline()
+
+        def _arm_head_deadline(self) -> None:
+            self._head_deadline = self.loop.call_later(limits.header_timeout, self._head_late)
+
+        def _head_late(self) -> None:
+            self._head_deadline = None
+            if not self.transport.is_closing():
+                self.transport.write(TIMEOUT_RESPONSE)
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            # The first bytes of a next request on a kept-alive connection start its deadline.
+            if self._head_deadline is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm_head_deadline()
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+            super().connection_lost(exc)
+
+    return LimitedHttpToolsProtocol
+
+
+# --- Daphne (Twisted) --------------------------------------------------------------------------
+
+
+def daphne_factory_class(limits: ServerLimits):
+    """Daphne's HTTP factory with body caps, a header deadline, keep-alive and a connection
+    limit. ``daphne.server.Server.run`` builds its factory from the module attribute this
+    replaces (see :func:`run_daphne`)."""
+    from daphne.http_protocol import HTTPFactory, WebRequest
+    from twisted.web import http
+
+    class LimitedWebRequest(WebRequest):
+        _refused = False
+
+        def gotLength(self, length) -> None:  # noqa: N802 (Twisted's name)
+            channel = self.channel
+            channel.edge_head_complete()
+            path = channel._path or b"/"
+            self._cap = limits.body_cap(path)
+            self._size = 0
+            if length is not None and length > self._cap:
+                self._refuse(too_large_response(path, self._cap))
+                return
+            super().gotLength(length)
+
+        def handleContentChunk(self, data: bytes) -> None:  # noqa: N802
+            if self._refused:
+                return
+            self._size += len(data)
+            if self._size > self._cap:
+                self._refuse(too_large_response(self.channel._path or b"/", self._cap))
+                return
+            super().handleContentChunk(data)
+
+        def _refuse(self, response: bytes) -> None:
+            # Answer now and read nothing more: no 100-continue, no body, no application.
+            self._refused = True
+            self.requestHeaders.removeHeader(b"expect")
+            self.content = _Discard()
+            transport = self.channel.transport
+            transport.write(response)
+            transport.loseConnection()
+
+        def process(self):
+            if self._refused:
+                return None
+            return super().process()
+
+    class LimitedChannel(http.HTTPChannel):
+        _head_deadline = None
+
+        def connectionMade(self) -> None:  # noqa: N802
+            super().connectionMade()
+            self._arm_head_deadline()
+
+        def _arm_head_deadline(self) -> None:
+            self._head_deadline = self.callLater(limits.header_timeout, self._head_late)
+
+        def _head_late(self) -> None:
+            self._head_deadline = None
+            if not self._handlingRequest and self.transport is not None:
+                self.transport.write(TIMEOUT_RESPONSE)
+                self.transport.loseConnection()
+
+        def lineReceived(self, line: bytes) -> None:  # noqa: N802
+            if self._head_deadline is None and not self._handlingRequest:
+                self._arm_head_deadline()
+            super().lineReceived(line)
+
+        def edge_head_complete(self) -> None:
+            if self._head_deadline is not None:
+                if self._head_deadline.active():
+                    self._head_deadline.cancel()
+                self._head_deadline = None
+
+        def connectionLost(self, reason) -> None:  # noqa: N802
+            self.edge_head_complete()
+            self.factory.edge_connections -= 1
+            super().connectionLost(reason)
+
+    class LimitedFactory(HTTPFactory):
+        def __init__(self, server) -> None:
+            super().__init__(server)
+            # Twisted's idle timer: armed while reading a request and between requests, paused
+            # while the application answers (so long streams are not cut).
+            self.timeOut = limits.keepalive
+            self.edge_connections = 0
+
+        def protocol(self):
+            return http._GenericHTTPChannelProtocol(LimitedChannel())
+
+        def buildProtocol(self, addr):  # noqa: N802
+            if self.edge_connections >= limits.max_connections:
+                return _Refuser()
+            protocol = super().buildProtocol(addr)
+            protocol.requestFactory = LimitedWebRequest
+            self.edge_connections += 1
+            return protocol
+
+    return LimitedFactory
+
+
+class _Discard:
+    """A request content sink that keeps nothing (a refused request's body)."""
+
+    def write(self, data: bytes) -> None:
+        return None
+
+    def seek(self, *args) -> int:
+        return 0
+
+    def read(self, *args) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        return None
+
+
+def _refuser_class():
+    from twisted.internet.protocol import Protocol
+
+    class Refuser(Protocol):
+        def connectionMade(self) -> None:  # noqa: N802
+            self.transport.write(BUSY_RESPONSE)
+            self.transport.loseConnection()
+
+    return Refuser
+
+
+def _Refuser():  # noqa: N802
+    return _refuser_class()()
