@@ -13,7 +13,7 @@ from django.conf import settings
 
 
 def _too_large(cap: int) -> tuple[dict, dict]:
-    body = orjson.dumps({"error": f"request body larger than {cap} bytes"})
+    body = orjson.dumps({"error": f"request body too large: the limit is {cap} bytes"})
     start = {
         "type": "http.response.start",
         "status": 413,

@@ -95,7 +95,8 @@ def too_large_response(path: bytes, cap: int) -> bytes:
 
         body = errors.error_body(errors.REQUEST_TOO_LARGE, agent_id=None, detail=detail)
         return _raw_response(413, "Content Too Large", body, a2a=True)
-    return _raw_response(413, "Content Too Large", orjson.dumps({"error": detail}), a2a=False)
+    body = orjson.dumps({"error": f"request body too large: the limit is {cap} bytes"})
+    return _raw_response(413, "Content Too Large", body, a2a=False)
 
 
 TIMEOUT_RESPONSE = _raw_response(

@@ -201,7 +201,9 @@ async def _admit_to_agent(scope, send, authorization, rpc_id, agent_id):
         return None
     route = node.table.get(agent_id)
     if route is None:
-        await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id)
+        expired = node.table.expired_at(agent_id)
+        await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id,
+                     errors.expired_detail(expired) if expired is not None else "")
         return None
     return node, caller, route
 

@@ -175,6 +175,11 @@ async def metrics_app(scope, receive, send) -> None:
                     "headers": [(b"allow", b"GET, HEAD"), (b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
         return
+    from gateway import access  # here: access imports runtime, which imports this module
+
+    if not await access.metrics_allowed(scope):
+        await access.refuse(send)
+        return
     body = generate_latest(REGISTRY)
     await send({
         "type": "http.response.start",

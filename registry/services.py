@@ -25,6 +25,7 @@ from registry.ids import agent_id_error
 from registry.models import Agent, ApiClient, CardVersion, Node
 from registry.netcheck import UnsafeUrl, check_agent_url
 from registry.permissions import ALL_SCOPES, SCOPE_REGISTER, Actor, PermissionDenied
+from registry.quotas import check_agent_quota
 from registry.selectors import agent_route
 
 logger = logging.getLogger(__name__)
@@ -196,6 +197,8 @@ def agent_register(
     concurrency = _check_concurrency(max_concurrency)
     existing = Agent.objects.filter(agent_id=agent_id).first()
     _authorize_register(actor, agent_id, existing)
+    if existing is None:
+        check_agent_quota(actor)
     parsed = _resolve_card(url=url, card=card, strict=strict)
     now = timezone.now()
     fields = {

@@ -163,7 +163,7 @@ def test_oversized_card_and_body(api: httpx.Client):
         content=b'{"agent_id": "' + b"a" * (2 * 1024 * 1024) + b'"}',
         headers={"Content-Type": "application/json"},
     )
-    assert r.status_code == 413 and r.json()["error"] == "request body too large"
+    assert r.status_code == 413 and r.json()["error"].startswith("request body too large")
     assert Agent.objects.count() == 0
 
 
