@@ -12,19 +12,23 @@ Both uvicorn (httptools) and Daphne (Twisted) are configured here by ``manage.py
   complete request head this long after connecting, or after starting its next request, is
   answered 408 and closed, however slowly it drips bytes (idle timers reset on every byte).
 - **Keep-alive timeout** (``A2A_HTTP_KEEPALIVE_SECONDS``): an idle connection between requests
-  is closed after this long.
+  is closed after this long, and so is one whose request body stops arriving for this long.
 - **Connection limit** (``A2A_HTTP_MAX_CONNECTIONS``): connections beyond it are answered 503
   and closed at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import logging
 import socket
 from dataclasses import dataclass
 
 import orjson
 from django.conf import settings
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,12 @@ class ServerLimits:
     def body_cap(self, path: bytes | str) -> int:
         prefix = b"/a2a/" if isinstance(path, bytes) else "/a2a/"
         return self.a2a_body_bytes if path.startswith(prefix) else self.api_body_bytes
+
+
+#: Under Daphne, gateway bodies above this (or chunked) wait for authentication before they are
+#: read. Smaller ones arrive with their headers anyway (one socket read), so the hot path of
+#: small calls skips the extra step; the gateway authenticates them before parsing.
+AUTH_FIRST_ABOVE_BYTES = 64 * 1024
 
 
 class PortInUse(Exception):
@@ -99,6 +109,27 @@ def too_large_response(path: bytes, cap: int) -> bytes:
     return _raw_response(413, "Content Too Large", body, a2a=False)
 
 
+async def unauthenticated_response(path: bytes, authorization: str | None) -> bytes | None:
+    """The gateway's 401 for a caller that does not authenticate, or None if it does."""
+    from gateway import errors, runtime
+    from registry.auth import UNAUTHENTICATED_MESSAGE
+    from registry.token_cache import AuthFailed
+
+    node = runtime.current_node() or await runtime.ensure_node()
+    try:
+        actor = await node.tokens.actor(authorization)
+    except AuthFailed as exc:
+        detail = str(exc)
+    else:
+        if actor is not None:
+            return None
+        detail = UNAUTHENTICATED_MESSAGE
+    agent_id = path[5:].split(b"/", 1)[0].decode("latin-1")
+    body = errors.error_body(errors.UNAUTHENTICATED, agent_id=agent_id, detail=detail)
+    response = _raw_response(401, "Unauthorized", body, a2a=True)
+    return response.replace(b"\r\n\r\n", b'\r\nWWW-Authenticate: Bearer realm="a2a"\r\n\r\n', 1)
+
+
 TIMEOUT_RESPONSE = _raw_response(
     408, "Request Timeout", b'{"error": "request headers not received in time"}', a2a=False
 )
@@ -111,11 +142,33 @@ BUSY_RESPONSE = _raw_response(
 
 
 def uvicorn_protocol(limits: ServerLimits):
-    """uvicorn's httptools protocol with a header deadline and a connection limit."""
+    """uvicorn's httptools protocol with a header deadline, a body idle timeout and a connection
+    limit."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    sweeping: set = set()  # the loop whose sweeper runs (one per server process)
+
+    async def sweep(connections: set) -> None:
+        """Close connections whose request body stopped arriving (uvicorn has no timer there;
+        Twisted's idle timer does the same under Daphne). One pass a second, no per-request
+        timer on the hot path."""
+        while True:
+            await asyncio.sleep(min(1.0, limits.keepalive))
+            now = asyncio.get_running_loop().time()
+            for protocol in list(connections):
+                cycle = protocol.cycle
+                if (
+                    cycle is not None
+                    and cycle.more_body
+                    and not cycle.response_complete
+                    and now - protocol.last_data > limits.keepalive
+                    and not protocol.transport.is_closing()
+                ):
+                    protocol.transport.close()
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         _head_deadline = None
+        last_data = 0.0
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -123,6 +176,9 @@ def uvicorn_protocol(limits: ServerLimits):
                 transport.write(BUSY_RESPONSE)
                 transport.close()
                 return
+            if self.loop not in sweeping:
+                sweeping.add(self.loop)
+                self.loop.create_task(sweep(self.connections))
             self._arm_head_deadline()
 
         def _arm_head_deadline(self) -> None:
@@ -135,6 +191,7 @@ def uvicorn_protocol(limits: ServerLimits):
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
+            self.last_data = self.loop.time()
             # The first bytes of a next request on a kept-alive connection start its deadline.
             if self._head_deadline is None and (self.cycle is None or self.cycle.response_complete):
                 self._arm_head_deadline()
@@ -167,24 +224,62 @@ def daphne_factory_class(limits: ServerLimits):
 
     class LimitedWebRequest(WebRequest):
         _refused = False
+        _processing = False
+        _auth_pending = False
+        _expect_continue = False
 
         def gotLength(self, length) -> None:  # noqa: N802 (Twisted's name)
             channel = self.channel
             channel.edge_head_complete()
-            path = channel._path or b"/"
+            path = self._edge_path = channel._path or b"/"
+            self._edge_version = channel._version
             self._cap = limits.body_cap(path)
             self._size = 0
             if length is not None and length > self._cap:
                 self._refuse(too_large_response(path, self._cap))
                 return
             super().gotLength(length)
+            if (
+                (length is None or length > AUTH_FIRST_ABOVE_BYTES)
+                and channel._command == b"POST"
+                and path.startswith(b"/a2a/")
+            ):
+                self._authenticate_first()
+
+        def _authenticate_first(self) -> None:
+            """Stop reading until the caller is authenticated: an unknown caller gets 401
+            without its body being read (what the gateway does itself under uvicorn)."""
+            self._auth_pending = True
+            self._expect_continue = bool(self.requestHeaders.getRawHeaders(b"expect"))
+            self.requestHeaders.removeHeader(b"expect")  # no 100-continue before the answer
+            self.channel._networkProducer.pauseProducing()
+            authorization = self.requestHeaders.getRawHeaders(b"authorization", [None])[0]
+            asyncio.ensure_future(self._authenticated(authorization))
+
+        async def _authenticated(self, authorization: bytes | None) -> None:
+            try:
+                refusal = await unauthenticated_response(
+                    self._edge_path, authorization.decode("latin-1") if authorization else None
+                )
+            except Exception:  # e.g. the database is down: let the gateway answer it
+                logger.exception("authenticating before the body failed")
+                refusal = None
+            self._auth_pending = False
+            if self._refused or self._processing or getattr(self, "_disconnected", False):
+                return  # the whole body had arrived: the gateway answers it itself
+            if refusal is not None:
+                self._refuse(refusal)
+                return
+            if self._expect_continue and self._edge_version == b"HTTP/1.1":
+                self.channel.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.channel._networkProducer.resumeProducing()
 
         def handleContentChunk(self, data: bytes) -> None:  # noqa: N802
             if self._refused:
                 return
             self._size += len(data)
             if self._size > self._cap:
-                self._refuse(too_large_response(self.channel._path or b"/", self._cap))
+                self._refuse(too_large_response(self._edge_path, self._cap))
                 return
             super().handleContentChunk(data)
 
@@ -200,6 +295,7 @@ def daphne_factory_class(limits: ServerLimits):
         def process(self):
             if self._refused:
                 return None
+            self._processing = True
             return super().process()
 
     class LimitedChannel(http.HTTPChannel):

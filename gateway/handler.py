@@ -41,6 +41,9 @@ EXECUTED_TRUE = (b"x-a2a-executed", b"true")
 #: How long a Query sent through the broker may go without any sign of life from the
 #: subscriber (a reply or an ack) before the gateway answers `unreachable`.
 ACK_TIMEOUT_SECONDS = 3.0
+#: Bodies above this (or chunked) wait for authentication before they are read (the same
+#: threshold as Daphne's, config.servers.AUTH_FIRST_ABOVE_BYTES).
+AUTH_FIRST_ABOVE_BYTES = 64 * 1024
 _CARD_PATHS = (".well-known/agent-card.json", ".well-known/agent.json")
 _request_ids = itertools.count(1)
 _ORIGIN = ORIGIN[:12]  # request ids are unique per process and across nodes
@@ -94,8 +97,10 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
         await _error(send, errors.REQUEST_TOO_LARGE, None, None,
                      f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
         return
-    # Authenticate before reading the body: an unknown caller never gets to upload one.
-    if not await _authenticated(headers.authorization, send, agent_id):
+    # Authenticate before reading a large (or chunked) body: an unknown caller never gets to
+    # upload one. A small body is read first so a refusal can carry the caller's id.
+    if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
+            and not await _authenticated(headers.authorization, send, agent_id):
         return
     try:
         body = await _read_body(receive, cap)
