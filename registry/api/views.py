@@ -13,6 +13,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from registry import selectors, services, visibility
+from registry.api.parsers import RawJSONParser, raw_member
 from registry.api.serializers import (
     AgentOutput,
     AgentRegisterInput,
@@ -49,6 +50,15 @@ def require_json_body(request) -> None:
         )
 
 
+def _with_raw_card(request, validated: dict) -> dict:
+    """The card as the bytes the client sent (stored byte-exact), not re-serialized."""
+    if isinstance(validated.get("card"), dict):
+        raw = raw_member(request, "card")
+        if raw is not None:
+            return {**validated, "card": raw}
+    return validated
+
+
 class AgentFilter(django_filters.FilterSet):
     tag = django_filters.CharFilter(method="_filter")
     skill = django_filters.CharFilter(method="_filter")
@@ -70,6 +80,7 @@ class AgentFilter(django_filters.FilterSet):
 class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Agents: register (POST), list, read, update (PATCH), deregister (DELETE)."""
 
+    parser_classes = [RawJSONParser]
     lookup_field = "agent_id"
     lookup_value_regex = "[^/]+"
     serializer_class = AgentOutput
@@ -84,7 +95,7 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         data = AgentRegisterInput(data=request.data)
         data.is_valid(raise_exception=True)
         agent, created = services.agent_register(
-            actor=request_actor(request), **data.validated_data
+            actor=request_actor(request), **_with_raw_card(request, data.validated_data)
         )
         return Response(
             AgentOutput(agent).data,
@@ -97,7 +108,8 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         data = AgentUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         agent = services.agent_update(
-            actor=request_actor(request), agent_id=agent_id, **data.validated_data
+            actor=request_actor(request), agent_id=agent_id,
+            **_with_raw_card(request, data.validated_data),
         )
         return Response(AgentOutput(agent).data)
 
