@@ -15,5 +15,5 @@ from config.node import lifespan_app  # noqa: E402
 from gateway.routing import http_application  # noqa: E402
 
 application = ProtocolTypeRouter(
-    {"http": http_application(limit_body(django_asgi_app)), "lifespan": lifespan_app}
+    {"http": limit_body(http_application(django_asgi_app)), "lifespan": lifespan_app}
 )

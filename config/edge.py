@@ -1,9 +1,10 @@
-"""Body limits for requests that go to Django, enforced before Django reads the body.
+"""Body limits for everything but the gateway, enforced before the body is read.
 
 Django's ASGI handler reads a whole request body (spooling it to a temporary file) before any
-view or ``DATA_UPLOAD_MAX_MEMORY_SIZE`` check runs. This wrapper answers 413 at once when the
-announced ``Content-Length`` is above ``A2A_MAX_API_BODY_BYTES``, and cuts a chunked body at
-that size (413, and Django sees the client leave). The ``/a2a/`` gateway enforces its own cap.
+view or ``DATA_UPLOAD_MAX_MEMORY_SIZE`` check runs, and the heartbeat fast path reads a body to
+its end. This wrapper answers 413 at once when the announced ``Content-Length`` is above
+``A2A_MAX_API_BODY_BYTES``, and cuts a chunked body at that size (413, and the application
+sees the client leave). The ``/a2a/`` gateway enforces its own cap.
 """
 
 from __future__ import annotations
@@ -27,13 +28,18 @@ def _too_large(cap: int) -> tuple[dict, dict]:
 
 
 def limit_body(app):
-    """Wrap a Django ASGI application with the API body cap."""
+    """Wrap the node's HTTP application with the API body cap (``/a2a/`` passes untouched: the
+    gateway reads, caps and authenticates its own bodies on the hot path)."""
     cap = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
+    def router(scope, receive, send):
+        # Returns the app's coroutine itself for paths without a body to guard: no extra
+        # coroutine level on the gateway's hot path.
+        if scope["path"].startswith("/a2a/") or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return app(scope, receive, send)
+        return guarded(scope, receive, send)
+
     async def guarded(scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
-            await app(scope, receive, send)
-            return
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
@@ -70,4 +76,5 @@ def limit_body(app):
 
         await app(scope, capped_receive, guarded_send)
 
-    return guarded
+    router._asgi_single_callable = True  # type: ignore[attr-defined]  (for Channels)
+    return router

@@ -185,7 +185,8 @@ def _chunked_upload(sock: socket.socket, total: int) -> tuple[int, bytes]:
         return sent, b""
 
 
-@pytest.mark.parametrize("path", ["/a2a/echo", "/api/v1/agents"])
+@pytest.mark.parametrize("path", ["/a2a/echo", "/api/v1/agents", "/api/v1/agents/x/heartbeat",
+                                  "/agents/heartbeat"])
 def test_chunked_upload_is_cut_at_the_cap_without_growing_the_server(node, path):
     rss_before = node.rss_kib()
     sock = node.connect()
