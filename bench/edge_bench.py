@@ -49,8 +49,9 @@ async def _open(port: int, count: int) -> list[tuple[asyncio.StreamReader, async
 
 
 def _still_open(conns) -> int:
-    return sum(1 for reader, writer in conns if not reader.at_eof()
-               and not writer.transport.is_closing())
+    return sum(
+        1 for reader, writer in conns if not reader.at_eof() and not writer.transport.is_closing()
+    )
 
 
 async def _drain(conns) -> None:
@@ -75,8 +76,10 @@ async def _drip(conns, stop: asyncio.Event) -> None:
 async def _announce(port: int) -> float:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     started = time.perf_counter()
-    writer.write(b"POST /a2a/x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {CAP + 1}\r\n\r\n".encode())
+    writer.write(
+        b"POST /a2a/x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {CAP + 1}\r\n\r\n".encode()
+    )
     line = await asyncio.wait_for(reader.readline(), timeout=30)
     elapsed = time.perf_counter() - started
     writer.close()
@@ -86,8 +89,10 @@ async def _announce(port: int) -> float:
 
 async def _upload(port: int, mib: int) -> int:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /a2a/x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 b"Transfer-Encoding: chunked\r\n\r\n")
+    writer.write(
+        b"POST /a2a/x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
     chunk = b"x" * 65536
     frame = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
     sent = 0
@@ -120,8 +125,9 @@ async def measure(port: int, pid: int, args) -> dict:
         await asyncio.sleep(max(0.0, at - (time.monotonic() - started)))
         await _drain(idle)
         await _drain(drip)
-        checkpoints.append({"seconds": at, "idle_open": _still_open(idle),
-                            "drip_open": _still_open(drip)})
+        checkpoints.append(
+            {"seconds": at, "idle_open": _still_open(idle), "drip_open": _still_open(drip)}
+        )
     stop.set()
     await dripper
     for _, writer in idle + drip:
@@ -162,9 +168,11 @@ def main() -> None:
             print(f"{server:<8} {cp['seconds']:>6} {cp['idle_open']:>10} {cp['drip_open']:>10}")
     for server in args.servers.split(","):
         r = report[server]
-        print(f"{server}: opened {r['opened']}, Content-Length cap+1 -> 413 in "
-              f"{r['announce_to_413_ms']} ms; unauthenticated uploads sent "
-              f"{r['upload_sent_mib']} MiB before the answer; RSS growth {r['rss_growth_mib']} MiB")
+        print(
+            f"{server}: opened {r['opened']}, Content-Length cap+1 -> 413 in "
+            f"{r['announce_to_413_ms']} ms; unauthenticated uploads sent "
+            f"{r['upload_sent_mib']} MiB before the answer; RSS growth {r['rss_growth_mib']} MiB"
+        )
     print(write_results("edge", report))
 
 

@@ -48,9 +48,15 @@ async def metrics_allowed(scope) -> bool:
 
 
 async def refuse(send) -> None:
-    await send({"type": "http.response.start", "status": 401, "headers": [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(UNAUTHORIZED)).encode()),
-        (b"www-authenticate", b'Bearer realm="metrics"'),
-    ]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(UNAUTHORIZED)).encode()),
+                (b"www-authenticate", b'Bearer realm="metrics"'),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": UNAUTHORIZED})

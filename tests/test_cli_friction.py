@@ -19,13 +19,16 @@ from tests.test_serve import ROOT, _env, _manage
 
 
 def _python(env: dict[str, str], code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
-SHOW = ("import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings');"
-        "django.setup(); from django.conf import settings as s;"
-        "print(s.ALLOWED_HOSTS, s.A2A_METRICS_REQUIRE_TOKEN)")
+SHOW = (
+    "import django, os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings');"
+    "django.setup(); from django.conf import settings as s;"
+    "print(s.ALLOWED_HOSTS, s.A2A_METRICS_REQUIRE_TOKEN)"
+)
 
 
 def test_allowed_hosts_defaults_and_the_startup_error(tmp_path):
@@ -34,8 +37,9 @@ def test_allowed_hosts_defaults_and_the_startup_error(tmp_path):
     # Embedded: loopback only (scripts/run.sh serves 127.0.0.1), metrics open.
     assert "'127.0.0.1'" in embedded.stdout and "'*'" not in embedded.stdout
     assert embedded.stdout.strip().endswith("False")
-    distributed = _env(tmp_path, REDIS_URL="redis://127.0.0.1:1/0", SECRET_KEY="x",
-                       A2A_TESTING="false")
+    distributed = _env(
+        tmp_path, REDIS_URL="redis://127.0.0.1:1/0", SECRET_KEY="x", A2A_TESTING="false"
+    )
     result = _manage(distributed, "check", check=False)
     assert result.returncode != 0
     assert "ALLOWED_HOSTS must be set in distributed mode" in result.stderr.strip().splitlines()[-1]
@@ -48,9 +52,14 @@ def test_allowed_hosts_defaults_and_the_startup_error(tmp_path):
 
 def test_missing_database_fails_fast_with_the_cause_last(tmp_path, postgres_url):
     base = postgres_url.rsplit("/", 1)[0]
-    env = _env(tmp_path, DATABASE_URL=f"{base}/a2a_no_such_db_{free_port()}",
-               REDIS_URL="redis://127.0.0.1:1/0", SECRET_KEY="x", ALLOWED_HOSTS="127.0.0.1",
-               A2A_TESTING="false")
+    env = _env(
+        tmp_path,
+        DATABASE_URL=f"{base}/a2a_no_such_db_{free_port()}",
+        REDIS_URL="redis://127.0.0.1:1/0",
+        SECRET_KEY="x",
+        ALLOWED_HOSTS="127.0.0.1",
+        A2A_TESTING="false",
+    )
     started = time.monotonic()
     result = _manage(env, "serve", "--port", str(free_port()), check=False)
     assert result.returncode != 0
@@ -67,8 +76,9 @@ def test_discover_help_names_the_config_variable_and_a_broken_file_fails(tmp_pat
     assert "DISCOVERY_CONFIG" in help_text
     broken = tmp_path / "discovery.json"
     broken.write_text('{"static": [{"url": ')
-    result = _manage({**env, "DISCOVERY_CONFIG": str(broken)}, "discover", "--once",
-                     "--no-progress", check=False)
+    result = _manage(
+        {**env, "DISCOVERY_CONFIG": str(broken)}, "discover", "--once", "--no-progress", check=False
+    )
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert "DISCOVERY_CONFIG" in last and "not valid JSON" in last
@@ -80,8 +90,11 @@ def test_discover_help_names_the_config_variable_and_a_broken_file_fails(tmp_pat
 
 def test_json_registration_without_content_type_says_so(live_server_url, admin_token):
     body = b'{"agent_id": "no-ctype", "card": {"name": "x", "url": "http://127.0.0.1:9/"}}'
-    r = httpx.post(live_server_url + "/api/v1/agents", content=body,
-                   headers={"Authorization": f"Bearer {admin_token}"})
+    r = httpx.post(
+        live_server_url + "/api/v1/agents",
+        content=body,
+        headers={"Authorization": f"Bearer {admin_token}"},
+    )
     assert r.status_code == 415
     assert "without a Content-Type" in r.json()["error"]
     assert "application/json" in r.json()["error"]
@@ -89,16 +102,16 @@ def test_json_registration_without_content_type_says_so(live_server_url, admin_t
 
 def test_calling_an_expired_agent_says_expired_not_not_found(live_server_url):
     _, token = make_client(["call"])
-    services.agent_register(actor=SYSTEM, agent_id="short-lived", card=card_03(),
-                            ttl_seconds=1)
+    services.agent_register(actor=SYSTEM, agent_id="short-lived", card=card_03(), ttl_seconds=1)
     time.sleep(1.2)
     services.agents_expire()  # the expiry job: publishes "expired" to the routing table
     rpc = {"jsonrpc": "2.0", "id": 7, "method": "message/send", "params": {}}
     headers = {"Authorization": f"Bearer {token}"}
     deadline = time.monotonic() + 5
     while True:
-        error = httpx.post(live_server_url + "/a2a/short-lived", json=rpc,
-                           headers=headers).json()["error"]
+        error = httpx.post(live_server_url + "/a2a/short-lived", json=rpc, headers=headers).json()[
+            "error"
+        ]
         if "expired" in error["message"] or time.monotonic() > deadline:
             break
         time.sleep(0.1)

@@ -49,18 +49,25 @@ def migrated_dir(tmp_path_factory) -> Path:
 
 
 def _start(data_dir: Path, server: str, **extra: str) -> Node:
-    env = _env(data_dir, **{
-        "A2A_MAX_REQUEST_BYTES": str(CAP),
-        "A2A_MAX_API_BODY_BYTES": str(API_CAP),
-        "A2A_HTTP_HEADER_TIMEOUT_SECONDS": "1",
-        "A2A_HTTP_KEEPALIVE_SECONDS": "1",
-        "LOG_LEVEL": "INFO",
-        **extra,
-    })
+    env = _env(
+        data_dir,
+        **{
+            "A2A_MAX_REQUEST_BYTES": str(CAP),
+            "A2A_MAX_API_BODY_BYTES": str(API_CAP),
+            "A2A_HTTP_HEADER_TIMEOUT_SECONDS": "1",
+            "A2A_HTTP_KEEPALIVE_SECONDS": "1",
+            "LOG_LEVEL": "INFO",
+            **extra,
+        },
+    )
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "serve", "--port", str(port), "--server", server],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     node = Node(proc, port)
     _wait_for(node.url + "/healthz", proc)
@@ -86,8 +93,9 @@ def node(request, migrated_dir):
 
 
 def _head(path: str, *lines: str) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(f"{x}\r\n" for x in lines)
-            + "\r\n").encode()
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(f"{x}\r\n" for x in lines) + "\r\n"
+    ).encode()
 
 
 def _response(sock: socket.socket) -> bytes:
@@ -108,8 +116,14 @@ def test_over_cap_content_length_is_refused_before_any_body_byte(node):
     for path, cap in (("/a2a/echo", CAP), ("/api/v1/agents", API_CAP)):
         sock = node.connect()
         # Only the head is sent: the answer must come without the body.
-        sock.sendall(_head(path, "Authorization: Bearer AbCdEfGh.0123456789abcdef0123456789abcdef",
-                           "Content-Type: application/json", f"Content-Length: {cap + 1}"))
+        sock.sendall(
+            _head(
+                path,
+                "Authorization: Bearer AbCdEfGh.0123456789abcdef0123456789abcdef",
+                "Content-Type: application/json",
+                f"Content-Length: {cap + 1}",
+            )
+        )
         response = _response(sock)
         assert _status(response) == 413, response
         if path.startswith("/a2a/"):
@@ -132,8 +146,9 @@ def test_a_body_announced_but_never_sent_does_not_hold_the_connection(node):
 def test_unauthenticated_upload_is_refused_before_its_body(node, token, framing):
     sock = node.connect()
     lines = ["Content-Type: application/json", "Expect: 100-continue"]
-    lines.append(f"Content-Length: {CAP - 1}" if framing == "length"
-                 else "Transfer-Encoding: chunked")
+    lines.append(
+        f"Content-Length: {CAP - 1}" if framing == "length" else "Transfer-Encoding: chunked"
+    )
     if token:  # well-formed but unknown
         lines.append(f"Authorization: Bearer {token}")
     sock.sendall(_head("/a2a/echo", *lines))
@@ -153,12 +168,28 @@ def test_unauthenticated_upload_is_refused_before_its_body(node, token, framing)
 def test_authenticated_upload_is_read_after_authentication(node, migrated_dir):
     """The caller that authenticates gets its (large) body read and routed: here to an agent
     that does not exist, so the gateway answers agent_not_found having parsed the body."""
-    token = _manage(_env(migrated_dir), "create_client", f"up-{node.server}-{time.time_ns()}",
-                    "--scopes", "call").stdout.strip().splitlines()[-1]
-    body = b'{"jsonrpc": "2.0", "id": 9, "method": "message/send", "params": {"pad": "' \
-        + b"x" * 300_000 + b'"}}'
-    r = httpx.post(node.url + "/a2a/nobody-here", content=body, timeout=10, headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    token = (
+        _manage(
+            _env(migrated_dir),
+            "create_client",
+            f"up-{node.server}-{time.time_ns()}",
+            "--scopes",
+            "call",
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    body = (
+        b'{"jsonrpc": "2.0", "id": 9, "method": "message/send", "params": {"pad": "'
+        + b"x" * 300_000
+        + b'"}}'
+    )
+    r = httpx.post(
+        node.url + "/a2a/nobody-here",
+        content=body,
+        timeout=10,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     assert r.status_code == 200
     assert r.json()["id"] == 9 and r.json()["error"]["data"]["kind"] == "agent_not_found"
 
@@ -185,8 +216,9 @@ def _chunked_upload(sock: socket.socket, total: int) -> tuple[int, bytes]:
         return sent, b""
 
 
-@pytest.mark.parametrize("path", ["/a2a/echo", "/api/v1/agents", "/api/v1/agents/x/heartbeat",
-                                  "/agents/heartbeat"])
+@pytest.mark.parametrize(
+    "path", ["/a2a/echo", "/api/v1/agents", "/api/v1/agents/x/heartbeat", "/agents/heartbeat"]
+)
 def test_chunked_upload_is_cut_at_the_cap_without_growing_the_server(node, path):
     rss_before = node.rss_kib()
     sock = node.connect()
@@ -240,9 +272,13 @@ def test_slowly_dripped_header_is_cut_after_the_header_timeout(node):
 
 def test_connections_beyond_the_limit_are_refused(migrated_dir):
     for server in SERVERS:
-        node = _start(migrated_dir, server, A2A_HTTP_MAX_CONNECTIONS="10",
-                      A2A_HTTP_HEADER_TIMEOUT_SECONDS="30",
-                      A2A_HTTP_KEEPALIVE_SECONDS="30")
+        node = _start(
+            migrated_dir,
+            server,
+            A2A_HTTP_MAX_CONNECTIONS="10",
+            A2A_HTTP_HEADER_TIMEOUT_SECONDS="30",
+            A2A_HTTP_KEEPALIVE_SECONDS="30",
+        )
         try:
             time.sleep(0.5)  # the readiness probe's connection has gone
             held = [node.connect() for _ in range(10)]
@@ -264,8 +300,9 @@ def test_busy_port_fails_at_once_without_saying_serving(migrated_dir, server):
     taken.listen(1)
     port = taken.getsockname()[1]
     try:
-        result = _manage(_env(migrated_dir), "serve", "--port", str(port), "--server", server,
-                         check=False)
+        result = _manage(
+            _env(migrated_dir), "serve", "--port", str(port), "--server", server, check=False
+        )
     finally:
         taken.close()
     assert result.returncode != 0

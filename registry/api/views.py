@@ -108,7 +108,8 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         data = AgentUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         agent = services.agent_update(
-            actor=request_actor(request), agent_id=agent_id,
+            actor=request_actor(request),
+            agent_id=agent_id,
             **_with_raw_card(request, data.validated_data),
         )
         return Response(AgentOutput(agent).data)

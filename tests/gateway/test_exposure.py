@@ -51,8 +51,9 @@ def agents(db):
     owner_b, token_b = make_client(["register"])
     for agent_id, token in (("agent-a", token_a), ("agent-b", token_b)):
         actor = selectors.actor_from_token(token=token)
-        services.agent_register(actor=actor, agent_id=agent_id,
-                                card=card_03(f"{INTERNAL}/{agent_id}"))
+        services.agent_register(
+            actor=actor, agent_id=agent_id, card=card_03(f"{INTERNAL}/{agent_id}")
+        )
     return {"agent-a": token_a, "agent-b": token_b}
 
 
@@ -103,25 +104,40 @@ def test_per_client_agent_quota(live_server_url, settings):
     settings.A2A_MAX_AGENTS_PER_CLIENT = 3
     _, token = make_client(["register"])
     for i in range(3):
-        r = httpx.post(live_server_url + "/api/v1/agents", headers=_auth(token),
-                       json={"agent_id": f"q-{i}", "card": card_03()})
+        r = httpx.post(
+            live_server_url + "/api/v1/agents",
+            headers=_auth(token),
+            json={"agent_id": f"q-{i}", "card": card_03()},
+        )
         assert r.status_code == 201, r.text
-    r = httpx.post(live_server_url + "/api/v1/agents", headers=_auth(token),
-                   json={"agent_id": "q-3", "card": card_03()})
+    r = httpx.post(
+        live_server_url + "/api/v1/agents",
+        headers=_auth(token),
+        json={"agent_id": "q-3", "card": card_03()},
+    )
     assert r.status_code == 403 and "agent quota reached" in r.json()["error"]
-    r = httpx.post(live_server_url + "/agents/register", headers=_auth(token),
-                   json={**card_03(), "agent_id": "q-4", "url": "http://127.0.0.1:9/"})
+    r = httpx.post(
+        live_server_url + "/agents/register",
+        headers=_auth(token),
+        json={**card_03(), "agent_id": "q-4", "url": "http://127.0.0.1:9/"},
+    )
     assert r.status_code == 403 and "agent quota reached" in r.json()["error"]
     # Re-registering an agent it owns is not a new agent.
-    r = httpx.post(live_server_url + "/api/v1/agents", headers=_auth(token),
-                   json={"agent_id": "q-0", "card": card_03()})
+    r = httpx.post(
+        live_server_url + "/api/v1/agents",
+        headers=_auth(token),
+        json={"agent_id": "q-0", "card": card_03()},
+    )
     assert r.status_code == 200
     assert Agent.objects.filter(agent_id__startswith="q-").count() == 3
     # Admin clients are exempt.
     _, admin = make_client(["admin"])
     for i in range(4):
-        r = httpx.post(live_server_url + "/api/v1/agents", headers=_auth(admin),
-                       json={"agent_id": f"adm-{i}", "card": card_03()})
+        r = httpx.post(
+            live_server_url + "/api/v1/agents",
+            headers=_auth(admin),
+            json={"agent_id": f"adm-{i}", "card": card_03()},
+        )
         assert r.status_code == 201
 
 

@@ -282,9 +282,11 @@ def test_openapi_schema(api: httpx.Client):
 def test_card_inside_a_json_body_is_stored_byte_exact(api: httpx.Client):
     """The card member is kept as the client wrote it (spacing, key order, escapes), on SQLite
     and PostgreSQL alike, and /card answers exactly those bytes."""
-    card = (b'{ "url": "http://127.0.0.1:9/",\n  "name": "Exact \\u00e9",'
-            b'  "securitySchemes": {"bearerAuth": {"type": "http"}, "oauth2": {"type": "oauth2"}},'
-            b'\n  "skills": [ ] }')
+    card = (
+        b'{ "url": "http://127.0.0.1:9/",\n  "name": "Exact \\u00e9",'
+        b'  "securitySchemes": {"bearerAuth": {"type": "http"}, "oauth2": {"type": "oauth2"}},'
+        b'\n  "skills": [ ] }'
+    )
     body = b'{"agent_id": "exact-card",\n "card": ' + card + b',\n "ttl_seconds": 60}'
     r = api.post("/api/v1/agents", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 201, r.text
@@ -293,7 +295,10 @@ def test_card_inside_a_json_body_is_stored_byte_exact(api: httpx.Client):
     served = api.get("/api/v1/agents/exact-card/card")
     assert served.content == card
     patched = card.replace(b"Exact", b"Patched")
-    r = api.patch("/api/v1/agents/exact-card", content=b'{"card":' + patched + b"}",
-                  headers={"Content-Type": "application/json"})
+    r = api.patch(
+        "/api/v1/agents/exact-card",
+        content=b'{"card":' + patched + b"}",
+        headers={"Content-Type": "application/json"},
+    )
     assert r.status_code == 200, r.text
     assert api.get("/api/v1/agents/exact-card/card").content == patched
