@@ -120,3 +120,22 @@ def test_calling_an_expired_agent_says_expired_not_not_found(live_server_url):
     assert error["data"]["kind"] == "agent_not_found" and error["data"]["executed"] is False
     never = httpx.post(live_server_url + "/a2a/never-was", json=rpc, headers=headers).json()
     assert never["error"]["message"] == "agent not found: never-was"
+
+
+def test_serving_beyond_loopback_without_allowed_hosts_warns(tmp_path):
+    env = _env(tmp_path)
+    _manage(env, "migrate", "--no-input")
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert line.startswith("warning: listening on 0.0.0.0") and "ALLOWED_HOSTS" in line

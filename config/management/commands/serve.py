@@ -131,6 +131,12 @@ class Command(BaseCommand):
             f"{' and in-process periodic jobs' if periodic else ''}. Ctrl-C stops it."
         )
         self.stdout.flush()
+        if host not in _LOOPBACK and not os.environ.get("ALLOWED_HOSTS") and not settings.DEBUG:
+            self.stderr.write(
+                f"warning: listening on {host}, but ALLOWED_HOSTS is the embedded default "
+                f"({', '.join(settings.ALLOWED_HOSTS)}): requests naming another host get 400. "
+                "Set ALLOWED_HOSTS to the host names clients use."
+            )
         limits = ServerLimits.from_settings()
         if server == "uvicorn":
             run_uvicorn(sock, limits)
@@ -209,6 +215,7 @@ def run_daphne(sock, limits: ServerLimits) -> None:
 
 
 _BOUND_SOCKET = "bound-socket"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 _periodic_tasks: list[asyncio.Task] = []
 
 
