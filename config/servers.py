@@ -113,11 +113,14 @@ async def unauthenticated_response(path: bytes, authorization: str | None) -> by
     """The gateway's 401 for a caller that does not authenticate, or None if it does."""
     from gateway import errors, runtime
     from registry.auth import UNAUTHENTICATED_MESSAGE
-    from registry.token_cache import AuthFailed
+    from registry.token_cache import AuthFailed, shared_token_cache
 
-    node = runtime.current_node() or await runtime.ensure_node()
+    # The running node's token cache (the process's one cache unless the node was given its
+    # own), the same the gateway's handler authenticates with.
+    node = runtime.current_node()
+    tokens = node.tokens if node is not None else shared_token_cache()
     try:
-        actor = await node.tokens.actor(authorization)
+        actor = await tokens.actor(authorization)
     except AuthFailed as exc:
         detail = str(exc)
     else:

@@ -12,9 +12,8 @@ import hmac
 
 from django.conf import settings
 
-from gateway import runtime
 from registry.auth import bearer_token
-from registry.token_cache import AuthFailed
+from registry.token_cache import AuthFailed, shared_token_cache
 
 UNAUTHORIZED = (
     b'{"error": "metrics need Authorization: Bearer <A2A_METRICS_TOKEN or an admin token>"}'
@@ -39,9 +38,10 @@ async def metrics_allowed(scope) -> bool:
     expected = settings.A2A_METRICS_TOKEN
     if expected and hmac.compare_digest(token.encode(), expected.encode()):
         return True
-    node = runtime.current_node() or await runtime.ensure_node()
     try:
-        actor = await node.tokens.actor(authorization)
+        # The process's one token cache: a revoked admin token stops reading metrics when it
+        # stops calling agents.
+        actor = await shared_token_cache().actor(authorization)
     except AuthFailed:
         return False
     return actor is not None and actor.is_admin and not actor.is_anonymous

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.conf import conf
+from gateway.conf import NodeSettings
 from registry.events import AgentEvent, AgentRoute
 
 #: How many recently expired agent ids the table remembers (to say "expired", not "not found").
@@ -17,7 +17,8 @@ MAX_EXPIRED_REMEMBERED = 10_000
 
 
 class RoutingTable:
-    def __init__(self) -> None:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
         self._routes: dict[str, AgentRoute] = {}
         self._expired: dict[str, float] = {}  # agent id -> when it expired (insertion order)
         # Agents an event touched since the last resync began: the resync's (older) database
@@ -43,7 +44,7 @@ class RoutingTable:
         route = self._routes.get(agent_id)
         if route is None:
             return None
-        if route.expires_at + _grace() < time.time():
+        if route.expires_at + self._grace() < time.time():
             return None
         return route
 
@@ -69,7 +70,7 @@ class RoutingTable:
         when = self._expired.get(agent_id)
         if when is None:
             route = self._routes.get(agent_id)
-            if route is not None and route.expires_at + _grace() < time.time():
+            if route is not None and route.expires_at + self._grace() < time.time():
                 when = route.expires_at
         return when
 
@@ -87,6 +88,6 @@ class RoutingTable:
         self._routes = fresh
         self._touched = set()
 
-
-def _grace() -> float:
-    return conf.A2A_ROUTING_RESYNC_SECONDS + conf.A2A_EXPIRY_INTERVAL_SECONDS
+    def _grace(self) -> float:
+        settings = self.settings
+        return settings.A2A_ROUTING_RESYNC_SECONDS + settings.A2A_EXPIRY_INTERVAL_SECONDS

@@ -37,9 +37,7 @@ def test_allowed_hosts_defaults_and_the_startup_error(tmp_path):
     # Embedded: loopback only (scripts/run.sh serves 127.0.0.1), metrics open.
     assert "'127.0.0.1'" in embedded.stdout and "'*'" not in embedded.stdout
     assert embedded.stdout.strip().endswith("False")
-    distributed = _env(
-        tmp_path, REDIS_URL="redis://127.0.0.1:1/0", SECRET_KEY="x", A2A_TESTING="false"
-    )
+    distributed = _env(tmp_path, REDIS_URL="redis://127.0.0.1:1/0", SECRET_KEY="x")
     result = _manage(distributed, "check", check=False)
     assert result.returncode != 0
     assert "ALLOWED_HOSTS must be set in distributed mode" in result.stderr.strip().splitlines()[-1]
@@ -58,7 +56,6 @@ def test_missing_database_fails_fast_with_the_cause_last(tmp_path, postgres_url)
         REDIS_URL="redis://127.0.0.1:1/0",
         SECRET_KEY="x",
         ALLOWED_HOSTS="127.0.0.1",
-        A2A_TESTING="false",
     )
     started = time.monotonic()
     result = _manage(env, "serve", "--port", str(free_port()), check=False)

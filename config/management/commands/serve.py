@@ -119,15 +119,19 @@ class Command(BaseCommand):
         if not os.environ.get("NODE_ID"):
             import socket
 
-            settings.NODE_ID = f"{socket.gethostname()}:{port}"
+            node.serve_as(f"{socket.gethostname()}:{port}")
         _bootstrap_admin_client(self.stdout)
+        # The servers' threads open their own connections; do not hold this one open.
+        from django.db import connection
+
+        connection.close()
         periodic = settings.EMBEDDED and not no_periodic
         if periodic:
             node.on_startup(_start_periodic)
             node.on_shutdown(_stop_periodic)
         mode = "embedded" if settings.EMBEDDED else "distributed"
         self.stdout.write(
-            f"Node {settings.NODE_ID} ({mode}) serving on http://{host}:{port}/ with {server}"
+            f"Node {node.node_id()} ({mode}) serving on http://{host}:{port}/ with {server}"
             f"{' and in-process periodic jobs' if periodic else ''}. Ctrl-C stops it."
         )
         self.stdout.flush()
