@@ -14,6 +14,7 @@ from registry import events
 from registry.ids import agent_id_error
 from registry.models import Agent
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
+from registry.quotas import check_agent_quota
 from registry.selectors import agent_route
 from registry.services.cards import _apply_card, _record_card_version, _resolve_card
 from registry.services.errors import AgentNotFound, InvalidInput
@@ -90,6 +91,8 @@ def agent_register(
     concurrency = _check_concurrency(max_concurrency)
     existing = Agent.objects.filter(agent_id=agent_id).first()
     _authorize_register(actor, agent_id, existing)
+    if existing is None:
+        check_agent_quota(actor)
     parsed = _resolve_card(url=url, card=card, strict=strict)
     now = timezone.now()
     fields = {
