@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 
+from console import recorder
 from gateway import envelope as env
 from gateway import errors, metrics, runtime
 from gateway.cards import serve_card
@@ -154,7 +155,9 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
         await _dispatch(node, route, query, exchange, receive,
                         timeout + conf.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS,
                         streaming=method in env.STREAMING_METHODS)
-    metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(agent_id, exchange.outcome, seconds)
+    recorder.record(agent_id, caller, method, exchange, len(body), seconds)
 
 
 # --- GET /a2a/{agent_id}/stream ----------------------------------------------------------------
@@ -181,7 +184,9 @@ async def handle_get_stream(scope: dict[str, Any], receive, send, agent_id: str)
     tags[env.TAG_CALLER] = caller
     exchange = Exchange(send, rpc_id, agent_id)
     await _dispatch(node, route, env.query(body, tags), exchange, receive, 0.0, streaming=True)
-    metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(agent_id, exchange.outcome, seconds)
+    recorder.record(agent_id, caller, "message/stream", exchange, 0, seconds)
 
 
 # --- shared steps -----------------------------------------------------------------------------
@@ -406,7 +411,9 @@ async def _discard(message: dict[str, Any]) -> None:
 class Exchange:
     """The caller's side of one request: turns reply messages into the ASGI response."""
 
-    __slots__ = ("send", "rpc_id", "agent_id", "started", "done", "sse", "outcome")
+    # status / nbytes: what the caller got (HTTP status, response bytes), for the console.
+    __slots__ = ("send", "rpc_id", "agent_id", "started", "done", "sse", "outcome", "status",
+                 "nbytes")
 
     def __init__(self, send, rpc_id: Any, agent_id: str) -> None:
         self.send = send
@@ -416,6 +423,8 @@ class Exchange:
         self.done = False
         self.sse = False
         self.outcome = "unknown"
+        self.status = 0
+        self.nbytes = 0
 
     async def deliver(self, message: dict[str, Any]) -> None:
         kind = message["k"]
@@ -438,6 +447,8 @@ class Exchange:
             if not more and status not in (204, 304):
                 headers.append((b"content-length", str(len(body)).encode()))
             self.started = True
+            self.status = status
+            self.nbytes = len(body)
             self.sse = message["sse"]
             self.outcome = "ok" if status < 400 else "agent_error"
             await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -445,6 +456,7 @@ class Exchange:
             self.done = not more
         elif kind == env.CHUNK:
             more = message["more"]
+            self.nbytes += len(message["body"])
             await send({"type": "http.response.body", "body": message["body"],
                         "more_body": more})
             self.done = not more
@@ -462,6 +474,7 @@ class Exchange:
         if self.outcome in ("unknown", "ok", "agent_error"):
             self.outcome = kind
         if not self.started:
+            self.status = errors.http_status_for(kind)
             extra = [(b"x-a2a-agent-status", str(status).encode())] if status else []
             await _error(self.send, kind, self.rpc_id, self.agent_id, detail, extra=extra,
                          status=status)

@@ -196,6 +196,7 @@ def agent_register(
     concurrency = _check_concurrency(max_concurrency)
     existing = Agent.objects.filter(agent_id=agent_id).first()
     _authorize_register(actor, agent_id, existing)
+    old_sha = existing.card_sha256 if existing is not None else None
     parsed = _resolve_card(url=url, card=card, strict=strict)
     now = timezone.now()
     fields = {
@@ -229,6 +230,12 @@ def agent_register(
             agent.save()
         _record_card_version(agent, parsed)
         _publish("registered" if created else "updated", agent)
+        if created or old_sha != parsed.sha256:  # a plain renewal is not a change
+            events.audit(events.AuditRecord(
+                action="agent.registered" if created else "agent.card_changed",
+                actor=actor.client_id, agent_id=agent_id,
+                details={"url": agent.url, "card_sha256": parsed.sha256, "source": source},
+            ))
     return agent, created
 
 
@@ -263,6 +270,11 @@ def agent_update(
             _record_card_version(agent, parsed)
         agent.save()
         _publish("updated", agent)
+        events.audit(events.AuditRecord(
+            action="agent.updated", actor=actor.client_id, agent_id=agent_id,
+            details={"ttl_seconds": ttl_seconds, "max_concurrency": max_concurrency,
+                     "card_sha256": agent.card_sha256},
+        ))
     return agent
 
 
@@ -342,6 +354,8 @@ def agent_deregister(*, actor: Actor, agent_id: str) -> None:
             raise PermissionDenied(f"this client may not deregister {agent_id}")
         agent.delete()
         events.publish(events.AgentEvent(kind="deregistered", agent_id=agent_id))
+        events.audit(events.AuditRecord(action="agent.deregistered", actor=actor.client_id,
+                                        agent_id=agent_id))
 
 
 def agents_extend_ttl(*, agent_ids: list[str], seconds: int | None = None) -> int:
@@ -392,6 +406,7 @@ def api_client_create(
     scopes: list[str],
     allowed_agents: list[str] | None = None,
     client_id: str | None = None,
+    actor: Actor | None = None,
 ) -> tuple[ApiClient, str]:
     """Create an API client; returns it and its token (the only time the token is seen)."""
     from django.utils.text import slugify
@@ -409,12 +424,17 @@ def api_client_create(
         raise InvalidInput("name must contain letters or digits")
     if ApiClient.objects.filter(client_id=cid).exists():
         raise InvalidInput(f"a client named {cid!r} exists already")
-    return ApiClient.objects.create_key(
+    created = ApiClient.objects.create_key(
         name=name[:50],
         client_id=cid,
         scopes=list(dict.fromkeys(scopes)),
         allowed_agents=allowed,
     )
+    events.audit(events.AuditRecord(
+        action="client.created", actor=actor.client_id if actor else "system", client_id=cid,
+        details={"scopes": created[0].scopes, "allowed_agents": allowed},
+    ))
+    return created
 
 
 def node_heartbeat(*, node_id: str, address: str = "") -> Node:
@@ -451,6 +471,7 @@ def api_client_update(
     allowed_agents: list[str] | None = None,
     revoked: bool | None = None,
     expiry_date: Any = _UNSET,
+    actor: Actor | None = None,
 ) -> ApiClient:
     """Change a client's name, scopes, allowed agents or expiry, or revoke it (for good).
 
@@ -483,6 +504,11 @@ def api_client_update(
             fields.append("expiry_date")
         if fields:
             client.save(update_fields=fields)
+            events.audit(events.AuditRecord(
+                action="client.revoked" if "revoked" in fields else "client.updated",
+                actor=actor.client_id if actor else "system", client_id=client_id,
+                details={"fields": fields},
+            ))
     return client
 
 
