@@ -83,6 +83,25 @@ def take_batch() -> dict:
     }
 
 
+def _call_row(call: tuple, node_id: str):
+    from console.models import CallRecord
+
+    at, caller, agent_id, method, outcome, executed, status, seconds, req, resp = call
+    return CallRecord(
+        at=_ts(at),
+        caller=caller,
+        agent_id=agent_id,
+        method=method[:100],
+        outcome=outcome,
+        executed=executed,
+        http_status=status,
+        latency_ms=seconds * 1000.0,
+        request_bytes=req,
+        response_bytes=resp,
+        node_id=node_id,
+    )
+
+
 def write_batch(batch: dict, node_id: str) -> None:
     """Write one batch (sync; a worker thread)."""
     from console.models import AgentMinute, CallRecord, ClientUsage
@@ -126,26 +145,7 @@ def write_batch(batch: dict, node_id: str) -> None:
             ],
         )
     if batch["calls"]:
-        CallRecord.objects.bulk_create(
-            [
-                CallRecord(
-                    at=_ts(at),
-                    caller=caller,
-                    agent_id=agent_id,
-                    method=method[:100],
-                    outcome=outcome,
-                    executed=executed,
-                    http_status=status,
-                    latency_ms=seconds * 1000.0,
-                    request_bytes=req,
-                    response_bytes=resp,
-                    node_id=node_id,
-                )
-                for at, caller, agent_id, method, outcome, executed, status, seconds, req, resp in batch[
-                    "calls"
-                ]
-            ]
-        )
+        CallRecord.objects.bulk_create([_call_row(call, node_id) for call in batch["calls"]])
     if batch["clients"]:
         ClientUsage.objects.bulk_create(
             [
