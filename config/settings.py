@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "rest_framework_api_key",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "channels",
     "registry",

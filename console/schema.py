@@ -173,9 +173,81 @@ def _gateway_paths() -> dict[str, Any]:
     }
 
 
+def _kubemq_paths(paths: dict[str, Any]) -> None:
+    """Spell out the KubeMQ-compatible actions that share the ``/agents/{segment}`` route."""
+    generic = paths.pop("/agents/{segment}/", None) or paths.pop("/agents/{segment}", None)
+    if generic is None:
+        return
+    obj = {"application/json": {"schema": {"type": "object"}}}
+    security = generic.get("post", {}).get("security", [{"bearerAuth": []}])
+
+    def action(op_id: str, summary: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "post": {
+                "operationId": op_id,
+                "tags": ["kubemq"],
+                "summary": summary,
+                "security": security,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": body}},
+                },
+                "responses": {
+                    "200": {"description": "KubeMQ-shaped JSON", "content": obj},
+                    "400": {"description": "Bad input", "content": obj},
+                    "404": {"description": "Agent not found", "content": obj},
+                },
+            }
+        }
+
+    agent_ref = {
+        "type": "object",
+        "required": ["agent_id"],
+        "properties": {"agent_id": {"type": "string"}},
+    }
+    paths["/agents/register"] = action(
+        "kubemq_register",
+        "Register an agent: the body is its card (KubeMQ-style or A2A)",
+        {
+            "type": "object",
+            "required": ["agent_id", "name", "url"],
+            "properties": {
+                "agent_id": {"type": "string"},
+                "name": {"type": "string"},
+                "url": {"type": "string"},
+                "skills": {"type": "array", "items": {}},
+                "ttl_seconds": {"type": "integer"},
+            },
+            "additionalProperties": True,
+        },
+    )
+    paths["/agents/deregister"] = action("kubemq_deregister", "Deregister an agent", agent_ref)
+    paths["/agents/heartbeat"] = action("kubemq_heartbeat", "Renew an agent's TTL", agent_ref)
+    item = {k: v for k, v in generic.items() if k in ("get", "delete")}
+    for op in item.values():
+        op["parameters"] = [dict(_AGENT_ID)]
+        op["summary"] = (
+            "Read one agent (enriched card)" if op is item.get("get") else "Deregister one agent"
+        )
+    paths["/agents/{agent_id}"] = item
+    listing = paths.get("/agents/", {}).get("get")
+    if listing is not None:
+        listing["parameters"] = [
+            {
+                "name": "skill_tags",
+                "in": "query",
+                "schema": {"type": "string"},
+                "description": "Comma-separated tags: agents with any of them.",
+            },
+            {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+        ]
+
+
 def add_gateway_paths(result: dict[str, Any], generator, request, public) -> dict[str, Any]:
-    """drf-spectacular post-processing hook: add the gateway's paths and the bearer scheme."""
-    result.setdefault("paths", {}).update(_gateway_paths())
+    """drf-spectacular post-processing hook: add the gateway's paths, spell out the KubeMQ
+    actions, and make sure the bearer scheme is declared."""
+    _kubemq_paths(result.setdefault("paths", {}))
+    result["paths"].update(_gateway_paths())
     components = result.setdefault("components", {})
     components.setdefault("securitySchemes", {}).setdefault(
         "bearerAuth", {"type": "http", "scheme": "bearer"}
