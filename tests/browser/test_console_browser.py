@@ -25,7 +25,6 @@ from tests.browser.test_admin_browser import (
     in_thread,
     require_chromium,
 )
-from tests.a2a_agents import echo_agent_factory  # noqa: F401  (fixture)
 from tests.conftest import make_client
 
 CALLS = 6
