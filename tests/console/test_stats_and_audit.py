@@ -217,3 +217,22 @@ def test_histogram_percentiles():
     assert 70 < percentile_ms(hist, 0.95) < 145
     assert percentile_ms([0] * BUCKETS, 0.5) is None
     assert bucket_of(10_000) == BUCKETS - 1
+
+
+def test_open_streams_are_counted_per_minute(fast_flush, live_server_url, echo_agent_factory,
+                                             register_agent, caller):
+    """A stream held open across a flush shows as the minute's stream high-water mark."""
+    slow = echo_agent_factory(step_delay=0.6)  # 4 steps: the stream stays open ~2.4 s
+    agent = register_agent(slow)
+    body = rpc("task: stream please", method="message/stream")  # "task" streams 4 steps
+    with httpx.Client(base_url=live_server_url, headers=caller.auth, timeout=30) as http:
+        with http.stream("POST", f"/a2a/{agent.agent_id}", content=body,
+                         headers={"Content-Type": "application/json",
+                                  "Accept": "text/event-stream"}) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert wait_for(lambda: AgentMinute.objects.filter(
+                agent_id=agent.agent_id, streams_max__gte=1).exists(), timeout=5)
+            events = sum(1 for line in response.iter_lines() if line.startswith("data:"))
+    assert events >= 2
+    assert wait_for(lambda: AgentMinute.objects.filter(agent_id=agent.agent_id)
+                    .aggregate(n=Sum("requests"))["n"] == 1)
