@@ -9,6 +9,37 @@ from django.contrib import admin
 from console.models import CallRecord, RegistryChange
 
 
+class TextFilter(admin.SimpleListFilter):
+    """A filter typed as text (exact match), for columns with too many values to list."""
+
+    template = "console/text_filter.html"
+    field = ""
+
+    def lookups(self, request, model_admin):
+        return ()
+
+    def has_output(self) -> bool:
+        return True
+
+    def queryset(self, request, queryset):
+        value = (self.value() or "").strip()
+        return queryset.filter(**{self.field: value}) if value else queryset
+
+    def choices(self, changelist):
+        # The other active filters, kept as hidden inputs when this one is submitted.
+        params = changelist.get_filters_params()
+        params.pop(self.parameter_name, None)
+        yield {"value": self.value() or "", "params": params}
+
+
+class AgentFilter(TextFilter):
+    title, parameter_name, field = "agent id", "agent_id", "agent_id"
+
+
+class CallerFilter(TextFilter):
+    title, parameter_name, field = "caller", "caller", "caller"
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Rows the system writes: no add, no edit, no delete (retention purges them)."""
 
@@ -37,7 +68,7 @@ class CallRecordAdmin(ReadOnlyAdmin):
         "response_bytes",
         "node_id",
     )
-    list_filter = ("outcome", "executed", "at", "agent_id", "caller")
+    list_filter = ("outcome", "executed", "at", AgentFilter, CallerFilter)
     search_fields = ("agent_id", "caller", "method")
     date_hierarchy = "at"
     list_per_page = 100
@@ -51,7 +82,7 @@ class CallRecordAdmin(ReadOnlyAdmin):
 @admin.register(RegistryChange)
 class RegistryChangeAdmin(ReadOnlyAdmin):
     list_display = ("at", "action", "actor", "agent_id", "client_id", "details")
-    list_filter = ("action", "at", "actor")
+    list_filter = ("action", "at", AgentFilter)
     search_fields = ("agent_id", "client_id", "actor")
     date_hierarchy = "at"
     list_per_page = 100

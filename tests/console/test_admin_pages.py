@@ -152,3 +152,36 @@ def test_alerts_are_acknowledged(admin_client):
     assert b"Acknowledged 1 alert(s)." in r.content
     alert.refresh_from_db()
     assert alert.acknowledged
+
+
+def test_call_audit_log_filters(admin_client):
+    from console.models import CallRecord
+
+    now = timezone.now()
+
+    def call(agent, caller, outcome, minutes_ago):
+        CallRecord.objects.create(
+            at=now - timedelta(minutes=minutes_ago), caller=caller, agent_id=agent,
+            method="message/send", outcome=outcome, executed=outcome != "unreachable",
+            http_status=200, latency_ms=3.0, request_bytes=10, response_bytes=20, node_id="n1")
+
+    call("billing", "shop", "unreachable", 1)
+    call("billing", "crm", "timeout", 2)
+    call("returns", "shop", "unreachable", 3)
+    call("returns", "shop", "agent_error", 60 * 30)
+    url = reverse("admin:console_callrecord_changelist")
+
+    def listed(**params) -> int:
+        response = admin_client.get(url, params)
+        assert response.status_code == 200
+        return response.content.decode().count('<tr><td class="action-checkbox">') or \
+            response.content.decode().count("field-caller")
+
+    assert listed() == 4
+    assert listed(agent_id="billing") == 2
+    assert listed(caller="shop") == 3
+    assert listed(agent_id="returns", caller="shop") == 2
+    assert listed(outcome__exact="unreachable") == 2
+    assert listed(**{"at__gte": (now - timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S")}) == 3
+    page = admin_client.get(url, {"agent_id": "billing"}).content.decode()
+    assert 'name="agent_id" value="billing"' in page  # the typed filter keeps its value
