@@ -218,6 +218,11 @@ async def _loop(interval: float) -> None:
 async def start() -> None:
     """Node startup hook: configure the recorder and start the flush job."""
     global _task
+    if _task is None or _task.done():
+        # A fresh node: nothing of an earlier node in this process (tests run many) may be
+        # rewritten under this one's id.
+        recorder.reset()
+        audit.pending.clear()
     recorder.configure(
         stats_on=settings.A2A_STATS, audit=settings.A2A_AUDIT, cap=settings.A2A_AUDIT_MAX_PENDING
     )
