@@ -8,7 +8,6 @@ query counts stay flat as rows grow."""
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import Count
 from django.http import HttpResponseRedirect
@@ -297,21 +296,18 @@ class CycleRunAdmin(SystemRowsAdmin):
         return format_html("<pre>{}</pre>", obj.summary)
 
     def run_view(self, request):
-        """GET: a confirmation page; POST: run one cycle now (distributed: queue it)."""
+        """GET: a confirmation page; POST: run one cycle now, here, and show its summary.
+
+        Inline in both modes, so the operator sees the outcome at once; the cycle stays
+        single-flight (a cycle already running elsewhere makes this one report "skipped")."""
         if request.method != "POST":
             context = {**self.admin_site.each_context(request), "title": "Run discovery now",
                        "opts": self.model._meta}
             return TemplateResponse(request, "console/cyclerun_run.html", context)
         from discovery.loop import run_cycle
-        from discovery.tasks import discovery_cycle_task
 
-        if not settings.EMBEDDED:
-            discovery_cycle_task.delay()
-            self.message_user(request, "A discovery cycle was queued for the Celery workers.",
-                              messages.SUCCESS)
-        else:
-            report = run_cycle()
-            level = messages.SUCCESS if report.configured and not report.skipped \
-                else messages.WARNING
-            self.message_user(request, report.summary(), level)
+        report = run_cycle()
+        level = messages.SUCCESS if report.configured and not report.skipped \
+            else messages.WARNING
+        self.message_user(request, report.summary(), level)
         return HttpResponseRedirect(reverse("admin:discovery_cyclerun_changelist"))
