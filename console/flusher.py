@@ -19,8 +19,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from console import audit, recorder
-from console.histogram import BUCKETS
-from console.recorder import C_HIST, C_STREAMS
+from console.recorder import C_DIRTY, C_HIST, C_LAST_AT, C_LAST_OUTCOME, C_STREAMS
 
 logger = logging.getLogger(__name__)
 
@@ -49,38 +48,32 @@ def _sample_streams(minute: int) -> None:
         if cells is None:
             if len(recorder.stats) >= recorder.MAX_KEYS:
                 continue
-            cells = recorder.stats[key] = [0, 0, 0, 0, 0, 0.0, 0] + [0] * BUCKETS
+            cells = recorder.stats[key] = recorder.new_cells()
         if active > cells[C_STREAMS]:
             cells[C_STREAMS] = active
-            recorder.dirty.add(key)
+            cells[C_DIRTY] = 1
 
 
 def take_batch() -> dict:
     """What to write now. Runs on the event loop: plain dict work, no await, no I/O."""
-    minute = int(time.time() // 60)
+    minute = int(time.time()) // 60
     try:
         _sample_streams(minute)
     except Exception:  # the gateway may be stopping
         logger.debug("stream sampling failed", exc_info=True)
-    rows = [(key, list(recorder.stats[key])) for key in recorder.dirty if key in recorder.stats]
-    recorder.dirty.clear()
-    # Minutes that are over and written: nothing will change them any more.
-    for key in [k for k in recorder.stats if k[1] < minute - 1]:
-        if key not in recorder.dirty:
+    rows = []
+    for key, cells in list(recorder.stats.items()):
+        if cells[C_DIRTY]:
+            cells[C_DIRTY] = 0
+            rows.append((key, list(cells)))
+        elif key[1] < minute - 1:
+            # Over and written: nothing will change this minute any more.
             del recorder.stats[key]
-    last_call = dict(recorder.last_call)
-    recorder.last_call.clear()
     clients = dict(recorder.clients)
     recorder.clients.clear()
     calls = recorder.audit[:]
     del recorder.audit[: len(calls)]
-    return {
-        "rows": rows,
-        "last_call": last_call,
-        "clients": clients,
-        "calls": calls,
-        "changes": audit.take(),
-    }
+    return {"rows": rows, "clients": clients, "calls": calls, "changes": audit.take()}
 
 
 def _call_row(call: tuple, node_id: str):
@@ -108,7 +101,7 @@ def write_batch(batch: dict, node_id: str) -> None:
 
     rows = []
     for (agent_id, minute), cells in batch["rows"]:
-        last = batch["last_call"].get(agent_id)
+        last_at = cells[C_LAST_AT]
         rows.append(
             AgentMinute(
                 agent_id=agent_id,
@@ -122,8 +115,8 @@ def write_batch(batch: dict, node_id: str) -> None:
                 latency_sum=cells[5],
                 streams_max=cells[C_STREAMS],
                 histogram=cells[C_HIST:],
-                last_call_at=_ts(last[0]) if last and int(last[0] // 60) == minute else None,
-                last_outcome=last[1] if last and int(last[0] // 60) == minute else "",
+                last_call_at=_ts(last_at) if last_at else None,
+                last_outcome=cells[C_LAST_OUTCOME],
             )
         )
     if rows:
@@ -193,8 +186,8 @@ async def flush_once(*, do_purge: bool = False) -> None:
     except Exception as exc:
         logger.warning("console flush failed: %s: %s", type(exc).__name__, exc)
         for key, cells in batch["rows"]:
-            recorder.stats.setdefault(key, cells)  # absolute values: rewritten next time
-            recorder.dirty.add(key)
+            live = recorder.stats.setdefault(key, cells)  # absolute values: rewritten later
+            live[C_DIRTY] = 1
         recorder.dropped["audit"] += len(batch["calls"])
         recorder.dropped["changes"] = recorder.dropped.get("changes", 0) + len(batch["changes"])
 

@@ -13,12 +13,14 @@ latency histogram (:mod:`console.histogram`).
 from __future__ import annotations
 
 import time
+from math import ceil, log2
 from typing import Any
 
-from console.histogram import BUCKETS, bucket_of
+from console.histogram import BASE_MS, BUCKETS
 
 C_REQUESTS, C_ERR_EXEC, C_ERR_NOEXEC, C_BYTES_IN, C_BYTES_OUT, C_LATENCY, C_STREAMS = range(7)
-C_HIST = 7
+C_LAST_AT, C_LAST_OUTCOME, C_DIRTY = 7, 8, 9  # last call (time, outcome); changed since flush
+C_HIST = 10
 MAX_KEYS = 100_000
 
 #: Outcomes that are not errors (the caller got the agent's 2xx/3xx answer, or left).
@@ -30,11 +32,15 @@ audit_mode = "errors"  # off | errors | all
 audit_cap = 10_000
 
 stats: dict[tuple[str, int], list] = {}  # (agent_id, minute) -> cells
-dirty: set[tuple[str, int]] = set()
-last_call: dict[str, tuple[float, str]] = {}  # agent_id -> (time, outcome) since last flush
+current: dict[str, list] = {}  # agent_id -> cells of the current minute (no tuple per call)
+current_minute = [0]
 clients: dict[str, float] = {}  # caller client id -> last call time, since last flush
 audit: list[tuple] = []
 dropped = {"audit": 0, "stats": 0}
+
+
+def new_cells() -> list:
+    return [0, 0, 0, 0, 0, 0.0, 0, 0.0, "", 0] + [0] * BUCKETS
 
 
 def configure(*, stats_on: bool, audit: str, cap: int) -> None:
@@ -45,8 +51,8 @@ def configure(*, stats_on: bool, audit: str, cap: int) -> None:
 def reset() -> None:
     """Forget everything pending (tests; a fresh node)."""
     stats.clear()
-    dirty.clear()
-    last_call.clear()
+    current.clear()
+    current_minute[0] = 0
     clients.clear()
     audit.clear()
     dropped["audit"] = dropped["stats"] = 0
@@ -64,10 +70,18 @@ def record(
     ok = outcome in OK_OUTCOMES
     executed = exchange.started
     if enabled:
-        key = (agent_id, int(now // 60))
-        cells = stats.get(key)
-        if cells is None and len(stats) < MAX_KEYS:
-            cells = stats[key] = [0, 0, 0, 0, 0, 0.0, 0] + [0] * BUCKETS
+        minute = int(now) // 60
+        if minute != current_minute[0]:
+            current_minute[0] = minute
+            current.clear()
+        cells = current.get(agent_id)
+        if cells is None:
+            key = (agent_id, minute)
+            cells = stats.get(key)
+            if cells is None and len(stats) < MAX_KEYS:
+                cells = stats[key] = new_cells()
+            if cells is not None:
+                current[agent_id] = cells
         if cells is not None:
             cells[C_REQUESTS] += 1
             if not ok:
@@ -75,9 +89,15 @@ def record(
             cells[C_BYTES_IN] += request_bytes
             cells[C_BYTES_OUT] += exchange.nbytes
             cells[C_LATENCY] += seconds
-            cells[C_HIST + bucket_of(seconds)] += 1
-            dirty.add(key)
-            last_call[agent_id] = (now, outcome)
+            ms = seconds * 1000.0  # console.histogram.bucket_of, inlined: the hot path
+            if ms <= BASE_MS:
+                cells[C_HIST] += 1
+            else:
+                index = ceil(2.0 * log2(ms / BASE_MS))
+                cells[C_HIST + (index if index < BUCKETS else BUCKETS - 1)] += 1
+            cells[C_LAST_AT] = now
+            cells[C_LAST_OUTCOME] = outcome
+            cells[C_DIRTY] = 1
             clients[caller] = now
         else:
             dropped["stats"] += 1
