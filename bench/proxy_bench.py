@@ -478,6 +478,11 @@ def ratios(summary: dict) -> list[dict]:
                          "value": ratio(get(scenario, "gateway-stats-on"),
                                         get(scenario, "gateway-stats-off")),
                          "target": ">= 0.95"})
+            cpu_on = get(scenario, "gateway-stats-on", "cpu_us_per_req")
+            cpu_off = get(scenario, "gateway-stats-off", "cpu_us_per_req")
+            rows.append({"figure": f"{scenario}: stats+audit(errors) on - off (server CPU us/req)",
+                         "value": round(cpu_on - cpu_off, 1) if cpu_on and cpu_off else None,
+                         "target": "reported (steadier than req/s on a busy machine)"})
     for scenario in ("1KiB c=1", "1KiB c=64"):
         rows.append({"figure": f"{scenario}: gateway-daphne / daphne-ceiling (req/s)",
                      "value": ratio(get(scenario, "gateway-daphne"),
