@@ -54,6 +54,16 @@ def _sample_streams(minute: int) -> None:
             cells[C_DIRTY] = 1
 
 
+def _node_id() -> str:
+    """The id this node's rows are written under: the running gateway node's, else the
+    process's (``config.node.node_id``: ``NODE_ID``, or what ``serve`` derived from its port)."""
+    from config import node as node_config
+    from gateway import runtime
+
+    node = runtime.current_node()
+    return node.settings.NODE_ID if node is not None else node_config.node_id()
+
+
 def take_batch() -> dict:
     """What to write now. Runs on the event loop: plain dict work, no await, no I/O."""
     minute = int(time.time()) // 60
@@ -182,7 +192,7 @@ async def flush_once(*, do_purge: bool = False) -> None:
     if not any(batch[k] for k in ("rows", "calls", "clients", "changes")) and not do_purge:
         return
     try:
-        await sync_to_async(_write, thread_sensitive=False)(batch, settings.NODE_ID, do_purge)
+        await sync_to_async(_write, thread_sensitive=False)(batch, _node_id(), do_purge)
     except Exception as exc:
         logger.warning("console flush failed: %s: %s", type(exc).__name__, exc)
         for key, cells in batch["rows"]:

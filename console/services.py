@@ -92,7 +92,12 @@ def _console_token() -> str:
 
 
 async def _call_gateway(agent_id: str, body: bytes, token: str) -> tuple[int, dict, bytes]:
+    from gateway import runtime
     from gateway.handler import a2a_app
+
+    # The process's running node (the one the gateway serves /a2a from); started here when no
+    # server started one (a management shell, a test without a live server).
+    node = runtime.current_node() or await runtime.host.ensure()
 
     sent = False
     never = asyncio.Event()
@@ -134,7 +139,7 @@ async def _call_gateway(agent_id: str, body: bytes, token: str) -> tuple[int, di
             (b"content-length", str(len(body)).encode()),
         ],
     }
-    await asyncio.wait_for(a2a_app(scope, receive, send), TEST_TIMEOUT_SECONDS + 15)
+    await asyncio.wait_for(a2a_app(node, scope, receive, send), TEST_TIMEOUT_SECONDS + 15)
     return status, headers, b"".join(chunks)[:MAX_SHOWN_BYTES]
 
 

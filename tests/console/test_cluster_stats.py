@@ -70,6 +70,6 @@ def test_each_node_flushes_its_own_rows_and_the_admin_sums_them(
 
 
 def _node_a_id() -> str:
-    from django.conf import settings
+    from config import node as node_config
 
-    return settings.NODE_ID
+    return node_config.node_id()

@@ -8,9 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# DEVELOPING.md belongs to the contributors' guide and is maintained separately.
-PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md")
-                                     if p.name != "DEVELOPING.md")]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
