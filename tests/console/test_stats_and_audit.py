@@ -180,6 +180,9 @@ def test_pending_audit_rows_are_capped_and_drops_counted(settings, live_server_u
         for i in range(7):
             http.post(f"/a2a/{ok.agent_id}", content=rpc(f"hi {i}"),
                       headers={"Content-Type": "application/json"})
+    # The handler records a request just after its last byte went out: the caller may see the
+    # 7th reply before the 7th record lands (a busy machine), so wait for all 7 to be counted.
+    wait_for(lambda: sum(c[0] for c in list(recorder.stats.values())) == 7)
     assert len(recorder.audit) == 3 and recorder.dropped["audit"] == 4
     assert recorder.stats and sum(c[0] for c in recorder.stats.values()) == 7
     db(lambda: flusher.write_batch(flusher.take_batch(), "test-node"))
