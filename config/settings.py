@@ -63,7 +63,8 @@ A2A_TRUSTED_PROXIES = env_list("A2A_TRUSTED_PROXIES")
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    # The admin with the operator dashboard as its index (console.site.ConsoleAdminSite).
+    "console.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -73,12 +74,14 @@ INSTALLED_APPS = [
     "rest_framework_api_key",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "channels",
     "registry",
     "gateway",
     "discovery",
     "config",  # the node's management commands (serve)
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -248,6 +251,16 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Registry, gateway and discovery for A2A agents.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI and ReDoc served from the installed drf-spectacular-sidecar: no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"persistAuthorization": True},
+    # The /a2a gateway is raw ASGI (not a Django view): its paths are added to the document.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "console.schema.add_gateway_paths",
+    ],
 }
 
 # --- the platform ------------------------------------------------------------------------------
@@ -327,6 +340,13 @@ A2A_METRICS_REQUIRE_TOKEN = env_bool(
 A2A_MAX_AGENTS_PER_CLIENT = env_int("A2A_MAX_AGENTS_PER_CLIENT", 1000, minimum=0)
 A2A_MAX_PAGE_SIZE = env_int("A2A_MAX_PAGE_SIZE", 500, minimum=1)
 DISCOVERY_CONFIG = env_str("DISCOVERY_CONFIG")
+# --- operator console (console/): per-agent statistics and the audit log ---
+A2A_STATS = env_bool("A2A_STATS", True)
+A2A_STATS_RETENTION_HOURS = env_float("A2A_STATS_RETENTION_HOURS", 48, minimum=0.1)
+A2A_STATS_FLUSH_SECONDS = env_float("A2A_STATS_FLUSH_SECONDS", 5, minimum=0.05)
+A2A_AUDIT = env_choice("A2A_AUDIT", "errors", ("off", "errors", "all"))
+A2A_AUDIT_RETENTION_HOURS = env_float("A2A_AUDIT_RETENTION_HOURS", 168, minimum=0.1)
+A2A_AUDIT_MAX_PENDING = env_int("A2A_AUDIT_MAX_PENDING", 10000, minimum=1)
 # --- discovery (discovery/) ---
 DISCOVERY_FETCH_TIMEOUT_SECONDS = env_float("DISCOVERY_FETCH_TIMEOUT_SECONDS", 5.0, minimum=0.01)
 DISCOVERY_CONNECT_TIMEOUT_SECONDS = env_float(

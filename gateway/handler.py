@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from console import recorder
 from gateway import envelope as env
 from gateway import errors, metrics, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
@@ -171,7 +172,9 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     else:
         await _remote_sync(node, query, exchange,
                            timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS)
-    metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(agent_id, exchange.outcome, seconds)
+    recorder.record(agent_id, caller, method, exchange, len(body), seconds)
     if trace is not None:
         trace.end(exchange.outcome)
 
@@ -225,7 +228,9 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive, s
         await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
     else:
         await _relay_stream(node, subscriber, env.query(body, tags), exchange, receive)
-    metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(agent_id, exchange.outcome, seconds)
+    recorder.record(agent_id, caller, "message/stream", exchange, 0, seconds)
     if trace is not None:
         trace.end(exchange.outcome)
 
@@ -550,8 +555,9 @@ async def _discard(message: dict[str, Any]) -> None:
 class Exchange:
     """The caller's side of one request: turns reply messages into the ASGI response."""
 
+    # status / nbytes: what the caller got (HTTP status, response bytes), for the console.
     __slots__ = ("send", "rpc_id", "agent_id", "profile", "started", "done", "sse", "outcome",
-                 "mapped")
+                 "mapped", "status", "nbytes")
 
     def __init__(self, send, rpc_id: Any, agent_id: str, profile: str = "a2a") -> None:
         self.send = send
@@ -563,6 +569,8 @@ class Exchange:
         self.sse = False
         self.outcome = "unknown"
         self.mapped = False  # the agent's error status was answered as a JSON-RPC error
+        self.status = 0
+        self.nbytes = 0
 
     async def deliver(self, message: dict[str, Any]) -> None:
         kind = message["k"]
@@ -589,6 +597,8 @@ class Exchange:
             if not more and status not in (204, 304):
                 headers.append((b"content-length", str(len(body)).encode()))
             self.started = True
+            self.status = status
+            self.nbytes = len(body)
             if message["sse"]:
                 # Events answer any method (the agent's Content-Type decides): the caller's
                 # send must wait while its connection is full, on Daphne too.
@@ -601,6 +611,7 @@ class Exchange:
             self.done = not more
         elif kind == env.CHUNK:
             more = message["more"]
+            self.nbytes += len(message["body"])
             await send({"type": "http.response.body", "body": message["body"],
                         "more_body": more})
             self.done = not more
@@ -644,6 +655,7 @@ class Exchange:
         if self.outcome in ("unknown", "ok", "agent_error"):
             self.outcome = kind
         if not self.started:
+            self.status = errors.http_status_for(kind)
             extra = [(b"x-a2a-agent-status", str(status).encode())] if status else []
             await _error(self.send, kind, self.rpc_id, self.agent_id, detail, extra=extra,
                          status=status)
