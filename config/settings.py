@@ -67,6 +67,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: database outages answer a JSON 503 at once (config.outage).
+    "config.outage.DatabaseOutageMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -98,19 +100,30 @@ TEMPLATES = [
     }
 ]
 
+# Short waits on an unreachable database, so every surface answers (a 503) within 2 s and the
+# node notices the database is back within about a second (config.outage). libpq counts the
+# connect timeout in whole seconds, 2 at least.
+A2A_DB_CONNECT_TIMEOUT_SECONDS = env_int("A2A_DB_CONNECT_TIMEOUT_SECONDS", 2, minimum=2)
+A2A_DB_POOL_TIMEOUT_SECONDS = env_float("A2A_DB_POOL_TIMEOUT_SECONDS", 1.5, minimum=0.1)
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
     DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool(
-        "A2A_DB_POOL", True
-    ):
-        # A psycopg pool per process: under ASGI each request may use another thread, and
-        # opening a PostgreSQL connection per request costs more than the request itself.
-        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 1,
-            "max_size": env_int("A2A_DB_POOL_MAX", 20, minimum=1),
-            "timeout": 10,
-        }
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        _options = DATABASES["default"].setdefault("OPTIONS", {})
+        _options.setdefault("connect_timeout", A2A_DB_CONNECT_TIMEOUT_SECONDS)
+        if env_bool("A2A_DB_POOL", True):
+            # A psycopg pool per process: under ASGI each request may use another thread, and
+            # opening a PostgreSQL connection per request costs more than the request itself.
+            _options["pool"] = {
+                "min_size": 1,
+                "max_size": env_int("A2A_DB_POOL_MAX", 20, minimum=1),
+                "timeout": A2A_DB_POOL_TIMEOUT_SECONDS,
+                # psycopg_pool backs off exponentially while it cannot connect (1, 2, 4, 8,
+                # 16 s...), which kept a node failing 18 s after its database came back. Give
+                # up on an attempt after a few seconds instead: the next request that needs a
+                # connection starts a fresh one at once.
+                "reconnect_timeout": A2A_DB_CONNECT_TIMEOUT_SECONDS + 0.5,
+            }
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -266,6 +279,11 @@ A2A_CARDS_REQUIRE_TOKEN = env_bool("A2A_CARDS_REQUIRE_TOKEN", False)
 A2A_RATE_LIMIT_PER_SECOND = env_float("A2A_RATE_LIMIT_PER_SECOND", 0)  # 0: off
 A2A_RATE_LIMIT_BURST = env_int("A2A_RATE_LIMIT_BURST", 0)
 A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
+# Verified tokens keep working this long after their last successful check while the database
+# cannot be reached (revocations are honoured again as soon as it answers).
+A2A_AUTH_STALE_SECONDS = env_float("A2A_AUTH_STALE_SECONDS", 300)
+A2A_AUTH_LOOKUP_TIMEOUT_SECONDS = env_float("A2A_AUTH_LOOKUP_TIMEOUT_SECONDS", 1.0, minimum=0.05)
+A2A_AUTH_LOOKUP_THREADS = env_int("A2A_AUTH_LOOKUP_THREADS", 4, minimum=1)
 A2A_ROUTING_RESYNC_SECONDS = env_float("A2A_ROUTING_RESYNC_SECONDS", 30, minimum=1)
 A2A_NODE_HEARTBEAT_SECONDS = env_float("A2A_NODE_HEARTBEAT_SECONDS", 10, minimum=1)
 # Hand a Query straight to the subscriber when it lives in the receiving process (no broker

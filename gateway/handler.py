@@ -31,7 +31,7 @@ from gateway.replicator import ORIGIN
 from gateway.sse import error_event
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
-from registry.token_cache import AuthFailed
+from registry.token_cache import AuthFailed, AuthUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -204,15 +204,28 @@ async def _admit_to_agent(scope, send, authorization, rpc_id, agent_id):
 
 
 async def _admit(node, scope, send, authorization, rpc_id, agent_id) -> str | None:
-    """Authenticate, authorize and rate-limit: the caller's client id, or None once the
-    refusal has been answered."""
+    """Rate-limit by address (calls refused earlier), authenticate, authorize and rate-limit
+    by caller: the caller's client id, or None once the refusal has been answered."""
+    limiter = node.limiter
+    client = scope.get("client")
+    address = client[0] if client else "-"
+    if limiter.address_blocked(address):
+        await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
+                     extra=[(b"retry-after", b"1")])
+        return None
     try:
         actor = await node.tokens.actor(authorization)
+    except AuthUnavailable as exc:
+        await _error(send, errors.AUTH_UNAVAILABLE, rpc_id, agent_id, str(exc),
+                     extra=[(b"retry-after", b"1")])
+        return None
     except AuthFailed as exc:
+        limiter.charge_refused(address)
         await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, str(exc),
                      extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
         return None
     if actor is None:
+        limiter.charge_refused(address)
         await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id,
                      UNAUTHENTICATED_MESSAGE,
                      extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
@@ -221,12 +234,8 @@ async def _admit(node, scope, send, authorization, rpc_id, agent_id) -> str | No
         await _error(send, errors.FORBIDDEN, rpc_id, agent_id,
                      f"this client may not call {agent_id}")
         return None
-    if not actor.is_anonymous:
-        key = actor.client_id
-    else:
-        client = scope.get("client")
-        key = f"anonymous:{client[0] if client else '-'}"
-    if not node.limiter.allow(key):
+    key = actor.client_id if not actor.is_anonymous else f"anonymous:{address}"
+    if not limiter.allow(key):
         await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
                      extra=[(b"retry-after", b"1")])
         return None
@@ -325,6 +334,7 @@ async def _send_query(node, query, queue: asyncio.Queue, exchange: Exchange) -> 
 
 
 _DISCONNECT: dict[str, Any] = {"k": "disconnect"}
+_REVOKED: dict[str, Any] = {"k": "revoked"}
 
 
 async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) -> None:
@@ -351,6 +361,9 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                 return
 
     watcher = asyncio.get_running_loop().create_task(watch())
+    # A client revoked while its stream is open: the stream ends within the cache delay.
+    unwatch = node.tokens.watch_client(tags.get(env.TAG_CALLER, ""),
+                                       lambda: queue.put_nowait(_REVOKED))
     guard = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
     acked = not remote
     try:
@@ -370,9 +383,14 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                 exchange.outcome = "client_disconnect"
                 await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
                 return
+            if message is _REVOKED:
+                await exchange.fail(errors.UNAUTHENTICATED, "token revoked")
+                await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+                return
             acked = True
             await exchange.deliver(message)
     finally:
+        unwatch()
         watcher.cancel()
         if remote:
             node.inbox.pending.pop(request_id, None)

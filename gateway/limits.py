@@ -22,15 +22,24 @@ def request_timeout(payload: dict[str, Any]) -> float:
         if isinstance(configuration, dict):
             value = configuration.get("timeout")
             if (
-                isinstance(value, (int, float)) and not isinstance(value, bool)
-                and value > 0 and value == value  # not NaN
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and value > 0
+                and value == value  # not NaN
             ):
                 return min(float(value), conf.A2A_MAX_TIMEOUT_SECONDS)
     return min(float(conf.A2A_DEFAULT_TIMEOUT_SECONDS), conf.A2A_MAX_TIMEOUT_SECONDS)
 
 
 class RateLimiter:
-    """Token buckets per caller: ``rate`` tokens per second, ``burst`` deep. Rate 0: off.
+    """Token buckets: ``rate`` tokens per second, ``burst`` deep. Rate 0: off.
+
+    Authenticated callers are limited per client id (:meth:`allow`). Calls that fail
+    authentication are charged to the client's address (:meth:`charge_refused`), and an address
+    whose allowance is used up is refused with 429 *before* authentication
+    (:meth:`address_blocked`): token-less and bad-token floods are rate limited too, and cost
+    neither a token lookup nor a 401 body, while good callers sharing that address (behind a
+    NAT or a proxy) keep their own per-client buckets.
 
     In memory, per node: a cluster of N nodes admits up to N times the rate, which is what a
     per-node limiter can promise without a shared store on the hot path.
@@ -40,18 +49,40 @@ class RateLimiter:
 
     def __init__(self) -> None:
         self._buckets: dict[str, list[float]] = {}
+        self._refused: dict[str, list[float]] = {}  # client address -> bucket of refused calls
 
     def allow(self, caller: str) -> bool:
         rate = conf.A2A_RATE_LIMIT_PER_SECOND
         if rate <= 0:
             return True
+        return self._take(self._buckets, caller, rate)
+
+    def address_blocked(self, address: str) -> bool:
+        """Whether ``address`` has used up its allowance of refused calls (checked before
+        authentication; charges nothing)."""
+        bucket = self._refused.get(address)
+        if bucket is None:
+            return False
+        rate = conf.A2A_RATE_LIMIT_PER_SECOND
+        if rate <= 0:
+            return False
+        burst = float(conf.A2A_RATE_LIMIT_BURST or max(1.0, rate))
+        return min(burst, bucket[0] + (time.monotonic() - bucket[1]) * rate) < 1.0
+
+    def charge_refused(self, address: str) -> None:
+        """Charge one refused (unauthenticated) call to ``address``."""
+        rate = conf.A2A_RATE_LIMIT_PER_SECOND
+        if rate > 0:
+            self._take(self._refused, address, rate)
+
+    def _take(self, buckets: dict[str, list[float]], key: str, rate: float) -> bool:
         burst = float(conf.A2A_RATE_LIMIT_BURST or max(1.0, rate))
         now = time.monotonic()
-        bucket = self._buckets.get(caller)
+        bucket = buckets.get(key)
         if bucket is None:
-            if len(self._buckets) >= self.MAX_CALLERS:
-                self._buckets.clear()
-            bucket = self._buckets[caller] = [burst, now]
+            if len(buckets) >= self.MAX_CALLERS:
+                buckets.clear()
+            bucket = buckets[key] = [burst, now]
         tokens = min(burst, bucket[0] + (now - bucket[1]) * rate)
         bucket[1] = now
         if tokens < 1.0:

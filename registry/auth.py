@@ -1,7 +1,16 @@
-"""DRF authentication: ``Authorization: Bearer <token>`` for API clients; staff sessions."""
+"""DRF authentication: ``Authorization: Bearer <token>`` for API clients; staff sessions.
+
+Tokens are djangorestframework-api-key keys: ``<8-character prefix>.<32-character secret>``,
+letters and digits. A header in any other shape is not one of this platform's tokens: it costs
+no database lookup, and with anonymous access on it is ignored (the caller is anonymous), as
+KubeMQ without gateway auth ignores credentials meant for someone else.
+"""
 
 from __future__ import annotations
 
+import re
+
+from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
 
 from registry.permissions import Actor, anonymous_actor, staff_actor
@@ -9,6 +18,8 @@ from registry.selectors import actor_from_token
 
 #: What every surface answers (with 401) to a request that carries no credentials.
 UNAUTHENTICATED_MESSAGE = "authentication required: send Authorization: Bearer <token>"
+#: The shape of every token ``create_client`` and the admin issue (KeyGenerator's defaults).
+PLATFORM_TOKEN_RE = re.compile(r"[A-Za-z0-9]{8}\.[A-Za-z0-9]{32}")
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -21,14 +32,30 @@ def bearer_token(header: str | None) -> str | None:
     return token.strip()
 
 
+def is_platform_token(token: str | None) -> bool:
+    """Whether ``token`` has the shape of this platform's tokens (it may still be unknown)."""
+    return token is not None and PLATFORM_TOKEN_RE.fullmatch(token) is not None
+
+
+def platform_token(header: str | None) -> str | None:
+    """The platform token an Authorization header carries, or None when it carries none (no
+    header, another scheme, or a credential in another format, e.g. an agent's own key)."""
+    token = bearer_token(header)
+    return token if is_platform_token(token) else None
+
+
 class TokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
         header = request.META.get("HTTP_AUTHORIZATION")
         if not header:
             return None
         token = bearer_token(header)
-        if token is None:
-            raise exceptions.AuthenticationFailed("Authorization must be 'Bearer <token>'")
+        if not is_platform_token(token):
+            if settings.A2A_ALLOW_ANONYMOUS:
+                return None  # not ours: ignored, the caller is anonymous
+            if token is None:
+                raise exceptions.AuthenticationFailed("Authorization must be 'Bearer <token>'")
+            raise exceptions.AuthenticationFailed("invalid or revoked token")
         actor = actor_from_token(token=token)
         if actor is None:
             raise exceptions.AuthenticationFailed("invalid or revoked token")

@@ -20,11 +20,12 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
+from config import outage
 from registry.api.views import v1_heartbeat
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.kubemq_api import kubemq_heartbeat
 from registry.permissions import Actor
-from registry.token_cache import AuthFailed, TokenCache
+from registry.token_cache import AuthFailed, AuthUnavailable, TokenCache
 
 _V1_PATH = re.compile(r"^/api/v1/agents/([^/]+)/heartbeat/?\Z")
 _KUBEMQ_PATH = "/agents/heartbeat"
@@ -92,6 +93,9 @@ async def _answer(kind: str, agent_id: str | None, authorization: str | None, re
     extra: list[tuple[bytes, bytes]] = []
     try:
         actor: Actor | None = await tokens.actor(authorization)
+    except AuthUnavailable:
+        status, payload, actor = 503, outage.payload(), None
+        extra.append((b"retry-after", str(outage.RETRY_AFTER_SECONDS).encode()))
     except AuthFailed as exc:
         status, payload = 401, {"error": str(exc)}
         extra.append((b"www-authenticate", b'Bearer realm="api"'))
@@ -101,14 +105,21 @@ async def _answer(kind: str, agent_id: str | None, authorization: str | None, re
             status, payload = 401, {"error": UNAUTHENTICATED_MESSAGE}
             extra.append((b"www-authenticate", b'Bearer realm="api"'))
     if actor is not None:
-        if kind == "v1":
+        fn, kwargs = (v1_heartbeat, {"agent_id": agent_id}) if kind == "v1" \
+            else (kubemq_heartbeat, {"body": body})
+        try:
+            if outage.breaker.is_open:  # the database is down: answer at once (config.outage)
+                outage.breaker.ensure_probe()
+                raise outage.DatabaseUnavailable
             status, payload = await sync_to_async(_in_thread, thread_sensitive=False)(
-                v1_heartbeat, actor=actor, agent_id=agent_id
+                fn, actor=actor, **kwargs
             )
-        else:
-            status, payload = await sync_to_async(_in_thread, thread_sensitive=False)(
-                kubemq_heartbeat, actor=actor, body=body
-            )
+        except Exception as exc:
+            if not outage.is_database_outage(exc):
+                raise
+            outage.breaker.trip(exc)
+            status, payload = 503, outage.payload()
+            extra.append((b"retry-after", str(outage.RETRY_AFTER_SECONDS).encode()))
     data = orjson.dumps(payload)
     await send({"type": "http.response.start", "status": status,
                 "headers": [_JSON, (b"content-length", str(len(data)).encode()), *extra]})
