@@ -208,10 +208,14 @@ CELERY_TASK_ALWAYS_EAGER = EMBEDDED
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Survives database and broker outages (config/beat.py).
+CELERY_BEAT_SCHEDULER = "config.beat:ResilientDatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
 A2A_EXPIRY_INTERVAL_SECONDS = env_float("A2A_EXPIRY_INTERVAL_SECONDS", 5.0, minimum=0.1)
 DISCOVERY_INTERVAL_SECONDS = env_float("DISCOVERY_INTERVAL_SECONDS", 60.0, minimum=1)
+# Beat entries every serving node runs itself in distributed mode, under a cluster-wide lock
+# (config.periodic): expiry and node-death recovery need no single beat process. Empty: beat only.
+A2A_NODE_PERIODIC_TASKS = env_list("A2A_NODE_PERIODIC_TASKS", ["registry-expire-agents"])
 # Every entry expires within its interval so a backlog never piles up (STYLE.md rule 10).
 CELERY_BEAT_SCHEDULE = {
     "registry-expire-agents": {

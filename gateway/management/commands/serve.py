@@ -39,7 +39,7 @@ class Command(BaseCommand):
         parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne")
         parser.add_argument(
             "--no-periodic", action="store_true",
-            help="do not run the periodic jobs in-process (embedded mode runs them by default)",
+            help="do not run periodic jobs in-process (embedded: all; distributed: expiry)",
         )
 
     def handle(self, *args, host: str, port: int, server: str, no_periodic: bool, **options):
@@ -59,7 +59,8 @@ class Command(BaseCommand):
             settings.NODE_ID = f"{socket.gethostname()}:{port}"
         _bootstrap_admin_client(self.stdout)
         connection.close()
-        periodic = settings.EMBEDDED and not no_periodic
+        # Distributed: only A2A_NODE_PERIODIC_TASKS (expiry), under a cluster lock.
+        periodic = not no_periodic
         mode = "embedded" if settings.EMBEDDED else "distributed"
         self.stdout.write(
             f"Node {settings.NODE_ID} ({mode}) serving on http://{host}:{port}/ with {server}"
