@@ -247,8 +247,8 @@ def create_clients(env: dict, specs: dict[str, list[str]]) -> dict[str, str]:
     code = (
         "import json, os; from registry import services; out = {}\n"
         f"for name, scopes in {specs!r}.items():\n"
-        "    name = name + '-' + os.urandom(3).hex()\n"
-        "    out[name.rsplit('-', 1)[0]] = services.api_client_create(name=name, scopes=scopes)[1]\n"
+        "    unique = name + '-' + os.urandom(3).hex()\n"
+        "    out[name] = services.api_client_create(name=unique, scopes=scopes)[1]\n"
         "print('TOKENS' + json.dumps(out))\n"
     )
     out = manage(env, "shell", "-c", code)
