@@ -209,7 +209,7 @@ async def _admit(node, scope, send, authorization, rpc_id, agent_id) -> str | No
     limiter = node.limiter
     client = scope.get("client")
     address = client[0] if client else "-"
-    if limiter.address_blocked(address):
+    if limiter.address_blocked(address) and not node.tokens.verified(authorization):
         await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
                      extra=[(b"retry-after", b"1")])
         return None

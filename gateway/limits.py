@@ -37,9 +37,9 @@ class RateLimiter:
     Authenticated callers are limited per client id (:meth:`allow`). Calls that fail
     authentication are charged to the client's address (:meth:`charge_refused`), and an address
     whose allowance is used up is refused with 429 *before* authentication
-    (:meth:`address_blocked`): token-less and bad-token floods are rate limited too, and cost
-    neither a token lookup nor a 401 body, while good callers sharing that address (behind a
-    NAT or a proxy) keep their own per-client buckets.
+    (:meth:`address_blocked`, unless the caller's token was verified recently): token-less and
+    bad-token floods are rate limited too and cost no token lookup, while good callers sharing
+    that address (behind a NAT or a proxy) keep their own per-client buckets.
 
     In memory, per node: a cluster of N nodes admits up to N times the rate, which is what a
     per-node limiter can promise without a shared store on the hot path.

@@ -162,6 +162,12 @@ class TokenCache:
         """Whether the last lookup failed less than :attr:`RETRY_SECONDS` ago."""
         return time.monotonic() < self._down_until
 
+    def verified(self, authorization: str | None) -> bool:
+        """Whether this header names a client token verified recently (no lookup): such a caller
+        is not refused with the flood of refused calls from its address."""
+        entry = self._entries.get(authorization) if authorization else None
+        return entry is not None and entry[2] > time.monotonic() and not entry[0].is_anonymous
+
     async def actor(self, authorization: str | None) -> Actor | None:
         """The caller's actor; None when there is no Authorization header and anonymous access
         is off. Raises :class:`AuthFailed` for a bad header or token, and its subclass
