@@ -250,6 +250,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Registry, gateway and discovery for A2A agents.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.schema.document_errors",  # the error answers of every operation
+    ],
 }
 
 # --- the platform ------------------------------------------------------------------------------

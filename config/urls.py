@@ -22,3 +22,4 @@ urlpatterns = [
 
 # JSON for unexpected errors; a database outage anywhere in the stack answers 503 (config.outage).
 handler500 = "config.views.server_error"
+handler404 = "config.views.not_found"

@@ -91,3 +91,8 @@ def server_error(request):
         outage.breaker.trip(exc)
         return outage.json_response()
     return JsonResponse({"error": "internal server error"}, status=500)
+
+
+def not_found(request, exception=None):
+    """``handler404``: JSON like every other answer of the API (never Django's HTML page)."""
+    return JsonResponse({"error": "not found"}, status=404)

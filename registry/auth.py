@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
 from registry.permissions import Actor, anonymous_actor, staff_actor
@@ -80,3 +81,14 @@ class IsAuthenticatedOrAnonymousAllowed(permissions.BasePermission):
 
     def has_permission(self, request, view) -> bool:
         return request_actor(request) is not None
+
+
+class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Documents :class:`TokenAuthentication` in the OpenAPI schema (HTTP bearer)."""
+
+    target_class = "registry.auth.TokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer",
+                "description": "An API client token: Authorization: Bearer <prefix>.<secret>"}
