@@ -60,6 +60,27 @@ def wait_port(port: int, timeout: float = 20.0, proc: subprocess.Popen | None = 
     raise FaultSetupError(f"nothing listening on port {port} after {timeout}s")
 
 
+def _descendants(root: int) -> list[int]:
+    """Every descendant of ``root``, from /proc (children first found, then theirs)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, queue = [], [root]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
 class _Process:
     """A child process in a session (process group) of its own."""
 
@@ -77,10 +98,16 @@ class _Process:
         return self.proc is not None and self.proc.poll() is None
 
     def signal(self, sig: int) -> None:
-        """Send ``sig`` to this process and its children (its own process group only)."""
-        if self.alive():
+        """Send ``sig`` to this process, its process group and every descendant (PostgreSQL's
+        backends start sessions of their own, so the group alone misses them)."""
+        if not self.alive():
+            return
+        pids = _descendants(self.proc.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, sig)
+                os.kill(pid, sig)
 
     def kill(self) -> None:
         """kill -9, then reap."""

@@ -146,3 +146,29 @@ def test_every_surface_answers_json_503_and_recovers(pg, tokens, start_node, age
     print(f"node recovered {recovered:.2f}s after the database came back")
     assert httpx.get(node.url + "/readyz").status_code == 200
     assert httpx.get(f"{node.url}/api/v1/agents/{agent_id}", headers=auth).status_code == 200
+
+
+def test_gateway_calls_survive_a_stalled_database(pg, tokens, start_node, agent):
+    """PostgreSQL frozen with SIGSTOP (connections open, nothing answers: no error ever comes
+    back): token lookups give up after their timeout and verified tokens keep serving."""
+    node = start_node(A2A_AUTH_CACHE_SECONDS="0.5")
+    agent_id = register(node.url, tokens["admin"], agent.url)
+    url = f"{node.url}/a2a/{agent_id}"
+    assert asyncio.run(_calls(url, tokens["caller"], ["warm"]))[0][0].status_code == 200
+    pg.pause()
+    try:
+        time.sleep(0.8)
+        ids = [f"stall-{n}" for n in range(30)]
+        results = []
+        for chunk in range(3):
+            results += asyncio.run(_calls(url, tokens["caller"], ids[chunk * 10:(chunk + 1) * 10]))
+            time.sleep(0.5)
+        ready, elapsed = _timed("GET", node.url + "/readyz")
+    finally:
+        pg.resume()
+    for response, took in results:
+        assert response.status_code == 200, response.text
+        assert took < ANSWER_BOUND_SECONDS
+    assert sorted(i for i in rpc_ids_received(agent) if str(i).startswith("stall-")) == sorted(ids)
+    assert ready.status_code == 503 and elapsed < ANSWER_BOUND_SECONDS
+    assert ready.json()["checks"]["database"].startswith("unreachable")
