@@ -14,6 +14,7 @@ from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
+from config import outage
 from registry.permissions import Actor, anonymous_actor, staff_actor
 from registry.selectors import actor_from_token
 
@@ -57,6 +58,10 @@ class TokenAuthentication(authentication.BaseAuthentication):
             if token is None:
                 raise exceptions.AuthenticationFailed("Authorization must be 'Bearer <token>'")
             raise exceptions.AuthenticationFailed("invalid or revoked token")
+        if outage.breaker.is_open:
+            # The database is known to be down: answer 503 now instead of waiting out the
+            # pool timeout (requests queued for the sync thread while it tripped).
+            raise outage.DatabaseUnavailable("database unavailable")
         actor = actor_from_token(token=token)
         if actor is None:
             raise exceptions.AuthenticationFailed("invalid or revoked token")

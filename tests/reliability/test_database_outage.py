@@ -104,6 +104,19 @@ def test_every_surface_answers_json_503_and_recovers(pg, tokens, start_node, age
     agent_id = register(node.url, tokens["admin"], agent.url)
 
     pg.kill()
+
+    async def onset() -> list[tuple[int, float]]:
+        # Concurrent requests as the outage begins: none queues behind another's pool wait.
+        async with httpx.AsyncClient(timeout=30, headers=auth) as client:
+            async def one(path: str):
+                started = time.monotonic()
+                response = await client.get(node.url + path)
+                return response.status_code, time.monotonic() - started
+
+            return await asyncio.gather(*(one(p) for p in ["/api/v1/agents", "/agents"] * 4))
+
+    for status, elapsed in asyncio.run(onset()):
+        assert status == 503 and elapsed < ANSWER_BOUND_SECONDS, (status, elapsed)
     time.sleep(0.6)
     surfaces = [
         ("POST", f"/api/v1/agents/{agent_id}/heartbeat", {}),
