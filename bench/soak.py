@@ -70,8 +70,9 @@ class Window:
 
 
 class Soak:
-    def __init__(self, base: str, tokens: dict[str, str], agent_ids: list[str],
-                 agent_url: str) -> None:
+    def __init__(
+        self, base: str, tokens: dict[str, str], agent_ids: list[str], agent_url: str
+    ) -> None:
         self.base = base
         self.tokens = tokens
         self.agent_ids = agent_ids
@@ -106,22 +107,38 @@ class Soak:
 
     def _rpc(self, method: str, text: str) -> dict:
         self.sequence += 1
-        return {"jsonrpc": "2.0", "id": f"soak-{self.sequence}", "method": method,
-                "params": {"message": {"role": "user", "messageId": f"m{self.sequence}",
-                                       "parts": [{"kind": "text", "text": text}]}}}
+        return {
+            "jsonrpc": "2.0",
+            "id": f"soak-{self.sequence}",
+            "method": method,
+            "params": {
+                "message": {
+                    "role": "user",
+                    "messageId": f"m{self.sequence}",
+                    "parts": [{"kind": "text", "text": text}],
+                }
+            },
+        }
 
     async def _send(self, client):
         agent_id = random.choice(self.agent_ids)
-        response = await client.post(f"/a2a/{agent_id}", json=self._rpc("message/send", "hi"),
-                                     headers=self._headers("caller"))
+        response = await client.post(
+            f"/a2a/{agent_id}",
+            json=self._rpc("message/send", "hi"),
+            headers=self._headers("caller"),
+        )
         ok = response.status_code == 200 and "result" in response.json()
         return ok, f"{response.status_code} {response.text[:200]}"
 
     async def _stream(self, client):
         agent_id = random.choice(self.agent_ids)
         body = b""
-        async with client.stream("POST", f"/a2a/{agent_id}", headers=self._headers("caller"),
-                                 json=self._rpc("message/stream", "task soak")) as response:
+        async with client.stream(
+            "POST",
+            f"/a2a/{agent_id}",
+            headers=self._headers("caller"),
+            json=self._rpc("message/stream", "task soak"),
+        ) as response:
             async for chunk in response.aiter_raw():
                 body += chunk
         ok = response.status_code == 200 and b'"completed"' in body and b'"error"' not in body
@@ -129,20 +146,28 @@ class Soak:
 
     async def _heartbeat(self, client):
         agent_id = random.choice(self.agent_ids)
-        response = await client.post(f"/api/v1/agents/{agent_id}/heartbeat",
-                                     headers=self._headers("registrar"))
+        response = await client.post(
+            f"/api/v1/agents/{agent_id}/heartbeat", headers=self._headers("registrar")
+        )
         return response.status_code == 200, f"{response.status_code} {response.text[:200]}"
 
     async def _churn(self, client):
         if self.churn and (len(self.churn) > 20 or random.random() < 0.5):
             agent_id = self.churn.pop(0)
-            response = await client.delete(f"/api/v1/agents/{agent_id}",
-                                           headers=self._headers("registrar"))
+            response = await client.delete(
+                f"/api/v1/agents/{agent_id}", headers=self._headers("registrar")
+            )
             return response.status_code == 204, f"{response.status_code} {response.text[:200]}"
         agent_id = f"churn-{os.urandom(4).hex()}"
-        response = await client.post("/api/v1/agents", headers=self._headers("registrar"), json={
-            "agent_id": agent_id, "url": self.agent_url,
-            "card": {"name": "Churn agent", "url": self.agent_url}})
+        response = await client.post(
+            "/api/v1/agents",
+            headers=self._headers("registrar"),
+            json={
+                "agent_id": agent_id,
+                "url": self.agent_url,
+                "card": {"name": "Churn agent", "url": self.agent_url},
+            },
+        )
         if response.status_code in (200, 201):
             self.churn.append(agent_id)
             return True, ""
@@ -176,8 +201,7 @@ class Soak:
                     window.errors += 1
                     window.kinds["overload"] = window.kinds.get("overload", 0) + 1
                     continue
-                task = loop.create_task(self.one(client, random.choices(kinds, weights)[0],
-                                                 window))
+                task = loop.create_task(self.one(client, random.choices(kinds, weights)[0], window))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -189,9 +213,12 @@ class Soak:
     def _print(window: Window, index: int) -> None:
         ms = [v * 1000 for v in window.latencies]
         rate = window.errors / window.requests if window.requests else 0.0
-        print(f"window {index:3d}: {window.requests:7d} req  {window.errors:5d} err "
-              f"({rate:.3%})  p50 {percentile(ms, 50):7.1f} ms  p99 {percentile(ms, 99):7.1f} ms"
-              f"  RSS {window.rss_kib / 1024:7.1f} MiB  {window.kinds or ''}", flush=True)
+        print(
+            f"window {index:3d}: {window.requests:7d} req  {window.errors:5d} err "
+            f"({rate:.3%})  p50 {percentile(ms, 50):7.1f} ms  p99 {percentile(ms, 99):7.1f} ms"
+            f"  RSS {window.rss_kib / 1024:7.1f} MiB  {window.kinds or ''}",
+            flush=True,
+        )
 
 
 def summarize(soak: Soak, rate: float) -> dict:
@@ -202,15 +229,26 @@ def summarize(soak: Soak, rate: float) -> dict:
     baseline = windows[0].rss_kib if len(windows) > 1 else windows[-1].rss_kib
     growth = (windows[-1].rss_kib - baseline) / baseline if baseline else 0.0
     return {
-        "rate": rate, "requests": requests, "errors": errors,
+        "rate": rate,
+        "requests": requests,
+        "errors": errors,
         "error_rate": errors / requests if requests else 0.0,
-        "p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99),
-        "rss_first_window_kib": baseline, "rss_end_kib": windows[-1].rss_kib,
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+        "rss_first_window_kib": baseline,
+        "rss_end_kib": windows[-1].rss_kib,
         "rss_growth": growth,
-        "windows": [{"requests": w.requests, "errors": w.errors, "kinds": w.kinds,
-                     "p50_ms": percentile([v * 1000 for v in w.latencies], 50),
-                     "p99_ms": percentile([v * 1000 for v in w.latencies], 99),
-                     "rss_kib": w.rss_kib} for w in windows],
+        "windows": [
+            {
+                "requests": w.requests,
+                "errors": w.errors,
+                "kinds": w.kinds,
+                "p50_ms": percentile([v * 1000 for v in w.latencies], 50),
+                "p99_ms": percentile([v * 1000 for v in w.latencies], 99),
+                "rss_kib": w.rss_kib,
+            }
+            for w in windows
+        ],
         "error_samples": soak.error_samples,
     }
 
@@ -222,10 +260,14 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=60.0, help="report window, seconds")
     parser.add_argument("--server", choices=["uvicorn", "daphne"], default="uvicorn")
     parser.add_argument("--agents", type=int, default=2, help="real a2a-sdk agents")
-    parser.add_argument("--distributed", action="store_true",
-                        help="PostgreSQL (a throwaway DB next to DATABASE_URL) and REDIS_URL")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if errors > 0.1 %% or RSS growth > 10 %%")
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="PostgreSQL (a throwaway DB next to DATABASE_URL) and REDIS_URL",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 if errors > 0.1 %% or RSS growth > 10 %%"
+    )
     args = parser.parse_args()
     pin_self_to_load_core()
     db_name = admin_url = None
@@ -240,8 +282,9 @@ def main() -> int:
                     parser.error("--distributed needs DATABASE_URL and REDIS_URL")
                 database_url, db_name = create_postgres_db(admin_url)
                 extra["REDIS_URL"] = redis_url
-            node = PlatformNode("soak-node", Path(tmp_name), extra_env=extra,
-                                database_url=database_url)
+            node = PlatformNode(
+                "soak-node", Path(tmp_name), extra_env=extra, database_url=database_url
+            )
             admin, registrar, caller = node.prepare()
             proc = node.serve(args.server)
             for agent in agents:
@@ -251,19 +294,38 @@ def main() -> int:
                 for index, agent in enumerate(agents):
                     agent_id = f"soak-{index}-{os.urandom(2).hex()}"
                     response = client.post(
-                        "/api/v1/agents", headers={"Authorization": f"Bearer {registrar}"},
-                        json={"agent_id": agent_id, "url": agent.url, "ttl_seconds": 3600,
-                              "max_concurrency": 1000,
-                              "card": {"name": "Soak agent", "url": agent.url}})
+                        "/api/v1/agents",
+                        headers={"Authorization": f"Bearer {registrar}"},
+                        json={
+                            "agent_id": agent_id,
+                            "url": agent.url,
+                            "ttl_seconds": 3600,
+                            "max_concurrency": 1000,
+                            "card": {"name": "Soak agent", "url": agent.url},
+                        },
+                    )
                     response.raise_for_status()
                     agent_ids.append(agent_id)
-            soak = Soak(node.url, {"admin": admin, "registrar": registrar, "caller": caller},
-                        agent_ids, agents[0].url)
-            print(f"soak: {args.rate:.0f} req/s open loop for {args.minutes} min against "
-                  f"{node.url} ({'distributed' if args.distributed else 'embedded'}, "
-                  f"{args.server}), {len(agents)} agents", flush=True)
-            asyncio.run(soak.run(rate=args.rate, seconds=args.minutes * 60,
-                                 interval=args.interval, node_pid=proc.pid))
+            soak = Soak(
+                node.url,
+                {"admin": admin, "registrar": registrar, "caller": caller},
+                agent_ids,
+                agents[0].url,
+            )
+            print(
+                f"soak: {args.rate:.0f} req/s open loop for {args.minutes} min against "
+                f"{node.url} ({'distributed' if args.distributed else 'embedded'}, "
+                f"{args.server}), {len(agents)} agents",
+                flush=True,
+            )
+            asyncio.run(
+                soak.run(
+                    rate=args.rate,
+                    seconds=args.minutes * 60,
+                    interval=args.interval,
+                    node_pid=proc.pid,
+                )
+            )
             summary = summarize(soak, args.rate)
         finally:
             for agent in agents:
@@ -272,11 +334,13 @@ def main() -> int:
                 node_proc.stop()
             if db_name and admin_url:
                 drop_postgres_db(admin_url, db_name)
-    print(f"total: {summary['requests']} requests, {summary['errors']} errors "
-          f"({summary['error_rate']:.3%}, target <= {ERROR_TARGET:.1%}); "
-          f"p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms "
-          f"(target < {P99_TARGET_MS:.0f} ms at 200 req/s); RSS growth after warm-up "
-          f"{summary['rss_growth']:+.1%} (target <= {RSS_TARGET:.0%})")
+    print(
+        f"total: {summary['requests']} requests, {summary['errors']} errors "
+        f"({summary['error_rate']:.3%}, target <= {ERROR_TARGET:.1%}); "
+        f"p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms "
+        f"(target < {P99_TARGET_MS:.0f} ms at 200 req/s); RSS growth after warm-up "
+        f"{summary['rss_growth']:+.1%} (target <= {RSS_TARGET:.0%})"
+    )
     for sample in summary["error_samples"][:5]:
         print(f"  error sample: {sample}")
     path = write_results("soak", {"machine": machine_info(), "args": vars(args), **summary})

@@ -44,8 +44,10 @@ _METHODS = {"get", "post", "put", "patch", "delete"}
 
 
 def _error(code: str) -> dict:
-    response = {"description": _DESCRIPTIONS[code], "content": {"application/json": {
-        "schema": _ERROR_REF}}}
+    response = {
+        "description": _DESCRIPTIONS[code],
+        "content": {"application/json": {"schema": _ERROR_REF}},
+    }
     if code == "503":
         response["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
     return response
@@ -73,8 +75,10 @@ def document_errors(result: dict, generator, request, public) -> dict:
             codes += _EXTRA.get((method, path), [])
             for code in codes:
                 responses.setdefault(code, _error(code))
-            public_card = operation.get("operationId") in _PUBLIC_CARD_OPERATIONS and \
-                not settings.A2A_CARDS_REQUIRE_TOKEN
+            public_card = (
+                operation.get("operationId") in _PUBLIC_CARD_OPERATIONS
+                and not settings.A2A_CARDS_REQUIRE_TOKEN
+            )
             if (public_card or settings.A2A_ALLOW_ANONYMOUS) and operation.get("security"):
                 if {} not in operation["security"]:
                     operation["security"].append({})  # a token is optional here

@@ -95,5 +95,8 @@ class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer",
-                "description": "An API client token: Authorization: Bearer <prefix>.<secret>"}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API client token: Authorization: Bearer <prefix>.<secret>",
+        }

@@ -160,9 +160,23 @@ class PrivatePostgres(_Process):
             self.user = "postgres"
             entry = pwd.getpwnam(self.user)
             os.chown(self.dir, entry.pw_uid, entry.pw_gid)
-        self._run_as([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
-                      "-A", "trust", "-E", "UTF8", "--no-sync"], check=True,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._run_as(
+            [
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
 
     def _prefix(self) -> list[str]:
         return ["runuser", "-u", self.user, "--"] if self.user else []
@@ -178,10 +192,23 @@ class PrivatePostgres(_Process):
 
     def start(self) -> PrivatePostgres:
         args = self._prefix() + [
-            str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port),
-            "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
-            "-c", "fsync=off", "-c", "full_page_writes=off",
-            "-c", "max_connections=200", "-c", "shared_buffers=32MB",
+            str(self.bin / "postgres"),
+            "-D",
+            str(self.data),
+            "-p",
+            str(self.port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={self.dir}",
+            "-c",
+            "fsync=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=200",
+            "-c",
+            "shared_buffers=32MB",
         ]
         log = open(self.dir / "postgres.log", "ab")  # noqa: SIM115 - kept open by the child
         proc = self._spawn(args, stdout=log, stderr=log)
@@ -204,9 +231,23 @@ class PrivatePostgres(_Process):
 
     def psql(self, sql: str, dbname: str = "postgres") -> str:
         result = subprocess.run(
-            [str(self.bin / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-             "-d", dbname, "-qAtc", sql],
-            check=True, capture_output=True, text=True, timeout=60,
+            [
+                str(self.bin / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                dbname,
+                "-qAtc",
+                sql,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         return result.stdout.strip()
 
@@ -229,9 +270,21 @@ class PrivateRedis(_Process):
 
     def start(self) -> PrivateRedis:
         proc = self._spawn(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_port(self.port, 10, proc)
         return self
@@ -249,10 +302,20 @@ class PrivateRedis(_Process):
 
 def platform_env(*, database_url: str | None, redis_url: str | None, **extra: str) -> dict:
     """The environment of a platform process (node, beat, manage.py) using these services."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "REDIS_URL", "NODE_ID", "PYTEST_CURRENT_TEST")}
-    env.update({"SECRET_KEY": "fault-tests", "A2A_TESTING": "false", "LOG_LEVEL": "WARNING",
-                "PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "config.settings"})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "REDIS_URL", "NODE_ID", "PYTEST_CURRENT_TEST")
+    }
+    env.update(
+        {
+            "SECRET_KEY": "fault-tests",
+            "A2A_TESTING": "false",
+            "LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+        }
+    )
     if database_url:
         env["DATABASE_URL"] = database_url
     if redis_url:
@@ -262,8 +325,14 @@ def platform_env(*, database_url: str | None, redis_url: str | None, **extra: st
 
 
 def manage(env: dict, *args: str, timeout: float = 180) -> str:
-    result = subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=env, timeout=timeout,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [PYTHON, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise FaultSetupError(f"manage.py {' '.join(args)} failed: {result.stderr[-2000:]}")
     return result.stdout
@@ -298,9 +367,20 @@ class Node(_Process):
     def start(self, timeout: float = 60) -> Node:
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open by the child
         proc = self._spawn(
-            [PYTHON, "manage.py", "serve", "--server", "uvicorn", "--port", str(self.port),
-             *self.extra_args],
-            cwd=ROOT, env=self.env, stdout=log, stderr=log,
+            [
+                PYTHON,
+                "manage.py",
+                "serve",
+                "--server",
+                "uvicorn",
+                "--port",
+                str(self.port),
+                *self.extra_args,
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=log,
         )
         wait_port(self.port, timeout, proc)
         deadline = time.monotonic() + timeout
@@ -360,9 +440,18 @@ class AgentProcess(_Process):
 
     def start(self) -> AgentProcess:
         proc = self._spawn(
-            [PYTHON, "-c", AGENT_MAIN, str(self.port), str(self.log_path), str(self.steps),
-             str(self.step_delay)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                PYTHON,
+                "-c",
+                AGENT_MAIN,
+                str(self.port),
+                str(self.log_path),
+                str(self.steps),
+                str(self.step_delay),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_port(self.port, 30, proc)
         return self
@@ -448,8 +537,11 @@ class FaultProxy:
                 with contextlib.suppress(OSError):
                     dst.write_eof()
 
-            await asyncio.gather(pipe(reader, up_writer, False), pipe(up_reader, writer, True),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                pipe(reader, up_writer, False),
+                pipe(up_reader, writer, True),
+                return_exceptions=True,
+            )
         except OSError:
             pass
         finally:
@@ -459,6 +551,7 @@ class FaultProxy:
 
     def reset_all(self) -> None:
         """Reset every open connection (an agent killed -9 mid-answer looks like this)."""
+
         def go() -> None:
             for writer in list(self._writers):
                 _reset(writer)

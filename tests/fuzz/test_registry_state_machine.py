@@ -36,10 +36,15 @@ def _eventually(check, timeout: float = 3.0):
 def test_registry_lifecycle_state_machine(live_server_url):
     admin = make_client(["admin"])[1]
     caller = make_client(["call"])[1]
-    with EchoAgent() as agent, httpx.Client(
-        base_url=live_server_url, timeout=30, headers={"Authorization": f"Bearer {admin}"}
-    ) as api, httpx.Client(base_url=live_server_url, timeout=30,
-                           headers={"Authorization": f"Bearer {caller}"}) as gateway:
+    with (
+        EchoAgent() as agent,
+        httpx.Client(
+            base_url=live_server_url, timeout=30, headers={"Authorization": f"Bearer {admin}"}
+        ) as api,
+        httpx.Client(
+            base_url=live_server_url, timeout=30, headers={"Authorization": f"Bearer {caller}"}
+        ) as gateway,
+    ):
 
         class Lifecycle(RuleBasedStateMachine):
             def __init__(self) -> None:
@@ -50,11 +55,18 @@ def test_registry_lifecycle_state_machine(live_server_url):
 
             @rule(agent_id=AGENT_IDS, ttl=st.integers(min_value=5, max_value=MAX_TTL))
             def register(self, agent_id: str, ttl: int) -> None:
-                response = api.post("/api/v1/agents", json={
-                    "agent_id": agent_id, "url": agent.url, "ttl_seconds": ttl,
-                    "card": agent.card_document})
-                assert response.status_code == (200 if agent_id in self.model else 201), \
+                response = api.post(
+                    "/api/v1/agents",
+                    json={
+                        "agent_id": agent_id,
+                        "url": agent.url,
+                        "ttl_seconds": ttl,
+                        "card": agent.card_document,
+                    },
+                )
+                assert response.status_code == (200 if agent_id in self.model else 201), (
                     response.text
+                )
                 assert response.json()["status"] == "active"
                 self.model[agent_id] = "active"
 
@@ -82,15 +94,28 @@ def test_registry_lifecycle_state_machine(live_server_url):
                 active = self.model.get(agent_id) == "active"
 
                 def agrees():
-                    response = gateway.post(f"/a2a/{agent_id}", json={
-                        "jsonrpc": "2.0", "id": "sm", "method": "message/send",
-                        "params": {"message": {"role": "user", "messageId": "m",
-                                               "parts": [{"kind": "text", "text": "hi"}]}}})
+                    response = gateway.post(
+                        f"/a2a/{agent_id}",
+                        json={
+                            "jsonrpc": "2.0",
+                            "id": "sm",
+                            "method": "message/send",
+                            "params": {
+                                "message": {
+                                    "role": "user",
+                                    "messageId": "m",
+                                    "parts": [{"kind": "text", "text": "hi"}],
+                                }
+                            },
+                        },
+                    )
                     body = response.json()
                     if active:
                         return "result" in body or body
-                    return body.get("error", {}).get("data", {}).get("kind") == \
-                        "agent_not_found" or body
+                    return (
+                        body.get("error", {}).get("data", {}).get("kind") == "agent_not_found"
+                        or body
+                    )
 
                 assert _eventually(agrees) is True
 
@@ -104,6 +129,13 @@ def test_registry_lifecycle_state_machine(live_server_url):
                     else:
                         assert response.status_code == 404
 
-        run_state_machine_as_test(Lifecycle, settings=settings(
-            max_examples=12, stateful_step_count=12, deadline=None, database=None,
-            suppress_health_check=list(HealthCheck)))
+        run_state_machine_as_test(
+            Lifecycle,
+            settings=settings(
+                max_examples=12,
+                stateful_step_count=12,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )

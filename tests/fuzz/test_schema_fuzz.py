@@ -31,11 +31,18 @@ def _fuzz(base_url: str, token: str) -> list[str]:
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
 
             @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=MAX_EXAMPLES,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
             def run(case) -> None:
-                case.call_and_validate(headers={"Authorization": f"Bearer {token}"}, timeout=30,
-                                       excluded_checks=SEMANTIC_CHECKS)
+                case.call_and_validate(
+                    headers={"Authorization": f"Bearer {token}"},
+                    timeout=30,
+                    excluded_checks=SEMANTIC_CHECKS,
+                )
 
             try:
                 run()

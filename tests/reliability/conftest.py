@@ -13,6 +13,7 @@ import pytest
 
 from tests import faults
 from tests.a2a_agents import EchoAgent
+from tests.gateway.conftest import make_caller, register_agent  # noqa: F401 - shared fixtures
 
 
 def _setup_failed(exc: Exception):
@@ -83,10 +84,17 @@ def agent():
 
 def register(node_url: str, admin_token: str, agent_url: str, **extra) -> str:
     agent_id = extra.pop("agent_id", None) or f"rel-{os.urandom(3).hex()}"
-    response = httpx.post(f"{node_url}/api/v1/agents", timeout=10,
-                          headers={"Authorization": f"Bearer {admin_token}"},
-                          json={"agent_id": agent_id, "url": agent_url,
-                                "card": {"name": "Fault agent", "url": agent_url}, **extra})
+    response = httpx.post(
+        f"{node_url}/api/v1/agents",
+        timeout=10,
+        headers={"Authorization": f"Bearer {admin_token}"},
+        json={
+            "agent_id": agent_id,
+            "url": agent_url,
+            "card": {"name": "Fault agent", "url": agent_url},
+            **extra,
+        },
+    )
     assert response.status_code == 201, response.text
     return agent_id
 

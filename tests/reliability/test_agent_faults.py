@@ -26,8 +26,13 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _send(rpc_id, text: str = "hi", method: str = "message/send", timeout: float | None = None):
-    params: dict = {"message": {"role": "user", "messageId": os.urandom(4).hex(),
-                                "parts": [{"kind": "text", "text": text}]}}
+    params: dict = {
+        "message": {
+            "role": "user",
+            "messageId": os.urandom(4).hex(),
+            "parts": [{"kind": "text", "text": text}],
+        }
+    }
     if timeout is not None:
         params["configuration"] = {"timeout": timeout}
     return {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}
@@ -57,14 +62,24 @@ class ScriptedAgent:
         with self._lock:
             self.ids.append(rpc_id)
         if self.behaviour in ("500", "503"):
-            await send({"type": "http.response.start", "status": int(self.behaviour),
-                        "headers": [(b"content-type", b"text/plain")]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": int(self.behaviour),
+                    "headers": [(b"content-type", b"text/plain")],
+                }
+            )
             await send({"type": "http.response.body", "body": b"upstream trouble"})
             return
         await asyncio.sleep(self.delay)
         out = orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "result": {"ok": True}})
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": out})
 
 
@@ -72,19 +87,32 @@ class ScriptedAgent:
 def platform(live_server_url, admin_token):
     """Register agents on the live node and call them: ``(register(url, **extra), call)``."""
     caller_token = make_client(["call"])[1]
-    admin = httpx.Client(base_url=live_server_url, timeout=30,
-                         headers={"Authorization": f"Bearer {admin_token}"})
+    admin = httpx.Client(
+        base_url=live_server_url, timeout=30, headers={"Authorization": f"Bearer {admin_token}"}
+    )
 
     def register(url: str, **extra) -> str:
         agent_id = f"fault-{os.urandom(3).hex()}"
-        response = admin.post("/api/v1/agents", json={
-            "agent_id": agent_id, "url": url, "card": {"name": "Fault agent", "url": url},
-            **extra})
+        response = admin.post(
+            "/api/v1/agents",
+            json={
+                "agent_id": agent_id,
+                "url": url,
+                "card": {"name": "Fault agent", "url": url},
+                **extra,
+            },
+        )
         assert response.status_code == 201, response.text
         return agent_id
 
-    with admin, httpx.Client(base_url=live_server_url, timeout=60,
-                             headers={"Authorization": f"Bearer {caller_token}"}) as caller:
+    with (
+        admin,
+        httpx.Client(
+            base_url=live_server_url,
+            timeout=60,
+            headers={"Authorization": f"Bearer {caller_token}"},
+        ) as caller,
+    ):
         yield register, caller
 
 
@@ -98,8 +126,9 @@ def test_agent_killed_mid_stream(platform):
     try:
         agent_id = register(agent.url)
         events = []
-        with caller.stream("POST", f"/a2a/{agent_id}",
-                           json=_send("s-1", "task long", method="message/stream")) as response:
+        with caller.stream(
+            "POST", f"/a2a/{agent_id}", json=_send("s-1", "task long", method="message/stream")
+        ) as response:
             assert response.status_code == 200
             assert response.headers["x-a2a-executed"] == "true"
             buffer = b""
@@ -178,12 +207,15 @@ def test_concurrency_cap_100_of_150(platform):
 
         async def burst():
             limits = httpx.Limits(max_connections=200)
-            async with httpx.AsyncClient(base_url=str(caller.base_url), timeout=60,
-                                         limits=limits,
-                                         headers={"Authorization": token}) as client:
-                return await asyncio.gather(*(
-                    client.post(f"/a2a/{agent_id}", json=_send(f"b-{n}")) for n in range(150)
-                ))
+            async with httpx.AsyncClient(
+                base_url=str(caller.base_url),
+                timeout=60,
+                limits=limits,
+                headers={"Authorization": token},
+            ) as client:
+                return await asyncio.gather(
+                    *(client.post(f"/a2a/{agent_id}", json=_send(f"b-{n}")) for n in range(150))
+                )
 
         responses = asyncio.run(burst())
     ok = [r for r in responses if r.status_code == 200 and "result" in r.json()]

@@ -21,15 +21,23 @@ from django.db.backends.signals import connection_created
 
 from registry import services
 from tests.a2a_agents import EchoAgent
-from tests.gateway.conftest import make_caller, register_agent  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _send(text: str = "hi", rpc_id: str = "1", method: str = "message/send") -> dict:
-    return {"jsonrpc": "2.0", "id": rpc_id, "method": method,
-            "params": {"message": {"role": "user", "messageId": os.urandom(4).hex(),
-                                   "parts": [{"kind": "text", "text": text}]}}}
+    return {
+        "jsonrpc": "2.0",
+        "id": rpc_id,
+        "method": method,
+        "params": {
+            "message": {
+                "role": "user",
+                "messageId": os.urandom(4).hex(),
+                "parts": [{"kind": "text", "text": text}],
+            }
+        },
+    }
 
 
 class TokenLookups:
@@ -64,7 +72,11 @@ def agent():
 
 
 def test_token_less_and_bad_token_floods_get_429_by_address(
-    live_server_url, settings, register_agent, make_caller, agent  # noqa: F811
+    live_server_url,
+    settings,
+    register_agent,
+    make_caller,
+    agent,
 ):
     settings.A2A_RATE_LIMIT_PER_SECOND = 5
     settings.A2A_RATE_LIMIT_BURST = 5
@@ -90,8 +102,12 @@ def test_token_less_and_bad_token_floods_get_429_by_address(
         assert ok.json()["id"] == "good"
 
 
-def test_bad_tokens_cost_no_lookup_per_call(live_server_url, settings, register_agent,  # noqa: F811
-                                             agent):
+def test_bad_tokens_cost_no_lookup_per_call(
+    live_server_url,
+    settings,
+    register_agent,
+    agent,
+):
     settings.A2A_AUTH_CACHE_SECONDS = 60
     registered = register_agent(agent)
     url = f"{live_server_url}/a2a/{registered.agent_id}"
@@ -99,8 +115,10 @@ def test_bad_tokens_cost_no_lookup_per_call(live_server_url, settings, register_
     foreign = "Bearer sk-live-not-one-of-ours"
     with TokenLookups() as lookups, httpx.Client(timeout=10) as client:
         for _ in range(30):
-            assert client.post(url, json=_send(), headers={"Authorization": unknown}) \
-                .status_code == 401
+            assert (
+                client.post(url, json=_send(), headers={"Authorization": unknown}).status_code
+                == 401
+            )
         assert lookups.count <= 1  # the first call looked it up; the rest hit the negative cache
         before = lookups.count
         for n in range(30):
@@ -121,17 +139,26 @@ def _events(response: httpx.Response):
 
 
 def test_revoked_client_stream_ends_within_the_cache_delay(
-    live_server_url, settings, register_agent, make_caller, agent  # noqa: F811
+    live_server_url,
+    settings,
+    register_agent,
+    make_caller,
+    agent,
 ):
     settings.A2A_AUTH_CACHE_SECONDS = 0.5
     registered = register_agent(agent)
     caller = make_caller()
     url = f"{live_server_url}/a2a/{registered.agent_id}"
     events = []
-    with httpx.Client(timeout=30) as client, client.stream(
-        "POST", url, json=_send("task long", rpc_id="s1", method="message/stream"),
-        headers=caller.auth,
-    ) as response:
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream(
+            "POST",
+            url,
+            json=_send("task long", rpc_id="s1", method="message/stream"),
+            headers=caller.auth,
+        ) as response,
+    ):
         assert response.status_code == 200
         stream = _events(response)
         events.append(next(stream))
@@ -152,7 +179,11 @@ def test_revoked_client_stream_ends_within_the_cache_delay(
 
 
 def test_anonymous_mode_ignores_foreign_credentials(
-    live_server_url, settings, register_agent, make_caller, agent  # noqa: F811
+    live_server_url,
+    settings,
+    register_agent,
+    make_caller,
+    agent,
 ):
     settings.A2A_ALLOW_ANONYMOUS = True
     registered = register_agent(agent)
@@ -160,10 +191,12 @@ def test_anonymous_mode_ignores_foreign_credentials(
     revoked = make_caller()
     services.api_client_update(client_id=revoked.client_id, revoked=True)
     with httpx.Client(timeout=10) as client:
-        for n, header in enumerate(["Bearer sk-agent-own-key", "Basic dXNlcjpwYXNz",
-                                    "Token abc", "Bearer"]):
-            response = client.post(url, json=_send(rpc_id=f"a{n}"),
-                                   headers={"Authorization": header})
+        for n, header in enumerate(
+            ["Bearer sk-agent-own-key", "Basic dXNlcjpwYXNz", "Token abc", "Bearer"]
+        ):
+            response = client.post(
+                url, json=_send(rpc_id=f"a{n}"), headers={"Authorization": header}
+            )
             assert response.status_code == 200, (header, response.text)
             assert response.json()["id"] == f"a{n}"
         for header in ["Bearer ABCDEFGH." + "y" * 32, f"Bearer {revoked.token}"]:
@@ -171,11 +204,14 @@ def test_anonymous_mode_ignores_foreign_credentials(
             assert response.status_code == 401, header
             assert response.json()["error"]["data"]["kind"] == "unauthenticated"
         # The registry API reads credentials the same way.
-        listed = client.get(f"{live_server_url}/api/v1/agents",
-                            headers={"Authorization": "Bearer sk-agent-own-key"})
+        listed = client.get(
+            f"{live_server_url}/api/v1/agents", headers={"Authorization": "Bearer sk-agent-own-key"}
+        )
         assert listed.status_code == 200
-        refused = client.get(f"{live_server_url}/api/v1/agents",
-                             headers={"Authorization": "Bearer ABCDEFGH." + "y" * 32})
+        refused = client.get(
+            f"{live_server_url}/api/v1/agents",
+            headers={"Authorization": "Bearer ABCDEFGH." + "y" * 32},
+        )
         assert refused.status_code == 401
     calls = [r for r in agent.requests if r.http_method == "POST"]
     assert len(calls) == 4

@@ -55,8 +55,19 @@ class Beat(faults._Process):
         self.log_path = tempfile.mkstemp(prefix="a2a-beat-", suffix=".log")[1]
 
     def start(self) -> Beat:
-        args = [faults.PYTHON, "-c", BEAT_MAIN, "-A", "config", "beat", "-l", "info",
-                "--max-interval", "1", "--pidfile="]
+        args = [
+            faults.PYTHON,
+            "-c",
+            BEAT_MAIN,
+            "-A",
+            "config",
+            "beat",
+            "-l",
+            "info",
+            "--max-interval",
+            "1",
+            "--pidfile=",
+        ]
         if self.scheduler:
             args += ["-S", self.scheduler]
         log = open(self.log_path, "ab")  # noqa: SIM115 - kept open by the child

@@ -27,17 +27,28 @@ ANSWER_BOUND_SECONDS = 5.0
 
 
 def _send(rpc_id: str) -> dict:
-    return {"jsonrpc": "2.0", "id": rpc_id, "method": "message/send",
-            "params": {"message": {"role": "user", "messageId": rpc_id,
-                                   "parts": [{"kind": "text", "text": "hi"}]}}}
+    return {
+        "jsonrpc": "2.0",
+        "id": rpc_id,
+        "method": "message/send",
+        "params": {
+            "message": {
+                "role": "user",
+                "messageId": rpc_id,
+                "parts": [{"kind": "text", "text": "hi"}],
+            }
+        },
+    }
 
 
 async def _calls(url: str, token: str, ids: list[str]) -> list[tuple[httpx.Response, float]]:
     async with httpx.AsyncClient(timeout=30) as client:
+
         async def one(rpc_id: str):
             started = time.monotonic()
-            response = await client.post(url, json=_send(rpc_id),
-                                         headers={"Authorization": f"Bearer {token}"})
+            response = await client.post(
+                url, json=_send(rpc_id), headers={"Authorization": f"Bearer {token}"}
+            )
             return response, time.monotonic() - started
 
         return await asyncio.gather(*(one(i) for i in ids))
@@ -55,7 +66,7 @@ def test_gateway_calls_survive_a_database_outage(pg, tokens, start_node, agent):
     ids = [f"outage-{n}" for n in range(60)]
     results = []
     for chunk in range(3):  # three waves across the outage
-        results += asyncio.run(_calls(url, tokens["caller"], ids[chunk * 20:(chunk + 1) * 20]))
+        results += asyncio.run(_calls(url, tokens["caller"], ids[chunk * 20 : (chunk + 1) * 20]))
         time.sleep(0.3)
     for response, elapsed in results:
         assert response.status_code == 200, response.text
@@ -66,7 +77,7 @@ def test_gateway_calls_survive_a_database_outage(pg, tokens, start_node, agent):
     assert sorted(received) == sorted(ids)  # 0 lost, 0 duplicated
 
     # A token never verified cannot be checked: a documented, retryable JSON-RPC error.
-    (response, elapsed), = asyncio.run(_calls(url, tokens["late"], ["late-1"]))
+    ((response, elapsed),) = asyncio.run(_calls(url, tokens["late"], ["late-1"]))
     assert response.status_code == 503
     assert response.headers["retry-after"]
     assert response.headers["x-a2a-executed"] == "false"
@@ -83,10 +94,17 @@ def test_gateway_calls_survive_a_database_outage(pg, tokens, start_node, agent):
     deadline = time.monotonic() + 15
     late_ok = revoked = False
     while time.monotonic() < deadline and not (late_ok and revoked):
-        late_ok = late_ok or asyncio.run(
-            _calls(url, tokens["late"], [f"late-{uuid.uuid4().hex[:6]}"]))[0][0].status_code == 200
-        revoked = revoked or asyncio.run(
-            _calls(url, tokens["caller"], ["after"]))[0][0].status_code == 401
+        late_ok = (
+            late_ok
+            or asyncio.run(_calls(url, tokens["late"], [f"late-{uuid.uuid4().hex[:6]}"]))[0][
+                0
+            ].status_code
+            == 200
+        )
+        revoked = (
+            revoked
+            or asyncio.run(_calls(url, tokens["caller"], ["after"]))[0][0].status_code == 401
+        )
         time.sleep(0.2)
     assert late_ok, node.log()
     assert revoked, node.log()
@@ -108,6 +126,7 @@ def test_every_surface_answers_json_503_and_recovers(pg, tokens, start_node, age
     async def onset() -> list[tuple[int, float]]:
         # Concurrent requests as the outage begins: none queues behind another's pool wait.
         async with httpx.AsyncClient(timeout=30, headers=auth) as client:
+
             async def one(path: str):
                 started = time.monotonic()
                 response = await client.get(node.url + path)
@@ -121,10 +140,22 @@ def test_every_surface_answers_json_503_and_recovers(pg, tokens, start_node, age
     surfaces = [
         ("POST", f"/api/v1/agents/{agent_id}/heartbeat", {}),
         ("POST", "/agents/heartbeat", {"json": {"agent_id": agent_id}}),
-        ("POST", "/api/v1/agents", {"json": {"agent_id": "new-one", "url": agent.url,
-                                             "card": {"name": "n", "url": agent.url}}}),
-        ("POST", "/agents/register", {"json": {"agent_id": "new-two", "name": "n",
-                                               "url": agent.url}}),
+        (
+            "POST",
+            "/api/v1/agents",
+            {
+                "json": {
+                    "agent_id": "new-one",
+                    "url": agent.url,
+                    "card": {"name": "n", "url": agent.url},
+                }
+            },
+        ),
+        (
+            "POST",
+            "/agents/register",
+            {"json": {"agent_id": "new-two", "name": "n", "url": agent.url}},
+        ),
         ("GET", "/api/v1/agents", {}),
         ("GET", "/agents", {}),
         ("GET", f"/api/v1/agents/{agent_id}", {}),
@@ -149,8 +180,9 @@ def test_every_surface_answers_json_503_and_recovers(pg, tokens, start_node, age
     pg.start()
     back = time.monotonic()
     while True:
-        response = httpx.post(f"{node.url}/api/v1/agents/{agent_id}/heartbeat", headers=auth,
-                              timeout=30)
+        response = httpx.post(
+            f"{node.url}/api/v1/agents/{agent_id}/heartbeat", headers=auth, timeout=30
+        )
         if response.status_code == 200:
             break
         assert time.monotonic() - back < 15, (response.status_code, response.text)
@@ -174,7 +206,9 @@ def test_gateway_calls_survive_a_stalled_database(pg, tokens, start_node, agent)
         ids = [f"stall-{n}" for n in range(30)]
         results = []
         for chunk in range(3):
-            results += asyncio.run(_calls(url, tokens["caller"], ids[chunk * 10:(chunk + 1) * 10]))
+            results += asyncio.run(
+                _calls(url, tokens["caller"], ids[chunk * 10 : (chunk + 1) * 10])
+            )
             time.sleep(0.5)
         ready, elapsed = _timed("GET", node.url + "/readyz")
     finally:

@@ -15,10 +15,21 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _call(client: httpx.Client, url: str, rpc_id: str) -> httpx.Response:
-    return client.post(url, json={
-        "jsonrpc": "2.0", "id": rpc_id, "method": "message/send",
-        "params": {"message": {"role": "user", "messageId": rpc_id,
-                               "parts": [{"kind": "text", "text": "hi"}]}}})
+    return client.post(
+        url,
+        json={
+            "jsonrpc": "2.0",
+            "id": rpc_id,
+            "method": "message/send",
+            "params": {
+                "message": {
+                    "role": "user",
+                    "messageId": rpc_id,
+                    "parts": [{"kind": "text", "text": "hi"}],
+                }
+            },
+        },
+    )
 
 
 def test_same_node_calls_survive_a_redis_restart(services, tokens, start_node, agent):

@@ -22,9 +22,25 @@ def test_one_minute_soak(postgres_url, redis_url):
         pytest.skip("the soak runs in the distributed pass (DATABASE_URL, REDIS_URL)")
     env = dict(os.environ, DATABASE_URL=postgres_url, REDIS_URL=redis_url)
     result = subprocess.run(
-        [sys.executable, "bench/soak.py", "--distributed", "--minutes", "1", "--interval", "15",
-         "--rate", "20", "--agents", "1", "--check"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "bench/soak.py",
+            "--distributed",
+            "--minutes",
+            "1",
+            "--interval",
+            "15",
+            "--rate",
+            "20",
+            "--agents",
+            "1",
+            "--check",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     print(result.stdout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
