@@ -19,9 +19,8 @@ import asyncio
 import logging
 from datetime import timedelta
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +41,7 @@ def _interval_seconds(schedule) -> float:
 def _run_task(task_name: str) -> None:
     from config.celery import app
 
-    close_old_connections()
-    try:
-        app.tasks[task_name].apply(throw=True)
-    finally:
-        close_old_connections()
+    app.tasks[task_name].apply(throw=True)
 
 
 def _claim(name: str, interval: float) -> bool:
@@ -69,9 +64,11 @@ async def _loop(name: str, task_name: str, interval: float, locked: bool) -> Non
     while True:
         try:
             if locked:
-                await sync_to_async(_run_claimed, thread_sensitive=False)(name, task_name, interval)
+                await database_sync_to_async(_run_claimed, thread_sensitive=False)(
+                    name, task_name, interval
+                )
             else:
-                await sync_to_async(_run_task, thread_sensitive=False)(task_name)
+                await database_sync_to_async(_run_task, thread_sensitive=False)(task_name)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -8,12 +8,13 @@ responses).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
-from gateway.conf import conf
+from gateway.conf import NodeSettings
 
 
-def request_timeout(payload: dict[str, Any]) -> float:
+def request_timeout(payload: dict[str, Any], settings: NodeSettings) -> float:
     """``params.configuration.timeout`` in seconds: missing or invalid gives the default,
     anything above the maximum is capped."""
     params = payload.get("params")
@@ -27,8 +28,8 @@ def request_timeout(payload: dict[str, Any]) -> float:
                 and value > 0
                 and value == value  # not NaN
             ):
-                return min(float(value), conf.A2A_MAX_TIMEOUT_SECONDS)
-    return min(float(conf.A2A_DEFAULT_TIMEOUT_SECONDS), conf.A2A_MAX_TIMEOUT_SECONDS)
+                return min(float(value), settings.A2A_MAX_TIMEOUT_SECONDS)
+    return min(float(settings.A2A_DEFAULT_TIMEOUT_SECONDS), settings.A2A_MAX_TIMEOUT_SECONDS)
 
 
 class RateLimiter:
@@ -47,12 +48,16 @@ class RateLimiter:
 
     MAX_CALLERS = 100_000
 
-    def __init__(self) -> None:
+    def __init__(self, settings: NodeSettings, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.settings = settings
+        self.clock = clock  # injectable: tests move time by hand
         self._buckets: dict[str, list[float]] = {}
         self._refused: dict[str, list[float]] = {}  # client address -> bucket of refused calls
 
     def allow(self, caller: str) -> bool:
-        rate = conf.A2A_RATE_LIMIT_PER_SECOND
+        settings = self.settings
+        rate = settings.A2A_RATE_LIMIT_PER_SECOND
         if rate <= 0:
             return True
         return self._take(self._buckets, caller, rate)
@@ -63,21 +68,22 @@ class RateLimiter:
         bucket = self._refused.get(address)
         if bucket is None:
             return False
-        rate = conf.A2A_RATE_LIMIT_PER_SECOND
+        settings = self.settings
+        rate = settings.A2A_RATE_LIMIT_PER_SECOND
         if rate <= 0:
             return False
-        burst = float(conf.A2A_RATE_LIMIT_BURST or max(1.0, rate))
-        return min(burst, bucket[0] + (time.monotonic() - bucket[1]) * rate) < 1.0
+        burst = float(settings.A2A_RATE_LIMIT_BURST or max(1.0, rate))
+        return min(burst, bucket[0] + (self.clock() - bucket[1]) * rate) < 1.0
 
     def charge_refused(self, address: str) -> None:
         """Charge one refused (unauthenticated) call to ``address``."""
-        rate = conf.A2A_RATE_LIMIT_PER_SECOND
+        rate = self.settings.A2A_RATE_LIMIT_PER_SECOND
         if rate > 0:
             self._take(self._refused, address, rate)
 
     def _take(self, buckets: dict[str, list[float]], key: str, rate: float) -> bool:
-        burst = float(conf.A2A_RATE_LIMIT_BURST or max(1.0, rate))
-        now = time.monotonic()
+        burst = float(self.settings.A2A_RATE_LIMIT_BURST or max(1.0, rate))
+        now = self.clock()
         bucket = buckets.get(key)
         if bucket is None:
             if len(buckets) >= self.MAX_CALLERS:

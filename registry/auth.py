@@ -1,14 +1,16 @@
 """DRF authentication: ``Authorization: Bearer <token>`` for API clients; staff sessions.
 
+Tokens resolve through the process's one token cache (registry.token_cache), as on the
+heartbeat fast path and the gateway: a revoked token stops working after the same delay.
+
 Tokens are djangorestframework-api-key keys: ``<8-character prefix>.<32-character secret>``,
-letters and digits. A header in any other shape is not one of this platform's tokens: it costs
-no database lookup, and with anonymous access on it is ignored (the caller is anonymous), as
-KubeMQ without gateway auth ignores credentials meant for someone else.
+letters and digits (``PLATFORM_TOKEN_RE``). A header in any other shape is not one of this
+platform's tokens: it costs no database lookup, and with anonymous access on it is ignored (the
+caller is anonymous), as KubeMQ without gateway auth ignores credentials meant for someone
+else.
 """
 
 from __future__ import annotations
-
-import re
 
 from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -16,34 +18,25 @@ from rest_framework import authentication, exceptions, permissions
 
 from config import outage
 from registry.permissions import Actor, anonymous_actor, staff_actor
-from registry.selectors import actor_from_token
+from registry.token_cache import (
+    PLATFORM_TOKEN_RE,
+    AuthFailed,
+    bearer_token,
+    is_platform_token,
+    shared_token_cache,
+)
 
 #: What every surface answers (with 401) to a request that carries no credentials.
 UNAUTHENTICATED_MESSAGE = "authentication required: send Authorization: Bearer <token>"
-#: The shape of every token ``create_client`` and the admin issue (KeyGenerator's defaults).
-PLATFORM_TOKEN_RE = re.compile(r"[A-Za-z0-9]{8}\.[A-Za-z0-9]{32}")
 
-
-def bearer_token(header: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` (or ``Api-Key <token>``) header."""
-    if not header:
-        return None
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() not in ("bearer", "api-key") or not token.strip():
-        return None
-    return token.strip()
-
-
-def is_platform_token(token: str | None) -> bool:
-    """Whether ``token`` has the shape of this platform's tokens (it may still be unknown)."""
-    return token is not None and PLATFORM_TOKEN_RE.fullmatch(token) is not None
-
-
-def platform_token(header: str | None) -> str | None:
-    """The platform token an Authorization header carries, or None when it carries none (no
-    header, another scheme, or a credential in another format, e.g. an agent's own key)."""
-    token = bearer_token(header)
-    return token if is_platform_token(token) else None
+__all__ = [
+    "PLATFORM_TOKEN_RE",
+    "UNAUTHENTICATED_MESSAGE",
+    "TokenAuthentication",
+    "bearer_token",
+    "is_platform_token",
+    "request_actor",
+]
 
 
 class TokenAuthentication(authentication.BaseAuthentication):
@@ -62,7 +55,10 @@ class TokenAuthentication(authentication.BaseAuthentication):
             # The database is known to be down: answer 503 now instead of waiting out the
             # pool timeout (requests queued for the sync thread while it tripped).
             raise outage.DatabaseUnavailable("database unavailable")
-        actor = actor_from_token(token=token)
+        try:
+            actor = shared_token_cache().actor_sync(header)
+        except AuthFailed as exc:
+            raise exceptions.AuthenticationFailed(str(exc)) from None
         if actor is None:
             raise exceptions.AuthenticationFailed("invalid or revoked token")
         return (actor, token)

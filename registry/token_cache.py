@@ -1,14 +1,19 @@
 """Who is calling: bearer tokens resolved to an Actor, cached in memory, usable without the
 database.
 
-* A hit costs one dict lookup keyed by the header as sent. Entries are fresh for
-  ``A2A_AUTH_CACHE_SECONDS``; then the next call looks the token up again.
+* A cache is given its lifetime (:class:`TokenCache`). A process has one,
+  :func:`shared_token_cache` (lifetime ``A2A_AUTH_CACHE_SECONDS``), used by every surface --
+  DRF (``registry.auth``, through :meth:`TokenCache.actor_sync`), the heartbeat fast path and
+  the gateway -- so a revoked token stops working after the same delay everywhere.
+* A hit costs one dict lookup keyed by the header as sent. Entries are fresh for the lifetime;
+  then the next call looks the token up again.
 * The call path does not need the database: a lookup that fails (database down, pool exhausted,
-  slower than ``A2A_AUTH_LOOKUP_TIMEOUT_SECONDS``) falls back to the last verified answer for up
-  to ``A2A_AUTH_STALE_SECONDS`` after it was verified. Once a lookup has failed, nobody waits for
-  the database again for :attr:`TokenCache.RETRY_SECONDS`: verified tokens are served at once,
-  unknown ones get :class:`AuthUnavailable` at once. Revocations are honoured as soon as a lookup
-  succeeds again.
+  slower than the lookup timeout, ``A2A_AUTH_LOOKUP_TIMEOUT_SECONDS``) falls back to the last
+  verified answer for up to the stale window (``A2A_AUTH_STALE_SECONDS``) after it was
+  verified. Once a lookup has failed, nobody waits for the database again for
+  :attr:`TokenCache.RETRY_SECONDS`: verified tokens are served at once, unknown ones get
+  :class:`AuthUnavailable` at once. Revocations are honoured as soon as a lookup succeeds
+  again.
 * Lookups are single-flight per token (concurrent misses share one, and share its failure: no
   waiter retries on its own) and run on a small executor of their own, so they never queue
   behind heartbeats or /readyz in the default thread pool; the number in flight is bounded.
@@ -23,17 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.db import close_old_connections
 from django.db.models import Q
 from django.utils import timezone
 
-from registry.auth import bearer_token, is_platform_token
 from registry.models import ApiClient
 from registry.permissions import ANONYMOUS_ID, Actor, anonymous_actor
 from registry.selectors import actor_from_token
@@ -43,6 +49,31 @@ logger = logging.getLogger(__name__)
 INVALID_TOKEN = "invalid or revoked token"
 BAD_HEADER = "Authorization must be 'Bearer <token>'"
 UNAVAILABLE = "authentication unavailable: the token cannot be checked right now; retry shortly"
+#: The shape of every token ``create_client`` and the admin issue (KeyGenerator's defaults):
+#: ``<8-character prefix>.<32-character secret>``, letters and digits.
+PLATFORM_TOKEN_RE = re.compile(r"[A-Za-z0-9]{8}\.[A-Za-z0-9]{32}")
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` (or ``Api-Key <token>``) header."""
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() not in ("bearer", "api-key") or not token.strip():
+        return None
+    return token.strip()
+
+
+def is_platform_token(token: str | None) -> bool:
+    """Whether ``token`` has the shape of this platform's tokens (it may still be unknown)."""
+    return token is not None and PLATFORM_TOKEN_RE.fullmatch(token) is not None
+
+
+def platform_token(header: str | None) -> str | None:
+    """The platform token an Authorization header carries, or None when it carries none (no
+    header, another scheme, or a credential in another format, e.g. an agent's own key)."""
+    token = bearer_token(header)
+    return token if is_platform_token(token) else None
 
 
 class AuthFailed(Exception):
@@ -76,6 +107,7 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _lookup(token: str) -> Actor | None:
+    """On the lookup executor: a connection of this thread's own, closed after use."""
     close_old_connections()
     try:
         return actor_from_token(token=token)
@@ -96,15 +128,16 @@ def _usable_client_ids(client_ids: list[str]) -> set[str]:
         close_old_connections()
 
 
-async def _in_pool(fn: Callable, *args):
-    """Run ``fn`` on the lookup executor with the lookup timeout; :class:`_LookupFailed` when
-    the database fails, is too slow, or too many lookups are already in flight."""
+async def _in_pool(fn: Callable, timeout: float, *args):
+    """Run ``fn`` on the lookup executor within ``timeout`` seconds; :class:`_LookupFailed`
+    when the database fails, is too slow, or too many lookups are already in flight."""
     global _inflight
-    if _inflight >= settings.A2A_AUTH_LOOKUP_THREADS * 4:
+    pool = _pool()
+    if _inflight >= pool._max_workers * 4:
         raise _LookupFailed("too many token lookups in flight")
     _inflight += 1
     loop = asyncio.get_running_loop()
-    work = loop.run_in_executor(_pool(), fn, *args)
+    work = loop.run_in_executor(pool, fn, *args)
 
     def finished(_future) -> None:
         global _inflight
@@ -113,9 +146,7 @@ async def _in_pool(fn: Callable, *args):
     work.add_done_callback(finished)
     try:
         # shield: a timed-out lookup keeps its slot until its thread really ends
-        return await asyncio.wait_for(
-            asyncio.shield(work), settings.A2A_AUTH_LOOKUP_TIMEOUT_SECONDS
-        )
+        return await asyncio.wait_for(asyncio.shield(work), timeout)
     except asyncio.CancelledError:
         raise
     except TimeoutError:
@@ -129,7 +160,10 @@ def _put(table: dict, key, value, cap: int) -> None:
     table.pop(key, None)
     if len(table) >= cap:
         for _ in range(max(1, cap // 10)):
-            table.pop(next(iter(table)))
+            try:
+                table.pop(next(iter(table)), None)
+            except (StopIteration, RuntimeError):  # emptied by another thread (DRF's)
+                break
     table[key] = value
 
 
@@ -144,7 +178,23 @@ class TokenCache:
     #: After a failed lookup, how long no call waits for the database again.
     RETRY_SECONDS = 1.0
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        lifetime_seconds: float,
+        stale_seconds: float = 0.0,
+        lookup_timeout_seconds: float = 1.0,
+    ) -> None:
+        """``lifetime_seconds``: how long a resolved token (known or not) is believed; a
+        revoked token keeps working that long. ``stale_seconds``: how long after its last
+        successful check a verified token is still served while the database cannot be reached
+        (0: only within its lifetime). ``lookup_timeout_seconds``: how long a lookup may take
+        before it counts as failed."""
+        self.configure(
+            lifetime_seconds=lifetime_seconds,
+            stale_seconds=stale_seconds,
+            lookup_timeout_seconds=lookup_timeout_seconds,
+        )
         # header -> (actor, fresh until, usable-while-the-database-is-down until)
         self._entries: dict[str, tuple[Actor, float, float]] = {}
         self._unknown: dict[str, float] = {}  # header -> fresh until
@@ -152,6 +202,15 @@ class TokenCache:
         self._down_until = 0.0
         self._watchers: dict[str, set[Callable[[], None]]] = {}
         self._watch_task: asyncio.Task | None = None
+
+    def configure(
+        self, *, lifetime_seconds: float, stale_seconds: float, lookup_timeout_seconds: float
+    ) -> None:
+        """Set the cache's times (at construction; tests that change a setting call it again
+        through :func:`shared_token_cache`'s ``setting_changed`` receiver)."""
+        self.lifetime_seconds = lifetime_seconds
+        self.stale_seconds = stale_seconds
+        self.lookup_timeout_seconds = lookup_timeout_seconds
 
     def clear(self) -> None:
         self._entries.clear()
@@ -190,7 +249,7 @@ class TokenCache:
             if anonymous is not None:
                 # Not one of ours (an agent's own key, a foreign scheme): ignored, as KubeMQ
                 # without gateway auth ignores it. Never forwarded either (gateway.headers).
-                fresh = now + settings.A2A_AUTH_CACHE_SECONDS
+                fresh = now + self.lifetime_seconds
                 _put(self._entries, key, (anonymous, fresh, fresh), self.MAX_ENTRIES)
                 return anonymous
             raise AuthFailed(BAD_HEADER if token is None else INVALID_TOKEN)
@@ -222,7 +281,7 @@ class TokenCache:
 
     async def _lookup_into(self, key: str, token: str, future: asyncio.Future) -> None:
         try:
-            actor = await _in_pool(_lookup, token)
+            actor = await _in_pool(_lookup, self.lookup_timeout_seconds, token)
         except _LookupFailed as exc:
             self._failed(exc)
             future.set_exception(exc)
@@ -244,21 +303,40 @@ class TokenCache:
 
     def _remember(self, key: str, actor: Actor | None) -> None:
         now = time.monotonic()
-        fresh = now + settings.A2A_AUTH_CACHE_SECONDS
+        fresh = now + self.lifetime_seconds
         if actor is None:
             self._entries.pop(key, None)  # revoked: its verified entry must not serve any more
             _put(self._unknown, key, fresh, self.MAX_UNKNOWN)
             return
         self._unknown.pop(key, None)
-        usable = now + max(settings.A2A_AUTH_CACHE_SECONDS, settings.A2A_AUTH_STALE_SECONDS)
+        usable = now + max(self.lifetime_seconds, self.stale_seconds)
         _put(self._entries, key, (actor, fresh, usable), self.MAX_ENTRIES)
+
+    def actor_sync(self, authorization: str) -> Actor | None:
+        """:meth:`actor` for synchronous callers (DRF, in a worker thread): the same entries,
+        the lookup on a miss done in the calling thread (its errors propagate: the surface
+        answers its database-outage 503). None for an unknown token; raises
+        :class:`AuthFailed` for a header that carries no platform token."""
+        now = time.monotonic()
+        entry = self._entries.get(authorization)
+        if entry is not None and entry[1] > now:
+            return entry[0]
+        unknown_until = self._unknown.get(authorization)
+        if unknown_until is not None and unknown_until > now:
+            return None
+        token = bearer_token(authorization)
+        if not is_platform_token(token):
+            raise AuthFailed(BAD_HEADER if token is None else INVALID_TOKEN)
+        actor = actor_from_token(token=token)
+        self._remember(authorization, actor)
+        return actor
 
     # --- revocation of long-lived streams --------------------------------------------------
 
     def watch_client(self, client_id: str, on_revoked: Callable[[], None]) -> Callable[[], None]:
         """Call ``on_revoked`` (once) when the client is revoked, expires or is deleted.
 
-        Watched clients are checked together, one query every ``A2A_AUTH_CACHE_SECONDS``, so a
+        Watched clients are checked together, one query per cache lifetime, so a
         stream learns of a revocation within the cache delay. While the database is down
         nothing is revoked (the stale window applies); the check resumes when it is back.
         Returns the function that stops watching (call it when the stream ends)."""
@@ -282,12 +360,12 @@ class TokenCache:
 
     async def _watch_loop(self) -> None:
         while self._watchers:
-            await asyncio.sleep(max(0.1, settings.A2A_AUTH_CACHE_SECONDS))
+            await asyncio.sleep(max(0.1, self.lifetime_seconds))
             ids = list(self._watchers)
             if not ids or self.database_down:
                 continue
             try:
-                usable = await _in_pool(_usable_client_ids, ids)
+                usable = await _in_pool(_usable_client_ids, self.lookup_timeout_seconds, ids)
             except _LookupFailed as exc:
                 self._failed(exc)
                 continue
@@ -302,5 +380,39 @@ class TokenCache:
                         logger.exception("revocation callback failed")
 
     def _forget_client(self, client_id: str) -> None:
-        for key in [k for k, e in self._entries.items() if e[0].client_id == client_id]:
-            del self._entries[key]
+        for key in [k for k, e in list(self._entries.items()) if e[0].client_id == client_id]:
+            self._entries.pop(key, None)
+
+
+_shared: TokenCache | None = None
+#: The settings :func:`shared_token_cache` is built from.
+_SETTINGS = ("A2A_AUTH_CACHE_SECONDS", "A2A_AUTH_STALE_SECONDS", "A2A_AUTH_LOOKUP_TIMEOUT_SECONDS")
+
+
+def _times() -> dict[str, float]:
+    return {
+        "lifetime_seconds": settings.A2A_AUTH_CACHE_SECONDS,
+        "stale_seconds": settings.A2A_AUTH_STALE_SECONDS,
+        "lookup_timeout_seconds": settings.A2A_AUTH_LOOKUP_TIMEOUT_SECONDS,
+    }
+
+
+def shared_token_cache() -> TokenCache:
+    """The process's one token cache (lifetime ``A2A_AUTH_CACHE_SECONDS``, stale window
+    ``A2A_AUTH_STALE_SECONDS``, lookup timeout ``A2A_AUTH_LOOKUP_TIMEOUT_SECONDS``)."""
+    global _shared
+    if _shared is None:
+        _shared = TokenCache(**_times())
+    return _shared
+
+
+def _on_setting_changed(*, setting: str, **kwargs) -> None:
+    """Tests that change an auth setting while the process serves: the shared cache takes the
+    new times, and forgets what it resolved under the old ones (anonymous access included)."""
+    if _shared is None or setting not in (*_SETTINGS, "A2A_ALLOW_ANONYMOUS"):
+        return
+    _shared.configure(**_times())
+    _shared.clear()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="registry.token_cache")

@@ -310,7 +310,6 @@ def platform_env(*, database_url: str | None, redis_url: str | None, **extra: st
     env.update(
         {
             "SECRET_KEY": "fault-tests",
-            "A2A_TESTING": "false",
             "LOG_LEVEL": "WARNING",
             "PYTHONUNBUFFERED": "1",
             "DJANGO_SETTINGS_MODULE": "config.settings",

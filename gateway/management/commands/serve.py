@@ -30,8 +30,9 @@ def _bootstrap_admin_client(stdout) -> None:
 
 
 class Command(BaseCommand):
-    help = "Serve one node: the ASGI app (gateway, API, admin), the Subscriber Manager, and in " \
-           "embedded mode the periodic jobs."
+    help = "Serve one node: the ASGI app (gateway, API, admin), the Subscriber Manager, and " \
+           "the periodic jobs (embedded: all; distributed: A2A_NODE_PERIODIC_TASKS, expiry by " \
+           "default, under a cluster-wide lock)."
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
@@ -56,14 +57,14 @@ class Command(BaseCommand):
         if not os.environ.get("NODE_ID"):
             import socket
 
-            settings.NODE_ID = f"{socket.gethostname()}:{port}"
+            node.serve_as(f"{socket.gethostname()}:{port}")
         _bootstrap_admin_client(self.stdout)
         connection.close()
         # Distributed: only A2A_NODE_PERIODIC_TASKS (expiry), under a cluster lock.
         periodic = not no_periodic
         mode = "embedded" if settings.EMBEDDED else "distributed"
         self.stdout.write(
-            f"Node {settings.NODE_ID} ({mode}) serving on http://{host}:{port}/ with {server}"
+            f"Node {node.node_id()} ({mode}) serving on http://{host}:{port}/ with {server}"
             f"{' and in-process periodic jobs' if periodic else ''}. Ctrl-C stops it."
         )
         self.stdout.flush()
