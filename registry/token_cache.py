@@ -342,17 +342,26 @@ class TokenCache:
         Returns the function that stops watching (call it when the stream ends)."""
         if not client_id or client_id == ANONYMOUS_ID or client_id.startswith("staff:"):
             return _noop
+        loop = asyncio.get_running_loop()
+
+        def notify() -> None:
+            # The process's one cache serves every loop it runs (tests run nodes on several):
+            # the stream hears of it on its own loop.
+            try:
+                loop.call_soon_threadsafe(on_revoked)
+            except RuntimeError:  # that loop is closed: the stream is gone
+                pass
+
         callbacks = self._watchers.setdefault(client_id, set())
-        callbacks.add(on_revoked)
-        if self._watch_task is None or self._watch_task.done():
-            self._watch_task = asyncio.get_running_loop().create_task(
-                self._watch_loop(), name="token-revocation-watch"
-            )
+        callbacks.add(notify)
+        task = self._watch_task
+        if task is None or task.done() or not task.get_loop().is_running():
+            self._watch_task = loop.create_task(self._watch_loop(), name="token-revocation-watch")
 
         def unwatch() -> None:
             found = self._watchers.get(client_id)
             if found is not None:
-                found.discard(on_revoked)
+                found.discard(notify)
                 if not found:
                     del self._watchers[client_id]
 
