@@ -15,10 +15,12 @@ import httpx
 import orjson
 import pytest
 
+from tests.gateway import test_cluster
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import _metric, register, rpc
 
 agent, gw, path_mode, token = proxy.agent, proxy.gw, proxy.path_mode, proxy.token
+node_b = test_cluster.node_b  # the second serve node (distributed mode)
 
 STEPS = 1000
 
@@ -247,3 +249,38 @@ def test_detached_stream_is_bounded_by_the_replay_buffer(
     events = before + after
     assert [orjson.loads(d)["result"]["seq"] for _, d in events] == list(range(total))
     assert [event_id for event_id, _ in events] == [f"{stream_id}:{n}" for n in range(1, total + 1)]
+
+
+@pytest.mark.parametrize("resume_on", ["entry", "owner"])
+def test_cross_node_resume_every_event_exactly_once_in_order(
+    resumable, live_server_url, node_b, echo_agent_factory, register_agent, caller, resume_on
+):
+    """The agent is owned by this process's node (A); the caller enters node B, drops, and
+    reconnects through B (the broker to the owner again) or straight to the owner."""
+    echo = echo_agent_factory(steps=STEPS, step_delay=0.002)
+    target = register_agent(echo)  # through node A's API: node A owns it
+    entry = f"{node_b.url}/a2a/{target.agent_id}"
+    probe = {**task_request("hi"), "method": "message/send"}
+    wait_until(  # node B learns the route from the discovery group
+        lambda: "result" in httpx.post(entry, headers=caller.auth, json=probe).json(),
+        timeout=10,
+    )
+    echo.recorder.clear()
+    again_base = entry if resume_on == "entry" else f"{live_server_url}/a2a/{target.agent_id}"
+    with httpx.Client(timeout=30, headers=caller.auth) as client:
+        with client.stream("POST", entry, json=task_request("task far")) as first:
+            assert first.status_code == 200
+            stream_id = first.headers["x-a2a-stream-id"]
+            before = EventReader(first).read(limit=300)
+            first.close()
+        with client.stream(
+            "GET", f"{again_base}/stream/{stream_id}", headers={"Last-Event-ID": before[-1][0]}
+        ) as again:
+            assert again.status_code == 200, again.read()
+            after = EventReader(again).read()
+    events = before + after
+    assert [event_id for event_id, _ in events] == [
+        f"{stream_id}:{n}" for n in range(1, len(events) + 1)
+    ]
+    assert artifact_texts(events) == [f"chunk {i}: task far" for i in range(STEPS)]
+    assert len(echo.recorder.rpc("message/stream")) == 1
