@@ -84,6 +84,7 @@ class ReplayStream:
         "_on_end",
         "_sid",
         "_replaying",
+        "_catching_up",
     )
 
     def __init__(
@@ -112,6 +113,7 @@ class ReplayStream:
         self._room: asyncio.Future | None = None
         self._on_end = on_end
         self._replaying = False
+        self._catching_up: Sink | None = None  # the sink a replay is writing to
 
     # --- the agent's side (the stream task) ----------------------------------------------
 
@@ -197,6 +199,7 @@ class ReplayStream:
             return False
         old, self.sink = self.sink, None
         _release(old)
+        _release(self._catching_up)  # left while its replay was still being written
         if not self.done:  # once ended, the window already runs
             if self.expiry is not None:
                 self.expiry.cancel()
@@ -222,8 +225,10 @@ class ReplayStream:
         old, self.sink = self.sink, None
         if old is not None:  # the previous connection's disconnect has not arrived yet
             _release(old)
+        _release(self._catching_up)
         self.rid = request_id
         self._replaying = True
+        self._catching_up = sink
         try:
             start = self.start
             assert start is not None
@@ -247,6 +252,7 @@ class ReplayStream:
         finally:
             if self.rid == request_id:
                 self._replaying = False
+                self._catching_up = None
         self.sink = sink
         self._wake()
         final = self.final

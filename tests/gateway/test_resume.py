@@ -235,11 +235,11 @@ def test_detached_stream_is_bounded_by_the_replay_buffer(
             stream_id = first.headers["x-a2a-stream-id"]
             before = EventReader(first).read(limit=1)
             first.close()
-        time.sleep(1.0)
-        sent = agent.sent_events
-        time.sleep(0.5)
-        # The relay stopped reading the agent: the buffer is full, nothing more is taken, the
-        # agent's stream is kept open for a resume.
+        # Wait until the agent's sending settles (the owner stopped reading it)...
+        sent, deadline = -1, time.monotonic() + 20
+        while agent.sent_events != sent and agent.streams_open and time.monotonic() < deadline:
+            sent = agent.sent_events
+            time.sleep(0.5)
         assert agent.sent_events == sent < total and agent.streams_open == 1
         with client.stream(
             "GET", f"{url}/stream/{stream_id}", headers={"Last-Event-ID": before[-1][0]}
@@ -284,3 +284,27 @@ def test_cross_node_resume_every_event_exactly_once_in_order(
     ]
     assert artifact_texts(events) == [f"chunk {i}: task far" for i in range(STEPS)]
     assert len(echo.recorder.rpc("message/stream")) == 1
+
+
+def test_a_resumed_stream_resumes_again(resumable, live_server_url, agent, token, path_mode):
+    register("twice-agent", agent.url)
+    url = f"{live_server_url}/a2a/twice-agent"
+    with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {token}"}) as client:
+        with client.stream(
+            "POST", url, json=rpc("message/stream", mode="sse", events=30, delay=0.03)
+        ) as first:
+            stream_id = first.headers["x-a2a-stream-id"]
+            events = EventReader(first).read(limit=5)
+            first.close()
+        with client.stream(
+            "GET", f"{url}/stream/{stream_id}", headers={"Last-Event-ID": events[-1][0]}
+        ) as second:
+            assert second.headers["x-a2a-stream-id"] == stream_id
+            events += EventReader(second).read(limit=5)
+            second.close()
+        with client.stream(
+            "GET", f"{url}/stream/{stream_id}", headers={"Last-Event-ID": events[-1][0]}
+        ) as third:
+            events += EventReader(third).read()
+    assert [orjson.loads(d)["result"]["seq"] for _, d in events] == list(range(30))
+    assert [event_id for event_id, _ in events] == [f"{stream_id}:{n}" for n in range(1, 31)]
