@@ -308,3 +308,20 @@ def test_a_resumed_stream_resumes_again(resumable, live_server_url, agent, token
             events += EventReader(third).read()
     assert [orjson.loads(d)["result"]["seq"] for _, d in events] == list(range(30))
     assert [event_id for event_id, _ in events] == [f"{stream_id}:{n}" for n in range(1, 31)]
+
+
+@pytest.mark.parametrize("profile, code", [("a2a", -32061), ("kubemq", -32002)])
+def test_unknown_stream_error_per_profile(
+    resumable, settings, live_server_url, agent, token, path_mode, profile, code
+):
+    settings.A2A_ERROR_PROFILE = profile
+    register("gone-agent", agent.url)
+    r = httpx.get(
+        f"{live_server_url}/a2a/gone-agent/stream/abc",
+        headers={"Authorization": f"Bearer {token}", "Last-Event-ID": "abc:3"},
+        timeout=10,
+    )
+    assert r.status_code == 404 and r.headers["x-a2a-executed"] == "false"
+    error = r.json()["error"]
+    assert error["code"] == code and error["data"]["kind"] == "stream_not_found"
+    assert error["message"] == "stream not found: unknown or expired stream"
