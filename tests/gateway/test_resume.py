@@ -325,3 +325,29 @@ def test_unknown_stream_error_per_profile(
     error = r.json()["error"]
     assert error["code"] == code and error["data"]["kind"] == "stream_not_found"
     assert error["message"] == "stream not found: unknown or expired stream"
+
+
+def test_kubemq_profile_stream_cancel_after_the_window(
+    settings, live_server_url, agent, token, path_mode
+):
+    settings.A2A_ERROR_PROFILE = "kubemq"
+    settings.A2A_SSE_RESUME_SECONDS = 0.8
+    register("kq-resume", agent.url)
+    with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {token}"}) as client:
+        with client.stream(
+            "POST",
+            f"{live_server_url}/a2a/kq-resume",
+            json=rpc("message/stream", rpc_id="kq-1", mode="sse", events=100, delay=0.05),
+        ) as first:
+            EventReader(first).read(limit=1)
+            first.close()
+    dropped = time.monotonic()
+
+    def cancels():
+        return [a for a in agent.arrived if a.payload.get("method") == "stream_cancel"]
+
+    time.sleep(0.3)
+    assert cancels() == []  # kept for a resume: no notice yet
+    wait_until(lambda: cancels() != [])
+    assert time.monotonic() - dropped >= 0.7
+    assert cancels()[0].payload["params"]["id"] == "kq-1"
