@@ -304,6 +304,11 @@ A2A_SSE_IDLE_TIMEOUT_SECONDS = env_float("A2A_SSE_IDLE_TIMEOUT_SECONDS", 300, mi
 # waits gets a terminal error event and the stream is freed.
 A2A_SSE_BUFFER_BYTES = env_int("A2A_SSE_BUFFER_BYTES", 1024 * 1024, minimum=4096)
 A2A_SSE_STALL_TIMEOUT_SECONDS = env_float("A2A_SSE_STALL_TIMEOUT_SECONDS", 60, minimum=0.05)
+# Resumable streams (docs/streams.md): how long the owning node keeps a stream whose caller left,
+# for a reconnect with Last-Event-ID (0: off, the agent's stream is cancelled at once), and the
+# bytes of numbered events it keeps per stream (when full while nobody reads, the agent waits).
+A2A_SSE_RESUME_SECONDS = env_float("A2A_SSE_RESUME_SECONDS", 0, minimum=0)
+A2A_SSE_RESUME_BUFFER_BYTES = env_int("A2A_SSE_RESUME_BUFFER_BYTES", 4 * 1024 * 1024, minimum=4096)
 # Extra agent response header names never relayed to callers (comma-separated; a trailing "*"
 # matches a prefix), on top of gateway.headers.DROPPED_RESPONSE_HEADERS.
 A2A_DROP_RESPONSE_HEADERS = env_list("A2A_DROP_RESPONSE_HEADERS")

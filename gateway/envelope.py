@@ -53,6 +53,10 @@ CANCEL_METHOD = "stream_cancel"
 CREDIT_METHOD = "stream_credit"
 TAG_WINDOW = "a2a_window"
 TAG_CREDIT = "a2a_credit"
+#: Resumable streams (gateway.resume): ``stream_resume`` reattaches a caller to the stream named
+#: by ``a2a_stream_id`` (its public stream id), replaying the events after ``a2a_last_event``.
+RESUME_METHOD = "stream_resume"
+TAG_LAST_EVENT = "a2a_last_event"
 
 
 def query(body: bytes, tags: dict[str, str]) -> dict[str, Any]:

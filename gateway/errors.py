@@ -26,6 +26,9 @@ UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 RESPONSE_TOO_LARGE = "response_too_large"
 # A relayed stream whose caller stopped reading past the stall timeout (the agent had answered).
 STREAM_STALLED = "stream_stalled"
+# A resume (GET /a2a/{id}/stream/{stream_id}) of a stream this caller cannot resume: unknown,
+# expired, owned by another client, or its events after Last-Event-ID no longer buffered.
+STREAM_NOT_FOUND = "stream_not_found"
 # Profile kubemq: an agent's HTTP error status (not a JSON-RPC answer), as KubeMQ maps it.
 AGENT_ERROR = "agent_error"
 # Answered with an HTTP status of their own (401, 403, 429, 413) and a JSON-RPC error body.
@@ -49,6 +52,7 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     UPSTREAM_UNAVAILABLE: (-32054, -32603, True, 200),
     RESPONSE_TOO_LARGE: (-32055, -32603, False, 200),
     STREAM_STALLED: (-32060, -32603, True, 200),
+    STREAM_NOT_FOUND: (-32062, -32002, False, 404),
     AGENT_ERROR: (-32603, -32603, False, 200),
     UNAUTHENTICATED: (-32056, -32600, False, 401),
     FORBIDDEN: (-32057, -32600, False, 403),
@@ -62,6 +66,7 @@ _PREFIX = {
     INVALID_REQUEST: "invalid request: ",
     UNREACHABLE: "agent unreachable: ",
     STREAM_STALLED: "stream stalled: ",
+    STREAM_NOT_FOUND: "stream not found: ",
 }
 
 

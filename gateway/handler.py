@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -39,6 +40,7 @@ from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
 from gateway.limits import request_timeout
 from gateway.replicator import ORIGIN
+from gateway.resume import parse_last_event_id
 from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
@@ -86,6 +88,11 @@ def a2a_app(node: GatewayNode, scope: dict[str, Any], receive, send) -> Awaitabl
     if tail in ("stream", "stream/"):
         if method == "GET":
             return handle_get_stream(node, scope, receive, send, agent_id)
+        return _plain(send, 405, b'{"error": "method not allowed: use GET"}',
+                      [(b"allow", b"GET")])
+    if tail.startswith("stream/"):
+        if method == "GET":
+            return handle_resume(node, scope, receive, send, agent_id, tail[7:].rstrip("/"))
         return _plain(send, 405, b'{"error": "method not allowed: use GET"}',
                       [(b"allow", b"GET")])
     if tail in _CARD_PATHS:
@@ -233,6 +240,57 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive, s
     recorder.record(agent_id, caller, "message/stream", exchange, 0, seconds)
     if trace is not None:
         trace.end(exchange.outcome)
+
+
+# --- GET /a2a/{agent_id}/stream/{stream_id}: resume (docs/streams.md) -------------------------
+
+
+async def handle_resume(node: GatewayNode, scope: dict[str, Any], receive, send,
+                        agent_id: str, stream_id: str) -> None:
+    """Reattach to a resumable stream after a dropped connection: the events after the
+    ``Last-Event-ID`` header (or ``last_event_id`` query parameter) are replayed, then the
+    stream continues live. Authenticated and authorized like the call that opened it; only the
+    client that opened it may resume it (else, as for an unknown or expired stream,
+    ``stream_not_found``). Reaches the owning node like any call."""
+    started = time.perf_counter()
+    headers = scan_request_headers(scope["headers"])
+    admitted = await _admit_to_agent(node, scope, send, headers, None, agent_id)
+    if admitted is None:
+        return
+    caller, route = admitted
+    last_event_id = _last_event_id(scope)
+    last = 0 if last_event_id is None else parse_last_event_id(last_event_id, stream_id)
+    if not stream_id or len(stream_id) > 64 or last is None:
+        await _error(send, errors.INVALID_REQUEST, None, agent_id,
+                     "expected /a2a/{agent_id}/stream/{stream_id} and a Last-Event-ID of that "
+                     "stream")
+        return
+    tags = {
+        env.TAG_METHOD: env.RESUME_METHOD,
+        env.TAG_STREAM_ID: stream_id,
+        env.TAG_LAST_EVENT: str(last),
+        env.TAG_CALLER: caller,
+        env.TAG_REQUEST_ID: f"{_ORIGIN}.{next(_request_ids)}",
+    }
+    exchange = Exchange(send, None, agent_id, node.settings.A2A_ERROR_PROFILE)
+    subscriber = _subscriber_of(node, route)
+    if subscriber is _NOWHERE:
+        await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
+    else:
+        await _relay_stream(node, subscriber, env.query(b"", tags), exchange, receive)
+    metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+
+
+def _last_event_id(scope: dict[str, Any]) -> str | None:
+    for name, value in scope["headers"]:
+        if name.lower() == b"last-event-id":
+            return value.decode("latin-1")
+    query = scope.get("query_string") or b""
+    if query:
+        for key, value in parse_qsl(query.decode("latin-1")):
+            if key == "last_event_id":
+                return value
+    return None
 
 
 # --- shared steps -----------------------------------------------------------------------------
@@ -422,6 +480,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
     async def stop() -> None:
         nonlocal stopped
         stopped = True
+        if not remote:
+            buffer.close()  # a resumable stream's writer must not wait on a caller who left
         await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
 
     loop = asyncio.get_running_loop()

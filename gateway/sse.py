@@ -123,6 +123,14 @@ class StreamBuffer:
             putter.set_result(None)
         return message
 
+    def close(self) -> None:
+        """Nobody reads any more (the caller left): a writer waiting for room returns, and
+        later writes never wait (resumable streams detach their writer this way)."""
+        self.overflowed = True
+        putter = self._putter
+        if putter is not None and not putter.done():
+            putter.set_result(None)
+
     def _wake_getter(self) -> None:
         getter = self._getter
         if getter is not None and not getter.done():

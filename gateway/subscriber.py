@@ -29,6 +29,7 @@ from gateway import errors, outbound, tracing
 from gateway import metrics as m
 from gateway.conf import NodeSettings
 from gateway.headers import outbound_headers, relayed_response_headers
+from gateway.resume import ReplayStream, not_found
 from gateway.sse import KEEPALIVE, largest_event, split_events
 from registry.events import AgentRoute
 from registry.ids import agent_channel
@@ -146,6 +147,10 @@ class VirtualSubscriber:
         self.streams: dict[str, asyncio.Task] = {}
         self._stream_sinks: dict[str, BrokerSink] = {}  # flow-controlled streams (broker)
         self._cancel_requested: dict[str, Any] = {}  # request id -> the stream's JSON-RPC id
+        # Resumable streams (A2A_SSE_RESUME_SECONDS > 0): by public stream id, and by the
+        # request id of each caller connection attached to one (gateway.resume).
+        self._replays: dict[str, ReplayStream] = {}
+        self._attached: dict[str, ReplayStream] = {}
         self._tasks: set[asyncio.Task] = set()
         self._receiver: asyncio.Task | None = None
         self._stopping = False
@@ -170,6 +175,10 @@ class VirtualSubscriber:
         tasks = list(self.streams.values())
         if self._receiver is not None:
             tasks.append(self._receiver)
+        for replay in list(self._replays.values()):
+            if replay.expiry is not None:
+                replay.expiry.cancel()
+        self._replays.clear()
         for task in tasks:
             task.cancel()
         if tasks:
@@ -227,6 +236,9 @@ class VirtualSubscriber:
                 except ValueError:
                     pass
             return
+        if method == env.RESUME_METHOD:
+            self._resume(query, sink, local)
+            return
         if tracing.ENABLED:  # a child span of the entry node's; the agent gets its context
             sink = tracing.subscriber_sink(query, sink, agent_id=self.agent_id,
                                            endpoint=self.route.endpoint, local=local,
@@ -253,6 +265,13 @@ class VirtualSubscriber:
                     + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
                 )
                 self._stream_sinks[request_id] = sink  # type: ignore[assignment]
+            if self.settings.A2A_SSE_RESUME_SECONDS > 0:
+                replay = ReplayStream(request_id, tags.get(env.TAG_CALLER) or "anonymous",
+                                      self.settings.A2A_SSE_RESUME_BUFFER_BYTES, sink,
+                                      self._replay_ended)
+                self._replays[replay.stream_id] = replay
+                self._attached[request_id] = replay
+                sink = replay
             task = asyncio.get_running_loop().create_task(self._run_stream(query, sink, request_id))
             self.streams[request_id] = task
             task.add_done_callback(lambda _t, rid=request_id: self._stream_done(rid))
@@ -266,13 +285,87 @@ class VirtualSubscriber:
         self._stream_sinks.pop(request_id, None)
 
     def cancel_stream(self, request_id: str) -> bool:
-        """The cancel handler: the caller of a relayed stream went away."""
+        """The cancel handler: the caller of a relayed stream went away. A resumable stream is
+        detached and kept for ``A2A_SSE_RESUME_SECONDS`` instead (gateway.resume)."""
+        if self._attached:
+            replay = self._attached.pop(request_id, None)
+            if replay is not None:
+                if request_id != replay.origin:
+                    self._stream_sinks.pop(request_id, None)
+                seconds = self.settings.A2A_SSE_RESUME_SECONDS
+                if seconds > 0 and not self._stopping and replay.detach(
+                    request_id, seconds, lambda: self._expire(replay)
+                ):
+                    return True
+                self._drop_replay(replay)
+                request_id = replay.origin
         task = self.streams.get(request_id)
         if task is None or task.done():
             return False
         self._cancel_requested[request_id] = True
         task.cancel()
         return True
+
+    # --- resumable streams (gateway.resume) ---------------------------------------------------
+
+    def _resume(self, query: dict[str, Any], sink: Sink, local: bool) -> None:
+        """``stream_resume``: reattach a caller to a detached stream of the same client, replay
+        what it missed, continue live. Never waits here (the receive loop must not)."""
+        tags = query["tags"]
+        request_id = tags.get(env.TAG_REQUEST_ID, "")
+        replay = self._replays.get(tags.get(env.TAG_STREAM_ID) or "")
+        try:
+            last = int(tags.get(env.TAG_LAST_EVENT) or 0)
+        except ValueError:
+            last = -1
+        why = "unknown or expired stream" if replay is None or last < 0 else replay.check(
+            tags.get(env.TAG_CALLER) or "anonymous", last)
+        if why is not None or replay is None:
+            _spawn(self._tasks, sink(not_found(request_id, why or "")))
+            return
+        if not local:
+            try:
+                sink.window = max(int(tags.get(env.TAG_WINDOW) or 0), 0)  # type: ignore[attr-defined]
+            except ValueError:
+                pass
+            settings = self.settings
+            sink.credit_timeout = (  # type: ignore[attr-defined]
+                settings.A2A_SSE_STALL_TIMEOUT_SECONDS
+                + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
+            )
+            self._stream_sinks[request_id] = sink  # type: ignore[assignment]
+        self._attached[request_id] = replay
+        _spawn(self._tasks, self._attach(replay, sink, request_id, last))
+
+    async def _attach(self, replay: ReplayStream, sink: Sink, request_id: str,
+                      last: int) -> None:
+        try:
+            await replay.attach(sink, request_id, last)
+        except Exception:
+            logger.exception("%s: resuming a stream failed", self.client_id)
+
+    def _expire(self, replay: ReplayStream) -> None:
+        """The resume window passed with nobody back: cancel the stream as a disconnect does."""
+        self._drop_replay(replay)
+        task = self.streams.get(replay.origin)
+        if task is not None and not task.done():
+            self._cancel_requested[replay.origin] = True
+            task.cancel()
+
+    def _replay_ended(self, replay: ReplayStream) -> None:
+        """The stream's end went to its caller: still resumable for the window, then gone."""
+        replay.expiry = asyncio.get_running_loop().call_later(
+            self.settings.A2A_SSE_RESUME_SECONDS, self._drop_replay, replay)
+
+    def _drop_replay(self, replay: ReplayStream) -> None:
+        if replay.expiry is not None:
+            replay.expiry.cancel()
+            replay.expiry = None
+        self._replays.pop(replay.stream_id, None)
+        for request_id in [k for k, v in self._attached.items() if v is replay]:
+            del self._attached[request_id]
+            if request_id != replay.origin:
+                self._stream_sinks.pop(request_id, None)
 
     # --- handlers --------------------------------------------------------------------------
 
