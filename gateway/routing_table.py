@@ -2,12 +2,20 @@
 
 Loaded at node start from ``registry.selectors.agent_routes``, kept current by registry events
 (this process's and, in distributed mode, other nodes' via the discovery group) and re-synced
-from the database periodically as a safety net. The hot path only reads a dict.
+from the database as a safety net: incrementally (``registry.selectors.agent_route_changes``,
+the rows changed since the last read) every ``A2A_ROUTING_RESYNC_SECONDS``, fully every
+``A2A_ROUTING_FULL_RESYNC_SECONDS``. The hot path only reads a dict.
+
+Routing needs no lease clock of its own: heartbeats renew leases without a broadcast and without
+moving the routing marker, so a route's ``expires_at`` is the lease as of its last routing
+change, not the current one. An agent leaves the table through its ``expired`` or
+``deregistered`` event, or at the next incremental resync, which also drops active agents whose
+lease lapsed before the expiry job marked them.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Iterable
 
 from gateway.conf import NodeSettings
 from registry.events import AgentEvent, AgentRoute
@@ -31,18 +39,8 @@ class RoutingTable:
         return list(self._routes.values())
 
     def get(self, agent_id: str) -> AgentRoute | None:
-        """The route of a routable agent, or None (unknown, deregistered or expired).
-
-        Heartbeats renew leases without a broadcast, so a route's ``expires_at`` may lag the
-        database by up to one resync; an agent counts as expired here only once it is past its
-        lease by more than that lag (the expiry job's event usually removes it sooner).
-        """
-        route = self._routes.get(agent_id)
-        if route is None:
-            return None
-        if route.expires_at + self._grace() < time.time():
-            return None
-        return route
+        """The route of a routable agent, or None (unknown, deregistered or expired)."""
+        return self._routes.get(agent_id)
 
     def apply(self, event: AgentEvent) -> AgentRoute | None:
         """Apply a registry event; returns the agent's previous route."""
@@ -68,6 +66,21 @@ class RoutingTable:
         self._routes = fresh
         self._touched = set()
 
-    def _grace(self) -> float:
-        settings = self.settings
-        return settings.A2A_ROUTING_RESYNC_SECONDS + settings.A2A_EXPIRY_INTERVAL_SECONDS
+    def finish_incremental(self, routes: Iterable[AgentRoute], gone: Iterable[str]) -> set[str]:
+        """Apply an incremental database read begun at :meth:`begin_resync` (changed routes to
+        add or replace, ids to remove), skipping agents events changed meanwhile. Returns the
+        ids whose route changed, for the subscriber manager; the work is proportional to the
+        changes, never to the table."""
+        touched = self._touched
+        table = self._routes
+        changed: set[str] = set()
+        for route in routes:
+            agent_id = route.agent_id
+            if agent_id not in touched and table.get(agent_id) != route:
+                table[agent_id] = route
+                changed.add(agent_id)
+        for agent_id in gone:
+            if agent_id not in touched and table.pop(agent_id, None) is not None:
+                changed.add(agent_id)
+        self._touched = set()
+        return changed

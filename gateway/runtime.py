@@ -19,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from channels.db import database_sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.utils import timezone
 
 from gateway import conf, metrics, outbound
 from gateway.conf import NodeSettings
@@ -61,6 +64,12 @@ class GatewayNode:
         self._unsubscribe: list[Callable[[], None]] = []
         self._running = False
         self._stopped = False
+        # The incremental resync's cursor (rows changed after it are read) and when the last
+        # full reload ran (time.monotonic()); None: the next resync is a full one.
+        self._since: datetime | None = None
+        self._last_full = 0.0
+        #: Resyncs completed, by kind (the registry bench reports how many ran in its window).
+        self.resyncs = {"full": 0, "incremental": 0}
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -153,19 +162,46 @@ class GatewayNode:
 
     # --- jobs ------------------------------------------------------------------------------
 
-    async def resync(self) -> None:
-        """Reload the routing table from the database (keeping what events changed since the
-        read began) and reconcile this node's subscribers with it."""
+    async def resync(self, *, full: bool | None = None) -> None:
+        """Bring the routing table up to date with the database (keeping what events changed
+        since the read began) and reconcile this node's subscribers with it.
+
+        Incremental by default: only the rows whose routing marker moved since the previous
+        read (plus lapsed leases and deregistrations), so the work on the event loop follows
+        what changed, not the registry's size. A full reload runs first, then every
+        ``A2A_ROUTING_FULL_RESYNC_SECONDS`` (``full=True`` forces one).
+        """
+        settings = self.settings
+        if full is None:
+            full = (
+                self._since is None
+                or time.monotonic() - self._last_full >= settings.A2A_ROUTING_FULL_RESYNC_SECONDS
+            )
+        # The next read starts from before this one began, less an overlap for clock skew
+        # between nodes and transactions that commit after this read.
+        cursor = timezone.now() - timedelta(seconds=settings.A2A_ROUTING_RESYNC_OVERLAP_SECONDS)
         self.table.begin_resync()
         try:
-            routes = await database_sync_to_async(selectors.agent_routes,
-                                                  thread_sensitive=False)()
+            if full:
+                routes = await database_sync_to_async(selectors.agent_routes,
+                                                      thread_sensitive=False)()
+            else:
+                changes = await database_sync_to_async(selectors.agent_route_changes,
+                                                       thread_sensitive=False)(since=self._since)
         except Exception as exc:
             logger.warning("routing table resync failed: %s: %s", type(exc).__name__, exc)
             return
-        self.table.finish_resync(routes)
-        if self._running:
-            self.manager.reconcile()
+        if full:
+            self.table.finish_resync(routes)
+            self._last_full = time.monotonic()
+            if self._running:
+                self.manager.reconcile()
+        else:
+            changed = self.table.finish_incremental(changes.routes, changes.gone)
+            if self._running and changed:
+                self.manager.reconcile_agents(changed)
+        self._since = cursor
+        self.resyncs["full" if full else "incremental"] += 1
 
     async def _resync_job(self) -> None:
         await self.resync()

@@ -12,7 +12,7 @@ from django.utils import timezone
 from config import tracing
 from registry import events
 from registry.ids import agent_id_error
-from registry.models import Agent
+from registry.models import Agent, AgentTombstone
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
 from registry.selectors import agent_route
 from registry.services.cards import _apply_card, _record_card_version, _resolve_card
@@ -162,4 +162,6 @@ def agent_deregister(*, actor: Actor, agent_id: str) -> None:
         if not _owns(actor, agent) or not actor.has_scope(SCOPE_REGISTER):
             raise PermissionDenied(f"this client may not deregister {agent_id}")
         agent.delete()
+        # A node that misses the event still sees the deletion at its next incremental resync.
+        AgentTombstone.objects.create(agent_id=agent_id)
         events.publish(events.AgentEvent(kind="deregistered", agent_id=agent_id))
