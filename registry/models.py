@@ -61,7 +61,8 @@ class Agent(models.Model):
     )
     # The routing marker: set by every write that changes what a node's routing table holds
     # (register, update, status, ownership; a heartbeat only when it revives a lapsed lease),
-    # so a node's resync reads only the rows changed since its last one. See :meth:`save`.
+    # so a node's resync reads only the rows changed since its last one. Set by the services
+    # in registry/services/ (ORM writes and raw SQL alike).
     routing_changed_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     objects = AgentQuerySet.as_manager()
@@ -78,14 +79,6 @@ class Agent(models.Model):
 
     def __str__(self) -> str:
         return self.agent_id
-
-    def save(self, *args, **kwargs) -> None:
-        """Every ORM save may change routing: bump the marker (raw SQL writers set it too)."""
-        self.routing_changed_at = timezone.now()
-        update_fields = kwargs.get("update_fields")
-        if update_fields is not None:
-            kwargs["update_fields"] = {*update_fields, "routing_changed_at"}
-        super().save(*args, **kwargs)
 
     @property
     def tags(self) -> list[str]:

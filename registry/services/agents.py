@@ -92,6 +92,7 @@ def agent_register(
         "status": Agent.Status.ACTIVE,
         "source": source,
         "node_id": node_id or _owning_node(agent_id=agent_id, current=existing),
+        "routing_changed_at": now,
     }
     created = False
     with transaction.atomic():
@@ -147,6 +148,7 @@ def agent_update(
             )
             _apply_card(agent, parsed)
             _record_card_version(agent, parsed)
+        agent.routing_changed_at = timezone.now()
         agent.save()
         _publish("updated", agent)
     return agent

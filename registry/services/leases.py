@@ -113,7 +113,8 @@ def agents_extend_ttl(*, agent_ids: list[str], seconds: int | None = None) -> in
         agent.status = Agent.Status.ACTIVE
         agent.last_seen = now
         agent.expires_at = now + timedelta(seconds=seconds or agent.ttl_seconds)
-        agent.save(update_fields=["status", "last_seen", "expires_at"])
+        agent.routing_changed_at = now
+        agent.save(update_fields=["status", "last_seen", "expires_at", "routing_changed_at"])
         _publish("updated", agent)
         count += 1
     return count

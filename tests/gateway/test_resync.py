@@ -165,3 +165,15 @@ async def test_a_purged_row_is_caught_by_the_full_resync(node):
     assert node.resyncs["full"] == 2
     assert node.table.get("purged") is None
     assert "purged" not in node.manager.subscribers
+
+
+async def test_an_admin_lease_extension_revives_an_expired_agent(node):
+    await run(_register)("revived", lost=False)
+    past = timezone.now() - timedelta(seconds=5)
+    await run(Agent.objects.filter(agent_id="revived").update)(expires_at=past)
+    await run(_quietly)(services.agents_expire)
+    await _incremental(node)
+    assert node.table.get("revived") is None
+    await run(_quietly)(services.agents_extend_ttl, agent_ids=["revived"])
+    await _incremental(node)
+    assert node.table.get("revived") is not None
