@@ -76,11 +76,26 @@ class RoutingTable:
         changed: set[str] = set()
         for route in routes:
             agent_id = route.agent_id
-            if agent_id not in touched and table.get(agent_id) != route:
-                table[agent_id] = route
+            if agent_id in touched:
+                continue
+            previous = table.get(agent_id)
+            table[agent_id] = route
+            if previous is None or not _same_routing(previous, route):
                 changed.add(agent_id)
         for agent_id in gone:
             if agent_id not in touched and table.pop(agent_id, None) is not None:
                 changed.add(agent_id)
         self._touched = set()
         return changed
+
+
+def _same_routing(a: AgentRoute, b: AgentRoute) -> bool:
+    """Whether two routes route alike: ``expires_at`` aside (heartbeats move it, routing does
+    not read it), so re-reading a row a heartbeat renewed changes no subscriber."""
+    return (
+        a.endpoint == b.endpoint
+        and a.node_id == b.node_id
+        and a.max_concurrency == b.max_concurrency
+        and a.owner_client_id == b.owner_client_id
+        and a.card_sha256 == b.card_sha256
+    )
