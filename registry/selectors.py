@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -74,10 +75,13 @@ _ROUTE_COLUMNS = (
 
 
 def _routes(rows) -> list[AgentRoute]:
+    # Node ids and owners repeat across thousands of routes: one string each, not one per row.
+    intern = sys.intern
     return [
         AgentRoute(
-            agent_id=agent_id, endpoint=url, node_id=node_id, max_concurrency=max_concurrency,
-            expires_at=expires_at.timestamp(), owner_client_id=owner, card_sha256=sha,
+            agent_id=agent_id, endpoint=url, node_id=intern(node_id),
+            max_concurrency=max_concurrency, expires_at=expires_at.timestamp(),
+            owner_client_id=intern(owner) if owner else owner, card_sha256=sha,
         )
         for agent_id, url, node_id, max_concurrency, expires_at, owner, sha in rows
     ]
