@@ -55,10 +55,11 @@ class RoutingTable:
     def begin_resync(self) -> None:
         self._touched = set()
 
-    def finish_resync(self, routes: list[AgentRoute]) -> None:
+    def finish_resync(self, routes: Iterable[AgentRoute] | dict[str, AgentRoute]) -> None:
         """Replace the table with a database read begun at :meth:`begin_resync`, keeping what
-        events changed meanwhile."""
-        fresh = {route.agent_id: route for route in routes}
+        events changed meanwhile. ``routes`` may be the new table already (agent id -> route),
+        built off the event loop; it is then used as is."""
+        fresh = routes if isinstance(routes, dict) else {r.agent_id: r for r in routes}
         for agent_id in self._touched:
             fresh.pop(agent_id, None)
             if agent_id in self._routes:

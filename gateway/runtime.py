@@ -35,10 +35,14 @@ from gateway.replicator import Replicator
 from gateway.routing_table import RoutingTable
 from gateway.subscriber_manager import SubscriberManager
 from registry import events, selectors, services
+from registry.events import AgentRoute
 from registry.ids import DISCOVERY_GROUP
 from registry.token_cache import TokenCache, shared_token_cache
 
 logger = logging.getLogger(__name__)
+
+#: Subscribers reconciled per turn of the event loop by a resync.
+_RECONCILE_SLICE = 100
 
 
 class GatewayNode:
@@ -184,25 +188,27 @@ class GatewayNode:
         self.table.begin_resync()
         try:
             if full:
-                routes = await database_sync_to_async(selectors.agent_routes,
-                                                      thread_sensitive=False)()
+                fresh, owned = await database_sync_to_async(
+                    self._read_full, thread_sensitive=False
+                )()
             else:
-                changes = await database_sync_to_async(selectors.agent_route_changes,
-                                                       thread_sensitive=False)(since=self._since)
+                changes = await database_sync_to_async(
+                    selectors.agent_route_changes, thread_sensitive=False
+                )(since=self._since)
         except Exception as exc:
             logger.warning("routing table resync failed: %s: %s", type(exc).__name__, exc)
             return
         read = time.perf_counter()
         if full:
-            self.table.finish_resync(routes)
+            self.table.finish_resync(fresh)
             self._last_full = time.monotonic()
             if self._running:
-                self.manager.reconcile()
-            changed_count = len(routes)
+                await self._reconcile(owned.union(self.manager.subscribers))
+            changed_count = len(fresh)
         else:
             changed = self.table.finish_incremental(changes.routes, changes.gone)
             if self._running and changed:
-                self.manager.reconcile_agents(changed)
+                await self._reconcile(changed)
             changed_count = len(changed)
         self._since = cursor
         kind = "full" if full else "incremental"
@@ -215,6 +221,23 @@ class GatewayNode:
             kind, changed_count, "route(s)" if full else "change(s)",
             (read - started) * 1e3, (time.perf_counter() - read) * 1e3,
         )
+
+    def _read_full(self) -> tuple[dict[str, AgentRoute], set[str]]:
+        """A full resync's read (worker thread): the new table and the agents this node owns
+        in it, both built off the event loop, the GIL handed back every 1,000 rows."""
+        fresh = {r.agent_id: r for r in selectors.agent_routes(pause_every=1000)}
+        node_id = self.settings.NODE_ID
+        owned = {agent_id for agent_id, r in fresh.items() if r.node_id == node_id}
+        return fresh, owned
+
+    async def _reconcile(self, agent_ids) -> None:
+        """Reconcile these agents' subscribers with the table, a slice at a time with the loop
+        free in between (a node adopting or re-reading 10,000 agents must not stall calls)."""
+        ids = list(agent_ids)
+        for start in range(0, len(ids), _RECONCILE_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            self.manager.reconcile_agents(ids[start : start + _RECONCILE_SLICE])
 
     async def _resync_job(self) -> None:
         await self.resync()

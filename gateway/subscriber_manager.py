@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 from gateway import metrics
 from gateway.conf import NodeSettings
@@ -74,7 +75,7 @@ class SubscriberManager:
         for route in owned.values():
             self._place(route)
 
-    def reconcile_agents(self, agent_ids: set[str]) -> None:
+    def reconcile_agents(self, agent_ids: Iterable[str]) -> None:
         """Make the subscribers of these agents match the routing table (an incremental
         resync: the work follows what changed, not the table's size)."""
         for agent_id in agent_ids:
