@@ -133,11 +133,22 @@ def table_memory() -> dict:
 
 class LoopLag:
     """The longest gap between the ticks of a 1 ms ticker on the loop: how long the loop was
-    blocked (a gap of 1 ms is an idle loop)."""
+    blocked (a gap of 1 ms is an idle loop); and the cyclic GC's collections meanwhile (the
+    longest one and how many were full, generation 2), to tell a GC pause from our code."""
 
     def __init__(self) -> None:
         self.worst = 0.0
         self._task: asyncio.Task | None = None
+        self._gc_started = 0.0
+        self.gc_worst = 0.0
+        self.gc_full = 0
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        self.gc_worst = max(self.gc_worst, time.perf_counter() - self._gc_started)
+        self.gc_full += info["generation"] == 2
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
@@ -149,15 +160,25 @@ class LoopLag:
             last = now
 
     async def measure(self, coro) -> dict:
-        self.worst = 0.0
+        self.worst = self.gc_worst = 0.0
+        self.gc_full = 0
         self._task = asyncio.create_task(self._tick())
         await asyncio.sleep(0.01)
+        gc.callbacks.append(self._on_gc)
         started = time.perf_counter()
-        await coro
+        try:
+            await coro
+        finally:
+            gc.callbacks.remove(self._on_gc)
         elapsed = time.perf_counter() - started
         await asyncio.sleep(0.01)
         self._task.cancel()
-        return {"seconds": round(elapsed, 3), "worst_loop_stall_ms": round(self.worst * 1e3, 1)}
+        return {
+            "seconds": round(elapsed, 3),
+            "worst_loop_stall_ms": round(self.worst * 1e3, 1),
+            "worst_gc_pause_ms": round(self.gc_worst * 1e3, 1),
+            "full_gc_collections": self.gc_full,
+        }
 
 
 async def node_figures(args) -> dict:
@@ -274,7 +295,10 @@ def main() -> int:
         "incremental_resync_changed",
     ):
         run = node[key]
-        print(f"{key}: {run['seconds']} s, worst loop stall {run['worst_loop_stall_ms']} ms")
+        print(
+            f"{key}: {run['seconds']} s, worst loop stall {run['worst_loop_stall_ms']} ms "
+            f"(worst GC pause {run['worst_gc_pause_ms']} ms, {run['full_gc_collections']} full)"
+        )
     subs = node["subscribers"]
     print(
         f"subscribers: {subs['spawned']} spawned, {subs['bytes_per_subscriber']} B each traced, "
