@@ -177,3 +177,23 @@ async def test_an_admin_lease_extension_revives_an_expired_agent(node):
     await run(_quietly)(services.agents_extend_ttl, agent_ids=["revived"])
     await _incremental(node)
     assert node.table.get("revived") is not None
+
+
+async def test_a_bulk_lease_renewal_moves_the_marker_only_of_lapsed_leases(node):
+    """Discovery renews its agents' leases in bulk: a live lease leaves routing alone, a
+    lapsed one (dropped by the last resync) comes back at the next."""
+    await run(_register)("live-lease", lost=False)
+    await run(_register)("lapsed-lease", lost=False)
+    past = timezone.now() - timedelta(seconds=1)
+    await run(Agent.objects.filter(agent_id="lapsed-lease").update)(expires_at=past)
+    await _incremental(node)
+    assert node.table.get("lapsed-lease") is None
+    live_marker = (await run(Agent.objects.get)(agent_id="live-lease")).routing_changed_at
+    renewed = await run(services.agents_renew_leases)(
+        agent_ids=["live-lease", "lapsed-lease"], ttl_seconds=60
+    )
+    assert renewed == 2
+    live = await run(Agent.objects.get)(agent_id="live-lease")
+    assert live.routing_changed_at == live_marker
+    await _incremental(node)
+    assert node.table.get("lapsed-lease") is not None
