@@ -9,17 +9,27 @@ aiohttp load generator runs on core 1. Phases:
 3. open loop: heartbeats at a fixed offered rate (``--rate``, default 1,000/s) -- latency is
    measured from each heartbeat's *scheduled* time, so a stalled server cannot hide its queue.
    This is the 10,000-agents-heartbeating figure the target speaks of (>= 1,000/s on
-   PostgreSQL with p99 < 50 ms).
+   PostgreSQL with p99 < 50 ms, with a routing resync inside the window).
+
+The node runs its routing resync every ``--resync-seconds`` (default 5, so several land in the
+open-loop window; production's default is 30) and a full reload every
+``--full-resync-seconds`` (default 600 as in production: pass e.g. 8 to put full reloads of
+every agent inside the window too). Each resync logs one line; the result counts those that
+ran inside the open-loop window (``resyncs_in_window``, by kind) and their read and loop
+times, so a figure without a resync inside its window shows as such.
 
     .venv/bin/python bench/registry_bench.py [--quick] [--postgres] [--server uvicorn]
+        [--resync-seconds 5] [--full-resync-seconds 600] [--resync-overlap-seconds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -122,6 +132,7 @@ async def heartbeat_open(session, base: str, token: str, ids: list[str], rate: f
         latencies.append(loop.time() - scheduled)
 
     start = loop.time() + 0.05
+    wall_start = time.time() + 0.05
     total = int(rate * seconds)
     for index in range(total):
         scheduled = start + index / rate
@@ -138,8 +149,32 @@ async def heartbeat_open(session, base: str, token: str, ids: list[str], rate: f
         await asyncio.wait(in_flight, timeout=30)
     elapsed = loop.time() - start
     result = figures(latencies, statuses, elapsed)
-    result.update({"offered_per_s": rate, "dropped_over_in_flight_cap": dropped})
+    result.update({"offered_per_s": rate, "dropped_over_in_flight_cap": dropped,
+                   "window": [wall_start, wall_start + elapsed]})
     return result
+
+
+_RESYNC_LINE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO gateway\.runtime: routing resync "
+    r"\((full|incremental)\): (\d+) \S+, read ([\d.]+) ms \(worker thread\), "
+    r"applied ([\d.]+) ms \(loop\)"
+)
+
+
+def resyncs_in_window(log: Path, window: list[float]) -> dict:
+    """The node's routing resyncs (one log line each) that finished inside ``window``."""
+    found: dict[str, list[dict]] = {"full": [], "incremental": []}
+    for line in log.read_text(errors="replace").splitlines():
+        match = _RESYNC_LINE.match(line)
+        if match is None:
+            continue
+        stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if window[0] <= stamp <= window[1]:
+            found[match.group(2)].append({
+                "rows": int(match.group(3)), "read_ms": float(match.group(4)),
+                "loop_ms": float(match.group(5)),
+            })
+    return {kind: {"count": len(runs), "runs": runs} for kind, runs in found.items()}
 
 
 async def run_load(base: str, registrar: str, args) -> dict:
@@ -173,6 +208,13 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--closed-seconds", type=float)
     parser.add_argument("--open-seconds", type=float)
+    parser.add_argument("--resync-seconds", type=float, default=5.0,
+                        help="the node's A2A_ROUTING_RESYNC_SECONDS (production: 30)")
+    parser.add_argument("--full-resync-seconds", type=float, default=600.0,
+                        help="the node's A2A_ROUTING_FULL_RESYNC_SECONDS")
+    parser.add_argument("--resync-overlap-seconds", type=float, default=5.0,
+                        help="the node's A2A_ROUTING_RESYNC_OVERLAP_SECONDS (production: 60; "
+                             "one node has no clock skew; 60 re-reads the registration burst)")
     args = parser.parse_args()
     args.agents = args.agents or (2000 if args.quick else 10_000)
     args.closed_seconds = args.closed_seconds or (5 if args.quick else 15)
@@ -185,7 +227,13 @@ def main() -> int:
     result: dict = {}
     try:
         with temp_dir("a2a-registry-bench-") as tmp_name:
-            node = PlatformNode("registry-node", Path(tmp_name), database_url=db_url)
+            resync_env = {
+                "A2A_ROUTING_RESYNC_SECONDS": str(args.resync_seconds),
+                "A2A_ROUTING_FULL_RESYNC_SECONDS": str(args.full_resync_seconds),
+                "A2A_ROUTING_RESYNC_OVERLAP_SECONDS": str(args.resync_overlap_seconds),
+            }
+            node = PlatformNode("registry-node", Path(tmp_name), database_url=db_url,
+                                extra_env=resync_env)
             _admin, registrar, _caller = node.prepare()
             proc = node.serve(args.server)
             try:
@@ -193,12 +241,15 @@ def main() -> int:
             finally:
                 proc.stop()
                 keep_logs(Path(tmp_name), f"registry-{'postgresql' if db_url else 'sqlite'}")
+            load["heartbeat_open"]["resyncs_in_window"] = resyncs_in_window(
+                Path(tmp_name) / f"{proc.name}.log", load["heartbeat_open"].pop("window")
+            )
             result = {
                 "benchmark": "registry", "database": "postgresql" if db_url else "sqlite",
                 "server": args.server, "agents": args.agents, "quick": args.quick,
                 "machine": machine_info(), "server_core": 0,
                 "load_generator": "aiohttp (core 1)",
-                "command": " ".join(["python", *sys.argv]), **load,
+                "command": " ".join(["python", *sys.argv]), "node_env": resync_env, **load,
                 "elapsed_s": round(time.time() - started, 1),
             }
     finally:
@@ -207,8 +258,14 @@ def main() -> int:
     target = ""
     if db_url:
         opened = result["heartbeat_open"]
-        met = opened["per_s"] >= 1000 and (opened["p99_ms"] or 1e9) < 50
-        target = f" target (>= 1000/s, p99 < 50 ms): {'met' if met else 'NOT met'}"
+        resyncs = opened["resyncs_in_window"]
+        inside = resyncs["full"]["count"] + resyncs["incremental"]["count"]
+        met = opened["per_s"] >= 1000 and (opened["p99_ms"] or 1e9) < 50 and inside > 0
+        target = (f" target (>= 1000/s, p99 < 50 ms, a resync inside the window): "
+                  f"{'met' if met else 'NOT met'}")
+    resyncs = result["heartbeat_open"]["resyncs_in_window"]
+    print(f"resyncs inside the open-loop window: {resyncs['incremental']['count']} incremental, "
+          f"{resyncs['full']['count']} full")
     print(f"\n{result['database']} / {args.server}:{target}")
     path = write_results(f"registry-{result['database']}", result)
     print(f"wrote {path} ({result['elapsed_s']} s)")

@@ -342,7 +342,13 @@ A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
 A2A_AUTH_STALE_SECONDS = env_float("A2A_AUTH_STALE_SECONDS", 300)
 A2A_AUTH_LOOKUP_TIMEOUT_SECONDS = env_float("A2A_AUTH_LOOKUP_TIMEOUT_SECONDS", 1.0, minimum=0.05)
 A2A_AUTH_LOOKUP_THREADS = env_int("A2A_AUTH_LOOKUP_THREADS", 4, minimum=1)
-A2A_ROUTING_RESYNC_SECONDS = env_float("A2A_ROUTING_RESYNC_SECONDS", 30, minimum=1)
+A2A_ROUTING_RESYNC_SECONDS = env_float("A2A_ROUTING_RESYNC_SECONDS", 30, minimum=0.1)
+# The incremental resync reads rows changed since its previous read began minus this overlap
+# (clock skew between nodes, transactions that commit late); a full reload every
+# A2A_ROUTING_FULL_RESYNC_SECONDS covers anything older (purged rows, pruned tombstones).
+A2A_ROUTING_FULL_RESYNC_SECONDS = env_float("A2A_ROUTING_FULL_RESYNC_SECONDS", 600, minimum=1)
+A2A_ROUTING_RESYNC_OVERLAP_SECONDS = env_float("A2A_ROUTING_RESYNC_OVERLAP_SECONDS", 60,
+                                               minimum=0)
 A2A_NODE_HEARTBEAT_SECONDS = env_float("A2A_NODE_HEARTBEAT_SECONDS", 10, minimum=1)
 # Hand a Query straight to the subscriber when it lives in the receiving process (no broker
 # hop). Off: every request goes through the channel layer (same behaviour, slower).

@@ -2,12 +2,21 @@
 
 Loaded at node start from ``registry.selectors.agent_routes``, kept current by registry events
 (this process's and, in distributed mode, other nodes' via the discovery group) and re-synced
-from the database periodically as a safety net. The hot path only reads a dict.
+from the database as a safety net: incrementally (``registry.selectors.agent_route_changes``,
+the rows changed since the last read) every ``A2A_ROUTING_RESYNC_SECONDS``, fully every
+``A2A_ROUTING_FULL_RESYNC_SECONDS``. The hot path only reads a dict.
+
+Routing needs no lease clock of its own: heartbeats renew leases without a broadcast and without
+moving the routing marker, so a route's ``expires_at`` is the lease as of its last routing
+change, not the current one. An agent leaves the table through its ``expired`` or
+``deregistered`` event, or at the next incremental resync, which also drops active agents whose
+lease lapsed before the expiry job marked them.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from gateway.conf import NodeSettings
 from registry.events import AgentEvent, AgentRoute
@@ -35,18 +44,8 @@ class RoutingTable:
         return list(self._routes.values())
 
     def get(self, agent_id: str) -> AgentRoute | None:
-        """The route of a routable agent, or None (unknown, deregistered or expired).
-
-        Heartbeats renew leases without a broadcast, so a route's ``expires_at`` may lag the
-        database by up to one resync; an agent counts as expired here only once it is past its
-        lease by more than that lag (the expiry job's event usually removes it sooner).
-        """
-        route = self._routes.get(agent_id)
-        if route is None:
-            return None
-        if route.expires_at + self._grace() < time.time():
-            return None
-        return route
+        """The route of a routable agent, or None (unknown, deregistered or expired)."""
+        return self._routes.get(agent_id)
 
     def apply(self, event: AgentEvent) -> AgentRoute | None:
         """Apply a registry event; returns the agent's previous route."""
@@ -60,27 +59,26 @@ class RoutingTable:
         if event.kind == "expired":
             # An agent of a dead node expires before its lease ends: then "now".
             when = min(previous.expires_at, time.time()) if previous else time.time()
-            if len(self._expired) >= MAX_EXPIRED_REMEMBERED:
-                del self._expired[next(iter(self._expired))]
-            self._expired[event.agent_id] = when
+            self._remember_expired(event.agent_id, when)
         return previous
+
+    def _remember_expired(self, agent_id: str, when: float) -> None:
+        if len(self._expired) >= MAX_EXPIRED_REMEMBERED:
+            del self._expired[next(iter(self._expired))]
+        self._expired[agent_id] = when
 
     def expired_at(self, agent_id: str) -> float | None:
         """When a recently expired agent's lease ended (epoch seconds), else None."""
-        when = self._expired.get(agent_id)
-        if when is None:
-            route = self._routes.get(agent_id)
-            if route is not None and route.expires_at + self._grace() < time.time():
-                when = route.expires_at
-        return when
+        return self._expired.get(agent_id)
 
     def begin_resync(self) -> None:
         self._touched = set()
 
-    def finish_resync(self, routes: list[AgentRoute]) -> None:
+    def finish_resync(self, routes: Iterable[AgentRoute] | dict[str, AgentRoute]) -> None:
         """Replace the table with a database read begun at :meth:`begin_resync`, keeping what
-        events changed meanwhile."""
-        fresh = {route.agent_id: route for route in routes}
+        events changed meanwhile. ``routes`` may be the new table already (agent id -> route),
+        built off the event loop; it is then used as is."""
+        fresh = routes if isinstance(routes, dict) else {r.agent_id: r for r in routes}
         for agent_id in self._touched:
             fresh.pop(agent_id, None)
             if agent_id in self._routes:
@@ -88,6 +86,43 @@ class RoutingTable:
         self._routes = fresh
         self._touched = set()
 
-    def _grace(self) -> float:
-        settings = self.settings
-        return settings.A2A_ROUTING_RESYNC_SECONDS + settings.A2A_EXPIRY_INTERVAL_SECONDS
+    def finish_incremental(self, routes: Iterable[AgentRoute], gone: Iterable[str]) -> set[str]:
+        """Apply an incremental database read begun at :meth:`begin_resync` (changed routes to
+        add or replace, ids to remove), skipping agents events changed meanwhile. Returns the
+        ids whose route changed, for the subscriber manager; the work is proportional to the
+        changes, never to the table."""
+        touched = self._touched
+        table = self._routes
+        changed: set[str] = set()
+        for route in routes:
+            agent_id = route.agent_id
+            if agent_id in touched:
+                continue
+            previous = table.get(agent_id)
+            table[agent_id] = route
+            if previous is None or not _same_routing(previous, route):
+                changed.add(agent_id)
+        now = time.time()
+        for agent_id in gone:
+            if agent_id in touched:
+                continue
+            previous = table.pop(agent_id, None)
+            if previous is not None:
+                changed.add(agent_id)
+                if previous.expires_at <= now:  # a lapsed lease whose event was lost
+                    self._remember_expired(agent_id, previous.expires_at)
+        self._touched = set()
+        return changed
+
+
+def _same_routing(a: AgentRoute, b: AgentRoute) -> bool:
+    """Whether two routes route alike: ``expires_at`` aside (heartbeats move it, routing does
+    not read it), so re-reading a row a heartbeat renewed changes no subscriber."""
+    return (
+        a.endpoint == b.endpoint
+        and a.node_id == b.node_id
+        and a.max_concurrency == b.max_concurrency
+        and a.owner_client_id == b.owner_client_id
+        and a.card_sha256 == b.card_sha256
+        and a.credential_passthrough == b.credential_passthrough
+    )

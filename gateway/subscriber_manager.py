@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 
 from gateway import metrics
 from gateway.conf import NodeSettings
@@ -73,6 +74,17 @@ class SubscriberManager:
                 self._teardown(agent_id)
         for route in owned.values():
             self._place(route)
+
+    def reconcile_agents(self, agent_ids: Iterable[str]) -> None:
+        """Make the subscribers of these agents match the routing table (an incremental
+        resync: the work follows what changed, not the table's size)."""
+        for agent_id in agent_ids:
+            route = self.table.get(agent_id)
+            if route is None:
+                self._teardown(agent_id)
+                metrics.forget_agent(agent_id)
+            else:
+                self._place(route)
 
     def _place(self, route: AgentRoute) -> None:
         current = self.subscribers.get(route.agent_id)

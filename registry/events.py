@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 EventKind = Literal["registered", "updated", "deregistered", "expired"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a node holds one per agent (no __dict__ each)
 class AgentRoute:
     """What a node needs in memory to route calls to an agent (no database on the hot path)."""
 

@@ -64,6 +64,11 @@ class Agent(models.Model):
         "registry.ApiClient", null=True, blank=True, on_delete=models.SET_NULL,
         related_name="agents",
     )
+    # The routing marker: set by every write that changes what a node's routing table holds
+    # (register, update, status, ownership; a heartbeat only when it revives a lapsed lease),
+    # so a node's resync reads only the rows changed since its last one. Set by the services
+    # in registry/services/ (ORM writes and raw SQL alike).
+    routing_changed_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     objects = AgentQuerySet.as_manager()
 
@@ -93,6 +98,18 @@ SIGNATURE_CHOICES = [
     ("valid", "valid"), ("invalid", "invalid"), ("unsigned", "unsigned"),
     ("unknown_key", "unknown key"),
 ]
+
+
+class AgentTombstone(models.Model):
+    """A deregistered agent's id and when it went: how a node's incremental resync sees a
+    deletion it missed the event of. Pruned by the expiry job after
+    ``A2A_EXPIRED_RETENTION_SECONDS`` (a node's periodic full resync covers anything older)."""
+
+    agent_id = models.CharField(max_length=63)
+    deleted_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self) -> str:
+        return self.agent_id
 
 
 class CardVersion(models.Model):

@@ -12,7 +12,7 @@ from django.utils import timezone
 from config import tracing
 from registry import events
 from registry.ids import agent_id_error
-from registry.models import Agent
+from registry.models import Agent, AgentTombstone
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
 from registry.quotas import check_agent_quota
 from registry.selectors import agent_route
@@ -104,6 +104,7 @@ def agent_register(
         "status": Agent.Status.ACTIVE,
         "source": source,
         "node_id": node_id or _owning_node(agent_id=agent_id, current=existing),
+        "routing_changed_at": now,
     }
     if credential_passthrough is not None:
         fields["credential_passthrough"] = _check_passthrough(credential_passthrough)
@@ -174,6 +175,7 @@ def agent_update(
             )
             _apply_card(agent, parsed)
             _record_card_version(agent, parsed)
+        agent.routing_changed_at = timezone.now()
         agent.save()
         _publish("updated", agent)
         events.audit(
@@ -201,6 +203,8 @@ def agent_deregister(*, actor: Actor, agent_id: str) -> None:
         if not _owns(actor, agent) or not actor.has_scope(SCOPE_REGISTER):
             raise PermissionDenied(f"this client may not deregister {agent_id}")
         agent.delete()
+        # A node that misses the event still sees the deletion at its next incremental resync.
+        AgentTombstone.objects.create(agent_id=agent_id)
         events.publish(events.AgentEvent(kind="deregistered", agent_id=agent_id))
         events.audit(
             events.AuditRecord(

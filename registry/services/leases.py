@@ -9,12 +9,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from config import tracing
 from registry import events
-from registry.models import Agent, Node
+from registry.models import Agent, AgentTombstone, Node
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
 from registry.services.agents import _publish
 from registry.services.errors import AgentNotFound
@@ -53,11 +54,14 @@ def _renew_lease(*, agent_id: str, now: datetime, owner_pk: object):
     else:  # pragma: no cover - other backends take the portable path
         return None
     stamp = connection.ops.adapt_datetimefield_value(now)
+    # The routing marker moves only when the lease had lapsed (a node's resync may have dropped
+    # the agent): a live agent's heartbeat leaves routing, and so every node's resync, alone.
     sql = (
-        f"UPDATE {table} SET last_seen = %s, expires_at = {expires} "
+        f"UPDATE {table} SET last_seen = %s, expires_at = {expires}, "
+        f"routing_changed_at = CASE WHEN expires_at <= %s THEN %s ELSE routing_changed_at END "
         f"WHERE agent_id = %s AND status = %s"
     )
-    params: list[Any] = [stamp, stamp, agent_id, Agent.Status.ACTIVE]
+    params: list[Any] = [stamp, stamp, stamp, stamp, agent_id, Agent.Status.ACTIVE]
     if owner_pk is None:
         sql += " AND owner_id IS NULL"
     elif owner_pk is not _ANY_OWNER:
@@ -109,7 +113,8 @@ def agents_extend_ttl(*, agent_ids: list[str], seconds: int | None = None) -> in
         agent.status = Agent.Status.ACTIVE
         agent.last_seen = now
         agent.expires_at = now + timedelta(seconds=seconds or agent.ttl_seconds)
-        agent.save(update_fields=["status", "last_seen", "expires_at"])
+        agent.routing_changed_at = now
+        agent.save(update_fields=["status", "last_seen", "expires_at", "routing_changed_at"])
         _publish("updated", agent)
         count += 1
     return count
@@ -128,6 +133,7 @@ def agents_expire(*, now: datetime | None = None) -> dict[str, int]:
         events.publish(events.AgentEvent(kind="expired", agent_id=agent_id))
     cutoff = now - timedelta(seconds=settings.A2A_EXPIRED_RETENTION_SECONDS)
     purged, _ = Agent.objects.filter(status=Agent.Status.EXPIRED, expires_at__lte=cutoff).delete()
+    AgentTombstone.objects.filter(deleted_at__lte=cutoff).delete()
     if expired_ids or purged:
         logger.info("expired %d agent(s), purged %d row(s)", len(expired_ids), purged)
     return {"expired": len(expired_ids), "purged": purged}
@@ -141,13 +147,14 @@ def _mark_expired(*, now: datetime, dead_before: datetime) -> list[str]:
     agents = connection.ops.quote_name(Agent._meta.db_table)
     nodes = connection.ops.quote_name(Node._meta.db_table)
     sql = (
-        f"UPDATE {agents} SET status = %s "
+        f"UPDATE {agents} SET status = %s, routing_changed_at = %s "
         f"WHERE status = %s AND (expires_at <= %s OR node_id IN "
         f"(SELECT node_id FROM {nodes} WHERE last_heartbeat < %s)) "
         f"RETURNING agent_id"
     )
     params = [
         Agent.Status.EXPIRED,
+        connection.ops.adapt_datetimefield_value(timezone.now()),
         Agent.Status.ACTIVE,
         connection.ops.adapt_datetimefield_value(now),
         connection.ops.adapt_datetimefield_value(dead_before),
@@ -162,8 +169,9 @@ def agents_renew_leases(
 ) -> int:
     """Renew the lease of active agents in bulk (discovery keeps its selected agents routable).
 
-    Like a heartbeat, only the lease moves: no broadcast, routing tables learn the new expiry
-    from their periodic resync. Expired or unknown ids are skipped (re-register those).
+    Like a heartbeat, only the lease moves: no broadcast, and the routing marker moves only for
+    a lease that had lapsed (a node's resync may have dropped it). Expired or unknown ids are
+    skipped (re-register those).
     """
     if not agent_ids:
         return 0
@@ -175,6 +183,9 @@ def agents_renew_leases(
     ids = list(agent_ids)
     for i in range(0, len(ids), 500):
         renewed += qs.filter(agent_id__in=ids[i : i + 500]).update(
-            last_seen=now, expires_at=now + timedelta(seconds=ttl_seconds)
+            last_seen=now, expires_at=now + timedelta(seconds=ttl_seconds),
+            routing_changed_at=Case(
+                When(expires_at__lte=now, then=Value(now)), default=F("routing_changed_at")
+            ),
         )
     return renewed
