@@ -7,6 +7,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from ard import views as ard_views
 from config import views
 
 urlpatterns = [
@@ -17,5 +18,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", views.healthz),
     path("readyz", views.readyz),
+    path(".well-known/ai-catalog.json", ard_views.ai_catalog),
+    path("ard/v1/", include("ard.urls")),
     path("", include("registry.kubemq_urls")),
 ]

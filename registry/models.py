@@ -55,6 +55,10 @@ class Agent(models.Model):
         "registry.ApiClient", null=True, blank=True, on_delete=models.SET_NULL,
         related_name="agents",
     )
+    # ARD entitlement tier: anonymous discovery (ai-catalog.json, /ard/v1) lists only these.
+    public = models.BooleanField(
+        default=False, help_text="Listed to anonymous callers of ARD discovery."
+    )
 
     objects = AgentQuerySet.as_manager()
 

@@ -183,6 +183,7 @@ def agent_register(
     source: str = Agent.Source.API,
     node_id: str | None = None,
     strict: bool | None = None,
+    public: bool | None = None,
 ) -> tuple[Agent, bool]:
     """Register or re-register an agent. Returns ``(agent, created)``.
 
@@ -207,6 +208,8 @@ def agent_register(
         "source": source,
         "node_id": node_id or _owning_node(agent_id=agent_id, current=existing),
     }
+    if public is not None:  # omitted on re-registration: the flag stays as it was
+        fields["public"] = bool(public)
     created = False
     with transaction.atomic():
         agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
@@ -240,8 +243,9 @@ def agent_update(
     card: dict[str, Any] | bytes | None = None,
     ttl_seconds: Any = None,
     max_concurrency: Any = None,
+    public: bool | None = None,
 ) -> Agent:
-    """Partially update an agent (PATCH): a new card, URL, TTL or concurrency cap."""
+    """Partially update an agent (PATCH): a new card, URL, TTL, concurrency cap or ARD listing."""
     with transaction.atomic():
         agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
         if agent is None:
@@ -253,6 +257,8 @@ def agent_update(
             agent.expires_at = timezone.now() + timedelta(seconds=agent.ttl_seconds)
         if max_concurrency is not None:
             agent.max_concurrency = _check_concurrency(max_concurrency)
+        if public is not None:
+            agent.public = bool(public)
         if url is not None or card is not None:
             parsed = _resolve_card(
                 url=url if url is not None else agent.url,

@@ -34,6 +34,7 @@ class AgentRegisterInput(StrictInput):
     card = serializers.JSONField(required=False)
     ttl_seconds = StrictInteger(required=False, min_value=1)
     max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
+    public = serializers.BooleanField(required=False)  # listed to anonymous ARD discovery
 
     def validate_card(self, value):
         if not isinstance(value, dict):
@@ -46,6 +47,7 @@ class AgentUpdateInput(StrictInput):
     card = serializers.JSONField(required=False)
     ttl_seconds = StrictInteger(required=False, min_value=1)
     max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
+    public = serializers.BooleanField(required=False)
 
     validate_card = AgentRegisterInput.validate_card
 
@@ -60,7 +62,7 @@ class AgentOutput(serializers.ModelSerializer):
         fields = [
             "agent_id", "name", "description", "url", "status", "routable", "source",
             "ttl_seconds", "max_concurrency", "registered_at", "last_seen", "expires_at",
-            "node_id", "owner", "card_sha256", "tags", "card",
+            "node_id", "owner", "card_sha256", "tags", "card", "public",
         ]
 
     def get_owner(self, agent: Agent) -> str | None:
