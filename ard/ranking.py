@@ -23,6 +23,7 @@ from functools import lru_cache
 from typing import Protocol
 
 from django.conf import settings
+from django.core.exceptions import EmptyResultSet
 from django.db import connection
 from django.db.models import QuerySet
 from django.utils.module_loading import import_string
@@ -87,7 +88,7 @@ def _cutoff_ratio() -> float:
 class _SqlRanker:
     """Shared SQL shape: a ``hits`` CTE (id, agent_id, r) ranked with window functions."""
 
-    def _hits_sql(self, terms: list[str], cand_sql: str) -> tuple[str, list]:
+    def _hits_sql(self, terms: list[str], cand_sql: str) -> tuple[str, list] | None:
         raise NotImplementedError
 
     def _run(
@@ -96,8 +97,14 @@ class _SqlRanker:
         terms = query_terms(text)
         if not terms:
             return []
-        cand_sql, cand_params = candidates.order_by().values("id").query.sql_with_params()
-        hits_sql, hits_params = self._hits_sql(terms, cand_sql)
+        try:
+            cand_sql, cand_params = candidates.order_by().values("id").query.sql_with_params()
+        except EmptyResultSet:  # a filter that can match nothing (e.g. another media type)
+            return []
+        hits = self._hits_sql(terms, cand_sql)
+        if hits is None:
+            return []
+        hits_sql, hits_params = hits
         sql = (
             f"WITH hits AS ({hits_sql}), "
             "scored AS (SELECT id, agent_id, r, MAX(r) OVER () AS top FROM hits), "
@@ -167,11 +174,11 @@ class PostgresRanker(_SqlRanker):
             out[term] = hit[1]
         return self._signature[0], out
 
-    def _hits_sql(self, terms: list[str], cand_sql: str) -> tuple[str, list]:
+    def _hits_sql(self, terms: list[str], cand_sql: str) -> tuple[str, list] | None:
         total, df = self._stats(terms)
         used = [t for t in terms if df.get(t)]
         if not used:
-            return "SELECT 0 AS id, '' AS agent_id, 0.0 AS r WHERE FALSE", []
+            return None  # no term occurs in any document
         parts, params = [], []
         for term in used:
             parts.append(
