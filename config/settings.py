@@ -287,6 +287,8 @@ DISCOVERY_AGENT_TTL_SECONDS = env_int(
 DISCOVERY_SESSION_IDLE_SECONDS = env_float("DISCOVERY_SESSION_IDLE_SECONDS", 86400, minimum=1)
 DISCOVERY_ALERT_WEBHOOK_URL = env_str("DISCOVERY_ALERT_WEBHOOK_URL")
 DISCOVERY_POLICY_HOOK = env_str("DISCOVERY_POLICY_HOOK")  # dotted path: hook(need, record, card)
+# Size cap of one ARD ai-catalog.json read by the "catalogs" discovery source.
+DISCOVERY_CATALOG_MAX_BYTES = env_int("DISCOVERY_CATALOG_MAX_BYTES", 1024 * 1024, minimum=1024)
 
 # --- Agentic Resource Discovery (ard/) ---
 # The URN publisher (a domain name) of this registry's catalog entries: urn:air:<host>:<ns>:<id>.

@@ -10,6 +10,12 @@ import pytest
 from registry import services
 from registry.permissions import SYSTEM
 from tests.ard.corpus import CARDS
+from tests.discovery.conftest import FakeClock, cache, card_server, configure  # noqa: F401
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @pytest.fixture
