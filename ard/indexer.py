@@ -1,9 +1,10 @@
 """Keeps the search index current: one :class:`AgentDoc` per registered agent.
 
 ``on_registry_event`` is subscribed to ``registry.events`` (the registry's one hook): a
-registration or update re-indexes the agent when its card (or row) changed, a deregistration
-drops its document. Expiry needs nothing: searches join the registry and show only routable
-agents. ``index_rebuild`` (``manage.py ard_reindex``) rebuilds everything and prunes orphans.
+registration or update re-indexes the agent when its card, its row or its public flag changed
+and marks it active; an expiry marks it inactive; a deregistration drops its document. Searches
+read only this table (no join with the registry). ``index_rebuild`` (``manage.py ard_reindex``)
+rebuilds everything and prunes orphans.
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ from registry.models import Agent
 logger = logging.getLogger(__name__)
 
 BATCH = 500
-_AGENT_FIELDS = ("pk", "agent_id", "name", "description", "card", "card_sha256")
+_AGENT_FIELDS = (
+    "pk",
+    "agent_id",
+    "name",
+    "description",
+    "card",
+    "card_sha256",
+    "public",
+    "status",
+    "expires_at",
+)
 
 
 def _doc_fields(agent: Agent, updated_at) -> dict:
@@ -36,6 +47,8 @@ def _doc_fields(agent: Agent, updated_at) -> dict:
         "card_sha256": agent.card_sha256,
         "updated_at": updated_at,
         "registry_agent_id": agent.pk,
+        "public": agent.public,
+        "active": agent.is_routable,
     }
 
 
@@ -47,7 +60,7 @@ def index_agent(*, agent_id: str, force: bool = False) -> AgentDoc | None:
         return None
     doc = (
         AgentDoc.objects.filter(agent_id=agent_id)
-        .only("pk", "card_sha256", "registry_agent_id")
+        .only("pk", "card_sha256", "registry_agent_id", "public", "active")
         .first()
     )
     if (
@@ -56,7 +69,11 @@ def index_agent(*, agent_id: str, force: bool = False) -> AgentDoc | None:
         and doc.card_sha256 == agent.card_sha256
         and doc.registry_agent_id == agent.pk
     ):
-        return doc  # same card, same row: nothing to re-index (a lease renewal, say)
+        # Same card, same row: only the flags may have moved (a lease renewal, a PATCH).
+        if (doc.public, doc.active) != (agent.public, agent.is_routable):
+            doc.public, doc.active = agent.public, agent.is_routable
+            doc.save(update_fields=["public", "active"])
+        return doc
     doc, _ = AgentDoc.objects.update_or_create(
         agent_id=agent_id, defaults=_doc_fields(agent, timezone.now())
     )
@@ -66,15 +83,9 @@ def index_agent(*, agent_id: str, force: bool = False) -> AgentDoc | None:
 def on_registry_event(event: AgentEvent) -> None:
     """The ``registry.events`` subscriber (runs after the registry's commit)."""
     if event.kind in ("registered", "updated"):
-        if event.route is not None:
-            doc = (
-                AgentDoc.objects.filter(agent_id=event.agent_id)
-                .values_list("card_sha256", flat=True)
-                .first()
-            )
-            if doc == event.route.card_sha256 and event.kind == "updated":
-                return  # a lease or concurrency change: the indexed text is the same
         index_agent(agent_id=event.agent_id)
+    elif event.kind == "expired":
+        AgentDoc.objects.filter(agent_id=event.agent_id).update(active=False)
     elif event.kind == "deregistered":
         AgentDoc.objects.filter(agent_id=event.agent_id).delete()
 

@@ -34,9 +34,14 @@ class AgentDoc(models.Model):
     entry = models.JSONField(help_text="The catalog entry, without its gateway URL.")
     card_sha256 = models.CharField(max_length=64)
     updated_at = models.DateTimeField()
+    # Copies of the registry's state, kept by its events, so a search never joins the registry:
+    # ``active`` is off from the agent's ``expired`` event until it registers again.
+    public = models.BooleanField(default=False)
+    active = models.BooleanField(default=True)
 
     class Meta:
         ordering = ["agent_id"]
+        indexes = [models.Index(fields=["active", "public"], name="ard_doc_visible")]
 
     def __str__(self) -> str:
         return self.agent_id

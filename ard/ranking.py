@@ -23,7 +23,6 @@ from functools import lru_cache
 from typing import Protocol
 
 from django.conf import settings
-from django.core.exceptions import EmptyResultSet
 from django.db import connection
 from django.db.models import QuerySet
 from django.utils.module_loading import import_string
@@ -86,51 +85,55 @@ def _cutoff_ratio() -> float:
 
 
 class _SqlRanker:
-    """Shared SQL shape: a ``hits`` CTE (id, agent_id, r) ranked with window functions."""
+    """Shared shape: the full-text engine ranks every match (one indexed query, no joins), then
+    the candidates (entitlement and filters) are applied to those ids only. Applying them inside
+    the full-text query made SQLite materialise the whole candidate join on every search."""
 
-    def _hits_sql(self, terms: list[str], cand_sql: str) -> tuple[str, list] | None:
+    CHUNK = 2000
+
+    def _hits_sql(self, terms: list[str]) -> tuple[str, list] | None:
+        """SQL answering ``(id, rank)`` for every document matching ``terms``."""
         raise NotImplementedError
 
-    def _run(
-        self, text: str, candidates: QuerySet[AgentDoc], page: tuple[int, int] | None
-    ) -> list[tuple]:
+    def _scored(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, str, int]]:
+        """Every candidate matching ``text`` at or above the cutoff, best first, scored."""
         terms = query_terms(text)
-        if not terms:
-            return []
-        try:
-            cand_sql, cand_params = candidates.order_by().values("id").query.sql_with_params()
-        except EmptyResultSet:  # a filter that can match nothing (e.g. another media type)
-            return []
-        hits = self._hits_sql(terms, cand_sql)
+        hits = self._hits_sql(terms) if terms else None
         if hits is None:
             return []
-        hits_sql, hits_params = hits
-        sql = (
-            f"WITH hits AS ({hits_sql}), "
-            "scored AS (SELECT id, agent_id, r, MAX(r) OVER () AS top FROM hits), "
-            "kept AS (SELECT id, agent_id, r, top FROM scored WHERE top > 0 AND r >= %s * top) "
-            "SELECT id, r, top, COUNT(*) OVER () AS total FROM kept ORDER BY r DESC, agent_id"
-        )
-        # The hits CTE's own parameters come before the candidate subquery's (WHERE ... IN).
-        params = [*hits_params, *cand_params, _cutoff_ratio()]
-        if page is not None:
-            sql += " LIMIT %s OFFSET %s"
-            params += [page[1], page[0]]
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall()
+            cursor.execute(*hits)
+            rows = cursor.fetchall()
+        if not rows:
+            return []
+        # Candidates (entitlement flags and filters, all on the document row) are applied to
+        # the matched ids afterwards: inside the full-text query SQLite re-ran the match per
+        # candidate row.
+        allowed: set[int] = set()
+        ids = [row[0] for row in rows]
+        for i in range(0, len(ids), self.CHUNK):
+            allowed.update(
+                candidates.order_by()
+                .filter(pk__in=ids[i : i + self.CHUNK])
+                .values_list("pk", flat=True)
+            )
+        # Ties go to the older document (lower id): deterministic, and no join to sort by name.
+        kept = [(i, i, float(r)) for i, r in rows if i in allowed and r is not None]
+        if not kept:
+            return []
+        top = max(r for _, _, r in kept)
+        if top <= 0:
+            return []
+        cut = _cutoff_ratio() * top
+        kept = sorted((k for k in kept if k[2] >= cut), key=lambda k: (-k[2], k[1]))
+        return [(i, a, _score(r, top)) for i, a, r in kept]
 
     def rank(self, *, text: str, candidates: QuerySet[AgentDoc], offset: int, limit: int) -> Ranked:
-        rows = self._run(text, candidates, (offset, limit))
-        if not rows:
-            return Ranked([], 0 if offset == 0 else self._count(text, candidates))
-        return Ranked([Hit(r[0], _score(float(r[1]), float(r[2]))) for r in rows], int(rows[0][3]))
-
-    def _count(self, text: str, candidates: QuerySet[AgentDoc]) -> int:
-        return len(self._run(text, candidates, None))
+        scored = self._scored(text, candidates)
+        return Ranked([Hit(i, s) for i, _, s in scored[offset : offset + limit]], len(scored))
 
     def matched_ids(self, *, text: str, candidates: QuerySet[AgentDoc]) -> list[int]:
-        return [r[0] for r in self._run(text, candidates, None)]
+        return [i for i, _, _ in self._scored(text, candidates)]
 
 
 class PostgresRanker(_SqlRanker):
@@ -174,7 +177,7 @@ class PostgresRanker(_SqlRanker):
             out[term] = hit[1]
         return self._signature[0], out
 
-    def _hits_sql(self, terms: list[str], cand_sql: str) -> tuple[str, list] | None:
+    def _hits_sql(self, terms: list[str]) -> tuple[str, list] | None:
         total, df = self._stats(terms)
         used = [t for t in terms if df.get(t)]
         if not used:
@@ -188,8 +191,8 @@ class PostgresRanker(_SqlRanker):
             params += [self.WEIGHTS, term]
         tsquery = " | ".join(used)  # terms are letters and digits only: no tsquery syntax
         sql = (
-            f"SELECT d.id, d.agent_id, ({' + '.join(parts)}) AS r FROM ard_agentdoc d "
-            f"WHERE d.search @@ to_tsquery('english', %s) AND d.id IN ({cand_sql})"
+            f"SELECT d.id, ({' + '.join(parts)}) AS r FROM ard_agentdoc d "
+            "WHERE d.search @@ to_tsquery('english', %s)"
         )
         return sql, [*params, tsquery]
 
@@ -200,13 +203,12 @@ class SqliteRanker(_SqlRanker):
     # name, skill_names, tags, description, skill_descriptions, examples
     WEIGHTS = (10.0, 8.0, 5.0, 4.0, 2.0, 2.0)
 
-    def _hits_sql(self, terms: list[str], cand_sql: str) -> tuple[str, list]:
+    def _hits_sql(self, terms: list[str]) -> tuple[str, list] | None:
         match = " OR ".join(f'"{t}"' for t in terms)  # quoted: no FTS5 query syntax
         weights = ", ".join(str(w) for w in self.WEIGHTS)
         sql = (
-            f"SELECT d.id, d.agent_id, -bm25(ard_agentdoc_fts, {weights}) AS r "
-            "FROM ard_agentdoc_fts JOIN ard_agentdoc d ON d.id = ard_agentdoc_fts.rowid "
-            f"WHERE ard_agentdoc_fts MATCH %s AND d.id IN ({cand_sql})"
+            f"SELECT rowid AS id, -bm25(ard_agentdoc_fts, {weights}) AS r "
+            "FROM ard_agentdoc_fts WHERE ard_agentdoc_fts MATCH %s"
         )
         return sql, [match]
 

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db.models import Q, QuerySet
-from django.utils import timezone
 
 from ard import documents
 from ard.models import AgentDoc
@@ -28,7 +27,6 @@ from ard.query import (
     parse_time,
 )
 from ard.ranking import get_ranker
-from registry.models import Agent
 from registry.permissions import SCOPE_CALL, Actor
 
 CHUNK = 1000
@@ -47,18 +45,15 @@ def actor_key(actor: Actor | None) -> str:
 
 
 def visible_docs(actor: Actor | None) -> QuerySet[AgentDoc]:
-    """Documents of routable agents this caller may see."""
-    qs = AgentDoc.objects.filter(
-        registry_agent__status=Agent.Status.ACTIVE, registry_agent__expires_at__gt=timezone.now()
-    )
+    """Documents of routable agents this caller may see (this table only: no join)."""
+    qs = AgentDoc.objects.filter(active=True)
     key = actor_key(actor)
     if key == "all":
         return qs
     if key.startswith("some:"):
-        return qs.filter(
-            Q(registry_agent__public=True) | Q(agent_id__in=sorted(actor.allowed_agents))
-        )  # type: ignore[union-attr]
-    return qs.filter(registry_agent__public=True)
+        allowed = sorted(actor.allowed_agents)  # type: ignore[union-attr]
+        return qs.filter(Q(public=True) | Q(agent_id__in=allowed))
+    return qs.filter(public=True)
 
 
 # --- filters (§7.1): OR within a key, AND across keys ---------------------------------------------

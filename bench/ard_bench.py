@@ -41,8 +41,10 @@ from bench.common import (  # noqa: E402
 )
 from tests.ard.corpus import CARDS, QUERIES  # noqa: E402
 
-WORDS = ("global regional enterprise fast secure open premium local realtime smart "
-         "assistant service tool api partner pro lite plus beta cloud").split()
+WORDS = (
+    "global regional enterprise fast secure open premium local realtime smart "
+    "assistant service tool api partner pro lite plus beta cloud"
+).split()
 
 
 def agent_card(index: int) -> tuple[str, dict]:
@@ -50,15 +52,19 @@ def agent_card(index: int) -> tuple[str, dict]:
     base_id, base = list(CARDS.items())[index % len(CARDS)]
     rng = random.Random(index)
     extra = " ".join(rng.sample(WORDS, 3))
-    card = {**base, "name": f"{base['name']} {index}",
-            "description": f"{base['description']} {extra}.",
-            "url": f"http://127.0.0.1:9/{base_id}-{index}"}
+    card = {
+        **base,
+        "name": f"{base['name']} {index}",
+        "description": f"{base['description']} {extra}.",
+        "url": f"http://127.0.0.1:9/{base_id}-{index}",
+    }
     return f"{base_id}-{index:05d}", card
 
 
 def figures(latencies: list[float], seconds: float, statuses: dict) -> dict:
     return {
-        "requests": len(latencies), "seconds": round(seconds, 2),
+        "requests": len(latencies),
+        "seconds": round(seconds, 2),
         "per_s": round(len(latencies) / seconds, 1) if seconds else 0.0,
         "p50_ms": round(percentile(latencies, 50) * 1e3, 2) if latencies else None,
         "p99_ms": round(percentile(latencies, 99) * 1e3, 2) if latencies else None,
@@ -77,16 +83,27 @@ async def register_all(session, base: str, token: str, count: int) -> dict:
     async def worker() -> None:
         while not queue.empty():
             agent_id, card = agent_card(queue.get_nowait())
-            async with session.post(f"{base}/api/v1/agents", headers=headers, json={
-                "agent_id": agent_id, "card": card, "public": True, "ttl_seconds": 86400,
-            }) as response:
+            async with session.post(
+                f"{base}/api/v1/agents",
+                headers=headers,
+                json={
+                    "agent_id": agent_id,
+                    "card": card,
+                    "public": True,
+                    "ttl_seconds": 86400,
+                },
+            ) as response:
                 await response.read()
                 statuses[response.status] = statuses.get(response.status, 0) + 1
 
     await asyncio.gather(*(worker() for _ in range(32)))
     seconds = time.perf_counter() - started
-    return {"agents": count, "seconds": round(seconds, 1), "statuses": statuses,
-            "per_s": round(count / seconds, 1)}
+    return {
+        "agents": count,
+        "seconds": round(seconds, 1),
+        "statuses": statuses,
+        "per_s": round(count / seconds, 1),
+    }
 
 
 async def search_loop(session, base: str, concurrency: int, seconds: float) -> dict:
@@ -99,8 +116,9 @@ async def search_loop(session, base: str, concurrency: int, seconds: float) -> d
         while time.perf_counter() < deadline:
             text = QUERIES[next(counter) % len(QUERIES)][0]
             started = time.perf_counter()
-            async with session.post(f"{base}/ard/v1/search",
-                                    json={"query": {"text": text}, "pageSize": 10}) as response:
+            async with session.post(
+                f"{base}/ard/v1/search", json={"query": {"text": text}, "pageSize": 10}
+            ) as response:
                 await response.read()
                 statuses[response.status] = statuses.get(response.status, 0) + 1
             latencies.append(time.perf_counter() - started)
@@ -123,8 +141,9 @@ async def catalog_gets(session, base: str, rounds: int) -> dict:
         started = time.perf_counter()
         for _ in range(rounds):
             t0 = time.perf_counter()
-            async with session.get(f"{base}/.well-known/ai-catalog.json",
-                                   headers=headers) as response:
+            async with session.get(
+                f"{base}/.well-known/ai-catalog.json", headers=headers
+            ) as response:
                 await response.read()
                 statuses[response.status] = statuses.get(response.status, 0) + 1
             latencies.append(time.perf_counter() - t0)
@@ -151,30 +170,43 @@ async def run_load(base: str, registrar: str, args) -> dict:
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
         registration = await register_all(session, base, registrar, args.agents)
-        print(f"registered {args.agents} agents in {registration['seconds']} s "
-              f"({registration['statuses']})", flush=True)
+        print(
+            f"registered {args.agents} agents in {registration['seconds']} s "
+            f"({registration['statuses']})",
+            flush=True,
+        )
         result: dict = {"registration": registration}
         for concurrency in (1, 8):
             figures_ = await search_loop(session, base, concurrency, args.seconds)
             result[f"search_c{concurrency}"] = figures_
-            print(f"search c={concurrency}: {figures_['per_s']}/s p50 {figures_['p50_ms']} ms "
-                  f"p99 {figures_['p99_ms']} ms {figures_['statuses']}", flush=True)
+            print(
+                f"search c={concurrency}: {figures_['per_s']}/s p50 {figures_['p50_ms']} ms "
+                f"p99 {figures_['p99_ms']} ms {figures_['statuses']}",
+                flush=True,
+            )
         result["catalog_http"] = await catalog_gets(session, base, args.catalog_rounds)
         warm = result["catalog_http"]["warm_200"]
-        print(f"ai-catalog.json over HTTP ({result['catalog_http']['entries']} entries, "
-              f"{result['catalog_http']['bytes']} bytes): warm 200 p50 {warm['p50_ms']} ms, "
-              f"304 p50 {result['catalog_http']['conditional_304']['p50_ms']} ms", flush=True)
+        print(
+            f"ai-catalog.json over HTTP ({result['catalog_http']['entries']} entries, "
+            f"{result['catalog_http']['bytes']} bytes): warm 200 p50 {warm['p50_ms']} ms, "
+            f"304 p50 {result['catalog_http']['conditional_304']['p50_ms']} ms",
+            flush=True,
+        )
     return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1,000 agents, short phases")
-    parser.add_argument("--postgres", action="store_true",
-                        help="PostgreSQL at --postgres-url (a bench database is created)")
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="PostgreSQL at --postgres-url (a bench database is created)",
+    )
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--server", choices=["daphne", "uvicorn"], default="uvicorn")
     parser.add_argument("--agents", type=int)
@@ -199,20 +231,34 @@ def main() -> int:
             finally:
                 proc.stop()
                 keep_logs(Path(tmp_name), f"ard-{database}")
-            generated = json.loads(node.manage(
-                "shell", "-c", GENERATE.format(rounds=args.catalog_rounds)).strip()
-                .splitlines()[-1])
-            print(f"ai-catalog.json generation at {generated['entries'] - 1} agents: median "
-                  f"{generated['median_ms']} ms, max {generated['max_ms']} ms", flush=True)
+            generated = json.loads(
+                node.manage("shell", "-c", GENERATE.format(rounds=args.catalog_rounds))
+                .strip()
+                .splitlines()[-1]
+            )
+            print(
+                f"ai-catalog.json generation at {generated['entries'] - 1} agents: median "
+                f"{generated['median_ms']} ms, max {generated['max_ms']} ms",
+                flush=True,
+            )
     finally:
         if db_name:
             drop_postgres_db(args.postgres_url, db_name)
-    path = write_results(f"ard-{database}", {
-        "benchmark": "ard", "database": database, "server": args.server,
-        "agents": args.agents, "quick": args.quick, "machine": machine_info(),
-        "server_core": 0, "load_generator": "aiohttp (core 1)", **load,
-        "catalog_generation": generated,
-    })
+    path = write_results(
+        f"ard-{database}",
+        {
+            "benchmark": "ard",
+            "database": database,
+            "server": args.server,
+            "agents": args.agents,
+            "quick": args.quick,
+            "machine": machine_info(),
+            "server_core": 0,
+            "load_generator": "aiohttp (core 1)",
+            **load,
+            "catalog_generation": generated,
+        },
+    )
     print(f"results: {path}")
     return 0
 

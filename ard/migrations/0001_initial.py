@@ -81,11 +81,16 @@ class Migration(migrations.Migration):
                     help_text="The catalog entry, without its gateway URL.")),
                 ("card_sha256", models.CharField(max_length=64)),
                 ("updated_at", models.DateTimeField()),
+                ("public", models.BooleanField(default=False)),
+                ("active", models.BooleanField(default=True)),
                 ("registry_agent", models.OneToOneField(
                     db_constraint=False, on_delete=models.DO_NOTHING, related_name="ard_doc",
                     to="registry.agent")),
             ],
-            options={"ordering": ["agent_id"]},
+            options={
+                "ordering": ["agent_id"],
+                "indexes": [models.Index(fields=["active", "public"], name="ard_doc_visible")],
+            },
         ),
         migrations.RunPython(
             _run({"postgresql": PG_FORWARD, "sqlite": SQLITE_FORWARD}),

@@ -325,3 +325,28 @@ def test_index_follows_registry_events(node):
     _register(node, "weather", public=True, card=card)
     assert top("volcanic eruption alerts") == ["weather"]
     assert top("will it rain tomorrow") == []
+
+
+def test_public_flag_and_expiry_follow_events(node, live_server_url):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from registry import services
+
+    def anonymous_ids() -> list[str]:
+        with httpx.Client(base_url=live_server_url, timeout=10) as anon:
+            body = anon.get("/.well-known/ai-catalog.json").json()
+        return _ids(body["entries"])
+
+    assert anonymous_ids() == ["currency", "weather"]
+    resp = node.patch("/api/v1/agents/currency", json={"public": False})
+    assert resp.status_code == 200 and resp.json()["public"] is False
+    resp = node.patch("/api/v1/agents/flights", json={"public": True})
+    assert resp.status_code == 200
+    assert anonymous_ids() == ["flights", "weather"]
+    # Expiry (the registry's expiry job) hides an agent at once; registering brings it back.
+    services.agents_expire(now=timezone.now() + timedelta(seconds=601))
+    assert anonymous_ids() == []
+    _register(node, "weather", public=True)
+    assert anonymous_ids() == ["weather"]
