@@ -180,3 +180,38 @@ def check_registry(
         else:
             errors.append(f"POST /explore returned {resp.status_code}")
     return errors, warnings
+
+
+@lru_cache(maxsize=1)
+def _openapi_registry():
+    import yaml
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+
+    openapi = yaml.safe_load((DATA / "ard.openapi.yaml").read_text())
+    return Registry().with_resources(
+        [
+            (f"{BASE_URI}ard.openapi.yaml", Resource(openapi, specification=DRAFT202012)),
+            (
+                f"{BASE_URI}ai-catalog.schema.json",
+                Resource(catalog_schema(), specification=DRAFT202012),
+            ),
+        ]
+    )
+
+
+BASE_URI = "https://ard-spec.test/spec/schemas/"
+
+
+def openapi_errors(component: str, instance: Any) -> list[str]:
+    """Validate an API answer against a schema of the spec's OpenAPI document
+    (``components/schemas/<component>``, e.g. ``SearchResponse``, ``Error``)."""
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$ref": f"{BASE_URI}ard.openapi.yaml#/components/schemas/{component}",
+    }
+    validator = jsonschema.Draft202012Validator(schema, registry=_openapi_registry())
+    return [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in validator.iter_errors(instance)
+    ]

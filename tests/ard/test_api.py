@@ -119,6 +119,8 @@ def test_search_ranks_scores_and_follows_entitlement(node, live_server_url):
         found = [r["metadata"]["agentId"] for r in resp.json()["results"]]
         assert "flights" not in found  # not public
         resp = _search(anon, {"query": {"text": "will it rain in Oslo tomorrow"}})
+        assert conformance.openapi_errors("SearchResponse", resp.json()) == []
+        assert conformance.openapi_errors("SearchResponse", {"results": [{"score": 7}]})
         results = resp.json()["results"]
         assert results[0]["metadata"]["agentId"] == "weather" and results[0]["score"] == 100
         assert results[0]["source"] == f"{live_server_url}/ard/v1/"
@@ -133,6 +135,7 @@ def test_search_ranks_scores_and_follows_entitlement(node, live_server_url):
 
     resp = _search(node, {"query": {"text": "book a flight to Tokyo"}})
     assert resp.json()["results"][0]["metadata"]["agentId"] == "flights"
+    assert conformance.openapi_errors("SearchResponse", resp.json()) == []
 
     # A call client limited to one agent sees the public ones plus that one.
     _, token = make_client(["call"], agents=["hotels"])
@@ -211,6 +214,7 @@ def test_search_bad_input_is_a_clear_400(node, body, needle):
     resp = _search(node, body)
     assert resp.status_code == 400
     assert resp.json()["errorCode"] == "INVALID_ARGUMENT" and needle in resp.json()["message"]
+    assert conformance.openapi_errors("Error", resp.json()) == []
 
 
 def test_errors_of_appendix_b(node, live_server_url):
@@ -248,6 +252,7 @@ def test_explore_counts_facets_over_the_matched_set(node):
         }
     )
     assert everything["resultType"] == "facets"
+    assert conformance.openapi_errors("ExploreResponse", everything) == []
     assert everything["facets"]["type"]["buckets"] == [{"value": A2A_CARD_TYPE, "count": 4}]
     assert everything["facets"]["publisher"]["buckets"] == [
         {"value": "agent.localhost", "count": 4}
@@ -270,6 +275,7 @@ def test_list_agents_filter_expression_order_and_pages(node, live_server_url):
     resp = node.get("/ard/v1/agents", params={"pageSize": 3, "orderBy": "displayName DESC"})
     body = resp.json()
     assert resp.status_code == 200 and body["total"] == 4
+    assert conformance.openapi_errors("ListResponse", body) == []
     assert [i["displayName"] for i in body["items"]] == [
         "Weather Forecaster",
         "Hotel Booker",
