@@ -8,6 +8,7 @@ in-memory channel layer, Celery tasks run in-process. ``DATABASE_URL`` selects P
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import sys
@@ -295,6 +296,8 @@ DISCOVERY_CATALOG_MAX_BYTES = env_int("DISCOVERY_CATALOG_MAX_BYTES", 1024 * 1024
 # Blank: the host of A2A_PUBLIC_BASE_URL when it is a domain name, else the RFC 2606 placeholder
 # "agent.localhost" (the ARD naming guide's choice for local sandboxes).
 ARD_PUBLIC_HOST = (env_str("ARD_PUBLIC_HOST") or "").strip().lower().rstrip(".")
+if ARD_PUBLIC_HOST and not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)+", ARD_PUBLIC_HOST):
+    raise ImproperlyConfigured(f"ARD_PUBLIC_HOST must be a domain name, not {ARD_PUBLIC_HOST!r}")
 ARD_URN_NAMESPACE = env_str("ARD_URN_NAMESPACE", "a2a")
 ARD_HOST_DISPLAY_NAME = env_str("ARD_HOST_DISPLAY_NAME", "A2A Agent Registry")
 ARD_HOST_IDENTIFIER = env_str("ARD_HOST_IDENTIFIER", "")  # e.g. did:web:agents.example.com
