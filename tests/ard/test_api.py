@@ -269,6 +269,13 @@ def test_explore_counts_facets_over_the_matched_set(node):
     assert narrowed["facets"]["metadata.agentId"]["buckets"] == [{"value": "hotels", "count": 1}]
     bad = node.post("/ard/v1/explore", json={"query": {"text": "x"}})
     assert bad.status_code == 400 and "resultType" in bad.json()["message"]
+    for facets, needle in (
+        ([{"field": "tags"}] * 17, "1 to 16 facets"),
+        ([{"field": "tags", "limit": 1001}], "limit"),
+        ([{"field": "nosuch"}], "unsupported field"),
+    ):
+        bad = node.post("/ard/v1/explore", json={"resultType": {"facets": facets}})
+        assert bad.status_code == 400 and needle in bad.json()["message"]
 
 
 def test_list_agents_filter_expression_order_and_pages(node, live_server_url):

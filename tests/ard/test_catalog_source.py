@@ -338,3 +338,22 @@ def test_catalog_locations():
         == "http://127.0.0.1:9000/.well-known/ai-catalog.json"
     )
     assert catalog_url_for("https://x.test/catalogs/eng.json") == "https://x.test/catalogs/eng.json"
+
+
+def test_catalog_size_and_entry_bounds(card_server, clock, settings, monkeypatch):
+    _publish(card_server)
+    settings.DISCOVERY_CATALOG_MAX_BYTES = 1024
+    big = {
+        "specVersion": "1.0",
+        "entries": [_card_entry(card_server, f"agent{i}") for i in range(40)],
+    }
+    card_server.set_card(CAT, big)
+    cat_cache = CatalogCache(clock=clock, jitter=0.0, locks=LocalLocks())
+    with pytest.raises(SourceError, match="catalog is larger than 1024 bytes"):
+        catalog_records(url=card_server.url + CAT, cache=cat_cache, admission=_admission())
+    settings.DISCOVERY_CATALOG_MAX_BYTES = 1024 * 1024
+    monkeypatch.setattr("discovery.catalogs.MAX_ENTRIES_PER_CATALOG", 25)
+    clock.advance(3600)
+    report = catalog_records(url=card_server.url + CAT, cache=cat_cache, admission=_admission())
+    assert len(report.records) == 25
+    assert report.ignored == {"over the entries-per-catalog limit": 15}
