@@ -126,7 +126,10 @@ def ai_catalog(request: HttpRequest) -> HttpResponse:
     if _etag_matches(request.META.get("HTTP_IF_NONE_MATCH", ""), etag):
         response = HttpResponse(status=304)
     else:
-        response = HttpResponse(body, content_type="application/json")
+        response = HttpResponse(
+            b"" if request.method == "HEAD" else body, content_type="application/json"
+        )
+        response["Content-Length"] = str(len(body))
     for name, value in headers.items():
         response[name.replace("_", "-")] = value
     return response

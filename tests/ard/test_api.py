@@ -77,6 +77,9 @@ def test_manifest_validates_lists_public_agents_and_caches(node, live_server_url
         assert resp.headers["cache-control"] == "public, max-age=300"
         again = anon.get("/.well-known/ai-catalog.json", headers={"If-None-Match": etag})
         assert again.status_code == 304 and again.content == b""
+        head = anon.head("/.well-known/ai-catalog.json")
+        assert head.status_code == 200 and head.content == b"" and head.headers["etag"] == etag
+        assert head.headers["content-length"] == str(len(resp.content))
 
     # A change to what is listed changes the bytes and the ETag.
     _register(node, "translator", public=True)
