@@ -19,9 +19,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from ard import catalog, documents, query, selectors
 from ard.query import ArdError
-from registry.auth import bearer_token
 from registry.permissions import Actor, staff_actor
-from registry.selectors import actor_from_token
+from registry.token_cache import AuthFailed, shared_token_cache
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +43,14 @@ def request_tier(request: HttpRequest) -> Actor | None:
     """The caller: None (anonymous tier), a token's client, or a staff session.
 
     A bad token is an error rather than the anonymous tier: a client that meant to
-    authenticate must learn its token failed."""
+    authenticate must learn its token failed. Tokens resolve through the process's one token
+    cache, as on every other surface: a revoked token stops working after the same delay."""
     header = request.META.get("HTTP_AUTHORIZATION")
     if header:
-        token = bearer_token(header)
-        if token is None:
-            raise ArdError(401, "UNAUTHENTICATED", "Authorization must be 'Bearer <token>'")
-        actor = actor_from_token(token=token)
+        try:
+            actor = shared_token_cache().actor_sync(header)
+        except AuthFailed as exc:
+            raise ArdError(401, "UNAUTHENTICATED", str(exc)) from None
         if actor is None:
             raise ArdError(401, "UNAUTHENTICATED", "invalid or revoked token")
         return actor

@@ -11,7 +11,6 @@ import os
 import re
 import secrets
 import socket
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -26,13 +25,12 @@ DATA_DIR = Path(env_str("A2A_DATA_DIR", str(BASE_DIR / "data")))
 DATABASE_URL = env_str("DATABASE_URL")
 REDIS_URL = env_str("REDIS_URL")
 EMBEDDED = not REDIS_URL
-TESTING = "pytest" in sys.modules or env_bool("A2A_TESTING")
 
 DEBUG = env_bool("DEBUG", False)
 
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
-    if not (EMBEDDED or DEBUG or TESTING):
+    if not (EMBEDDED or DEBUG):
         raise ImproperlyConfigured("SECRET_KEY must be set in distributed mode (REDIS_URL set).")
     # Embedded/dev only: a key generated once and kept in the data folder so sessions survive
     # restarts. Never used when SECRET_KEY is configured.
@@ -238,11 +236,8 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- the platform ------------------------------------------------------------------------------
+# `manage.py serve` without NODE_ID serves as host:port of its --port (config.node.node_id).
 NODE_ID = env_str("NODE_ID") or f"{socket.gethostname()}:{env_str('A2A_PORT', '8000')}"
-if TESTING and not env_str("NODE_ID"):
-    # Test processes serve on random ports: without this, two test runs sharing one Redis
-    # would both claim (and both subscribe for) every agent of the default node id.
-    NODE_ID = f"{NODE_ID}:test{os.getpid()}"
 A2A_PUBLIC_BASE_URL = (env_str("A2A_PUBLIC_BASE_URL") or "").rstrip("/")
 A2A_ALLOW_ANONYMOUS = env_bool("A2A_ALLOW_ANONYMOUS", False)
 A2A_ERROR_PROFILE = env_choice("A2A_ERROR_PROFILE", "a2a", ("a2a", "kubemq"))
@@ -258,6 +253,14 @@ A2A_MAX_REQUEST_BYTES = env_int("A2A_MAX_REQUEST_BYTES", 10 * 1024 * 1024, minim
 A2A_MAX_RESPONSE_BYTES = env_int("A2A_MAX_RESPONSE_BYTES", 10 * 1024 * 1024, minimum=1)
 A2A_SSE_KEEPALIVE_SECONDS = env_float("A2A_SSE_KEEPALIVE_SECONDS", 30, minimum=0.05)
 A2A_SSE_IDLE_TIMEOUT_SECONDS = env_float("A2A_SSE_IDLE_TIMEOUT_SECONDS", 300, minimum=0.1)
+# Backpressure of relayed streams: at most this many bytes wait for a caller per stream (then
+# the agent is no longer read); a caller that reads nothing for the stall timeout while data
+# waits gets a terminal error event and the stream is freed.
+A2A_SSE_BUFFER_BYTES = env_int("A2A_SSE_BUFFER_BYTES", 1024 * 1024, minimum=4096)
+A2A_SSE_STALL_TIMEOUT_SECONDS = env_float("A2A_SSE_STALL_TIMEOUT_SECONDS", 60, minimum=0.05)
+# Extra agent response header names never relayed to callers (comma-separated; a trailing "*"
+# matches a prefix), on top of gateway.headers.DROPPED_RESPONSE_HEADERS.
+A2A_DROP_RESPONSE_HEADERS = env_list("A2A_DROP_RESPONSE_HEADERS")
 A2A_AGENT_URL_ALLOWLIST = env_list("A2A_AGENT_URL_ALLOWLIST")
 # PEM bundle of extra CAs trusted for https agents (besides the system store). Empty: none.
 A2A_OUTBOUND_CA_FILE = env_str("A2A_OUTBOUND_CA_FILE", "")
@@ -265,6 +268,21 @@ A2A_MAX_CARD_BYTES = env_int("A2A_MAX_CARD_BYTES", 64 * 1024, minimum=1)
 A2A_CARD_VALIDATION = env_choice("A2A_CARD_VALIDATION", "lenient", ("lenient", "strict"))
 A2A_CARD_FETCH_TIMEOUT_SECONDS = env_float("A2A_CARD_FETCH_TIMEOUT_SECONDS", 5)
 A2A_CARDS_REQUIRE_TOKEN = env_bool("A2A_CARDS_REQUIRE_TOKEN", False)
+# Card signatures (docs/signatures.md): off | verify (record the result) | require (refuse
+# unsigned/invalid cards at registration and in discovery). Trusted keys come only from here.
+A2A_CARD_SIGNATURES = env_choice("A2A_CARD_SIGNATURES", "verify", ("off", "verify", "require"))
+A2A_CARD_JWKS_FILE = env_str("A2A_CARD_JWKS_FILE", "")
+A2A_CARD_JWKS_URLS = env_list("A2A_CARD_JWKS_URLS")
+A2A_CARD_JWKS_MIN_REFRESH_SECONDS = env_float("A2A_CARD_JWKS_MIN_REFRESH_SECONDS", 30.0)
+# OpenTelemetry tracing (docs/tracing.md): off | on. The exporter follows the standard OTEL_*
+# variables (OTLP over HTTP by default); setting those alone does not turn tracing on.
+A2A_TRACING = env_choice("A2A_TRACING", "off", ("off", "on"))
+# The standard OpenTelemetry variables this project reads itself (the OTLP exporter reads the
+# OTEL_EXPORTER_OTLP_* and OTEL_BSP_* ones directly): the SDK's off switch (spec: "true"
+# disables, anything else does not), the exporter kind, the service name of the resource.
+OTEL_SDK_DISABLED = (env_str("OTEL_SDK_DISABLED", "") or "").strip().lower() == "true"
+OTEL_TRACES_EXPORTER = (env_str("OTEL_TRACES_EXPORTER", "") or "otlp").strip().lower()
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "") or "a2a-registry"
 A2A_RATE_LIMIT_PER_SECOND = env_float("A2A_RATE_LIMIT_PER_SECOND", 0)  # 0: off
 A2A_RATE_LIMIT_BURST = env_int("A2A_RATE_LIMIT_BURST", 0)
 A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
@@ -273,6 +291,10 @@ A2A_NODE_HEARTBEAT_SECONDS = env_float("A2A_NODE_HEARTBEAT_SECONDS", 10, minimum
 # Hand a Query straight to the subscriber when it lives in the receiving process (no broker
 # hop). Off: every request goes through the channel layer (same behaviour, slower).
 A2A_LOCAL_FAST_PATH = env_bool("A2A_LOCAL_FAST_PATH", True)
+# Move everything loaded at node start out of the cyclic GC's reach (gc.freeze): a full
+# collection of a Django process costs ~60 ms of stalled requests. Off for test processes,
+# which start and stop many nodes.
+A2A_GC_FREEZE = env_bool("A2A_GC_FREEZE", True)
 DISCOVERY_CONFIG = env_str("DISCOVERY_CONFIG")
 # --- discovery (discovery/) ---
 DISCOVERY_FETCH_TIMEOUT_SECONDS = env_float("DISCOVERY_FETCH_TIMEOUT_SECONDS", 5.0, minimum=0.01)

@@ -60,7 +60,7 @@ def _run(statements_by_vendor):
 class Migration(migrations.Migration):
     initial = True
 
-    dependencies = [("registry", "0002_agent_public")]
+    dependencies = [("registry", "0004_agent_public")]
 
     operations = [
         migrations.CreateModel(

@@ -10,6 +10,7 @@ from discovery import sessions, tree_factory
 from discovery.loop import run_cycle
 from discovery.models import CardBlob, Snapshot
 from tests.conftest import make_client
+from tests.discovery.conftest import require_extra
 from tests.discovery.servers import make_card, skill
 
 
@@ -71,15 +72,18 @@ def test_tree_builds_without_network(card_server, configure, cache, clock):
 
 @pytest.mark.django_db
 def test_adk_adapter(card_server, configure, cache, clock):
-    pytest.importorskip(
-        "google.adk", reason="google-adk is an optional extra (large); not installed here"
-    )
-    from discovery.adk import build_remote_agents
+    require_extra("google.adk", "pip install google-adk")
+    from discovery.adk import agent_card, build_remote_agents
 
     _publish_two_versions(card_server, configure, cache, clock)
     pin, _ = sessions.session_pin(session_id="s")
-    (remote,) = build_remote_agents(tree_factory.tree_for(pin.snapshot, base_url="http://gw"))
+    tree = tree_factory.tree_for(pin.snapshot, base_url="http://gw")
+    (remote,) = build_remote_agents(tree)
     assert remote.name == "agent_one" and remote.description == "The reviewed one."
+    # The cached A2A 0.3 card becomes an a2a-sdk 1.x card whose one interface is the gateway.
+    (spec,) = tree.agents
+    (iface,) = agent_card(spec.card).supported_interfaces
+    assert iface.url == spec.card["url"] and iface.url.startswith("http://gw/")
 
 
 def test_session_and_snapshot_api(live_server_url, api: httpx.Client, card_server, configure,

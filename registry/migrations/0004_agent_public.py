@@ -2,7 +2,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("registry", "0001_initial")]
+    dependencies = [("registry", "0003_agent_credential_passthrough")]
 
     operations = [
         migrations.AddField(
