@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('discovery', '0002_card_signatures'),
+        ('discovery', '0003_cycle_runs'),
     ]
 
     operations = [
