@@ -8,6 +8,7 @@ in-memory channel layer, Celery tasks run in-process. ``DATABASE_URL`` selects P
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 from datetime import timedelta
@@ -80,6 +81,7 @@ INSTALLED_APPS = [
     "registry",
     "gateway",
     "discovery",
+    "ard",
     "config",  # the node's management commands (serve)
     "console",
 ]
@@ -395,6 +397,26 @@ DISCOVERY_AGENT_TTL_SECONDS = env_int(
 DISCOVERY_SESSION_IDLE_SECONDS = env_float("DISCOVERY_SESSION_IDLE_SECONDS", 86400, minimum=1)
 DISCOVERY_ALERT_WEBHOOK_URL = env_str("DISCOVERY_ALERT_WEBHOOK_URL")
 DISCOVERY_POLICY_HOOK = env_str("DISCOVERY_POLICY_HOOK")  # dotted path: hook(need, record, card)
+# Size cap of one ARD ai-catalog.json read by the "catalogs" discovery source.
+DISCOVERY_CATALOG_MAX_BYTES = env_int("DISCOVERY_CATALOG_MAX_BYTES", 1024 * 1024, minimum=1024)
+
+# --- Agentic Resource Discovery (ard/) ---
+# The URN publisher (a domain name) of this registry's catalog entries: urn:air:<host>:<ns>:<id>.
+# Blank: the host of A2A_PUBLIC_BASE_URL when it is a domain name, else the RFC 2606 placeholder
+# "agent.localhost" (the ARD naming guide's choice for local sandboxes).
+ARD_PUBLIC_HOST = (env_str("ARD_PUBLIC_HOST") or "").strip().lower().rstrip(".")
+if ARD_PUBLIC_HOST and not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)+", ARD_PUBLIC_HOST):
+    raise ImproperlyConfigured(f"ARD_PUBLIC_HOST must be a domain name, not {ARD_PUBLIC_HOST!r}")
+ARD_URN_NAMESPACE = env_str("ARD_URN_NAMESPACE", "a2a")
+ARD_HOST_DISPLAY_NAME = env_str("ARD_HOST_DISPLAY_NAME", "A2A Agent Registry")
+ARD_HOST_IDENTIFIER = env_str("ARD_HOST_IDENTIFIER", "")  # e.g. did:web:agents.example.com
+ARD_HOST_DOCUMENTATION_URL = env_str("ARD_HOST_DOCUMENTATION_URL", "")
+ARD_HOST_LOGO_URL = env_str("ARD_HOST_LOGO_URL", "")
+ARD_CATALOG_MAX_AGE_SECONDS = env_int("ARD_CATALOG_MAX_AGE_SECONDS", 300)
+# "auto" (PostgreSQL full text / SQLite FTS5 / portable), or a dotted path to a Ranker class.
+ARD_RANKER = env_str("ARD_RANKER", "auto")
+# Relevance cutoff: matches scoring below this (0-100) are left out of search and explore.
+ARD_MIN_SCORE = env_int("ARD_MIN_SCORE", 1)
 
 LOGGING = {
     "version": 1,

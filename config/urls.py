@@ -11,6 +11,7 @@ from drf_spectacular.views import (
     SpectacularSwaggerView,
 )
 
+from ard import views as ard_views
 from config import views
 
 urlpatterns = [
@@ -27,6 +28,8 @@ urlpatterns = [
     ),
     path("healthz", views.healthz),
     path("readyz", views.readyz),
+    path(".well-known/ai-catalog.json", ard_views.ai_catalog),
+    path("ard/v1/", include("ard.urls")),
     path("", include("registry.kubemq_urls")),
 ]
 

@@ -200,6 +200,16 @@ class CardCache:
     backoff without sleeping; ``locks`` defaults to Redis locks in distributed mode.
     """
 
+    #: What the cached documents are (in error messages); subclasses cache other JSON documents.
+    document_kind = "card"
+
+    def max_body_bytes(self) -> int:
+        return settings.A2A_MAX_CARD_BYTES
+
+    def parse_body(self, body: bytes) -> dict[str, Any]:
+        """The parsed document of a 200's bytes; raises :class:`CardError` when unacceptable."""
+        return parse_card(body).card
+
     def __init__(
         self,
         *,
@@ -464,7 +474,7 @@ class CardCache:
         headers = {"Accept": "application/json"}
         if old is not None and old.has_card and old.etag:
             headers["If-None-Match"] = old.etag
-        limit = settings.A2A_MAX_CARD_BYTES
+        limit = self.max_body_bytes()
         target = url
         self.fetch_count += 1
         try:
@@ -489,12 +499,14 @@ class CardCache:
                         return _Fetched(status, error=f"HTTP {status}")
                     declared = resp.headers.get("content-length")
                     if declared and declared.isdigit() and int(declared) > limit:
-                        return _Fetched(status, error=f"card is larger than {limit} bytes")
+                        return _Fetched(status, error=f"{self.document_kind} is larger "
+                                                      f"than {limit} bytes")
                     body = bytearray()
                     async for chunk in resp.aiter_bytes():
                         body += chunk
                         if len(body) > limit:
-                            return _Fetched(status, error=f"card is larger than {limit} bytes")
+                            return _Fetched(status, error=f"{self.document_kind} is larger "
+                                                      f"than {limit} bytes")
                     return _Fetched(200, bytes(body), etag, cache_control)
             return _Fetched(None, error="too many redirects")
         except httpx.TimeoutException:
@@ -523,11 +535,11 @@ class CardCache:
                 sha = hashlib.sha256(got.body or b"").hexdigest()
                 if old is None or not old.has_card or sha != old.sha256:
                     try:
-                        parsed_card = parse_card(got.body or b"").card
+                        parsed_card = self.parse_body(got.body or b"")
                         self.parse_count += 1
                         metrics.CARD_PARSES.inc()
                     except CardError as exc:
-                        error = f"invalid card: {exc}"
+                        error = f"invalid {self.document_kind}: {exc}"
             if error is not None:
                 metrics.CARD_FETCH_ERRORS.inc()
                 failures = old.failures if old else 0

@@ -31,7 +31,8 @@ from discovery.names import local_name_error
 logger = logging.getLogger(__name__)
 
 TOP_LEVEL_KEYS = frozenset(
-    {"allowlist", "static", "probe", "registry", "kubernetes", "needs", "max_agents", "health"}
+    {"allowlist", "static", "probe", "registry", "kubernetes", "needs", "max_agents", "health",
+     "catalogs"}
 )
 
 
@@ -133,6 +134,7 @@ def validate_config(data: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(kube, dict) or not isinstance(kube.get("label_selector"), str):
             raise ConfigFileError("kubernetes: must be an object with a label_selector")
         out["kubernetes"] = kube
+    out["catalogs"] = _catalogs(data.get("catalogs"))
     tags: set[str] = set()
     for i, entry in enumerate(_list(data, "needs")):
         tag = entry.get("tag")
@@ -161,6 +163,44 @@ def validate_config(data: dict[str, Any]) -> dict[str, Any]:
     for key in ("degrade_after", "recover_after"):
         if key in health:
             out[key] = _positive(health[key], f"health.{key}")
+    return out
+
+
+def _catalogs(value: Any) -> list[tuple[str, dict[str, Any]]]:
+    """``catalogs``: ARD ai-catalog.json sources, each a domain or URL string, or an object
+    ``{"domain" | "url", "max_depth", "prefix"}``. Returns (catalog URL, options) pairs."""
+    from discovery.catalogs import MAX_DEPTH_LIMIT, catalog_url_for
+
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigFileError("catalogs: must be a list of domains, URLs or objects")
+    out: list[tuple[str, dict[str, Any]]] = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            item = {"url": item} if "://" in item else {"domain": item}
+        if not isinstance(item, dict):
+            raise ConfigFileError(f"catalogs[{i}]: a domain, a URL or an object")
+        unknown = sorted(set(item) - {"domain", "url", "max_depth", "prefix"})
+        if unknown:
+            raise ConfigFileError(f"catalogs[{i}]: unknown keys: {', '.join(unknown)}")
+        location = item.get("url") or item.get("domain")
+        if not isinstance(location, str) or not location.strip():
+            raise ConfigFileError(f"catalogs[{i}]: a domain or a url is required")
+        if "domain" in item and "://" in location:
+            raise ConfigFileError(f"catalogs[{i}].domain: a host name, not a URL")
+        options: dict[str, Any] = {}
+        if "max_depth" in item:
+            depth = item["max_depth"]
+            if isinstance(depth, bool) or not isinstance(depth, int) \
+                    or not 0 <= depth <= MAX_DEPTH_LIMIT:
+                raise ConfigFileError(f"catalogs[{i}].max_depth: 0 to {MAX_DEPTH_LIMIT}")
+            options["max_depth"] = depth
+        if "prefix" in item:
+            if not isinstance(item["prefix"], str) or not item["prefix"].isidentifier():
+                raise ConfigFileError(f"catalogs[{i}].prefix: letters, digits and underscores")
+            options["prefix"] = item["prefix"]
+        out.append((catalog_url_for(location), options))
     return out
 
 
@@ -197,6 +237,8 @@ def _sync(config: dict[str, Any], sha256: str) -> None:
                    if k not in ("label_selector", "namespace", "api_url")}
         feeds.append((SourceFeed.Kind.KUBERNETES, kube.get("api_url") or "",
                       kube["label_selector"], kube.get("namespace") or "", options))
+    for url, options in config.get("catalogs", []):
+        feeds.append((SourceFeed.Kind.CATALOG, url, "", "", options))
     keep: list[int] = []
     for kind, url, selector, namespace, options in feeds:
         feed, _ = SourceFeed.objects.update_or_create(

@@ -81,6 +81,7 @@ class SourceFeed(models.Model):
         LOCAL_REGISTRY = "registry_local", "this registry"
         REMOTE_REGISTRY = "registry_remote", "remote registry"
         KUBERNETES = "kubernetes", "Kubernetes services"
+        CATALOG = "catalog", "ARD ai-catalog.json"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     url = models.URLField(
@@ -326,3 +327,24 @@ class CycleRun(models.Model):
 
     def __str__(self) -> str:
         return f"cycle {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+class CatalogListing(models.Model):
+    """An A2A agent entry last seen in an ARD ``ai-catalog.json``: its URN, where it was listed
+    and its ``trustManifest`` (kept as published; nothing here verifies it)."""
+
+    card_url = models.CharField(max_length=2048, unique=True)
+    identifier = models.CharField(max_length=500)
+    display_name = models.CharField(max_length=500, blank=True)
+    catalog_url = models.CharField(max_length=2048, help_text="The catalog that listed it.")
+    source_url = models.CharField(
+        max_length=2048, help_text="The configured catalog (root of any nesting)."
+    )
+    trust_manifest = models.JSONField(null=True, blank=True)
+    seen_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["identifier"]
+
+    def __str__(self) -> str:
+        return self.identifier

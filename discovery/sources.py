@@ -235,6 +235,10 @@ def kubernetes_records(
 
 def feed_records(feed: SourceFeed) -> list[EndpointRecord]:
     """The records one source feed proposes (raises :class:`SourceError`)."""
+    if feed.kind == SourceFeed.Kind.CATALOG:
+        from discovery.catalogs import catalog_records  # that module builds on this one
+
+        return catalog_records(url=feed.url, options=feed.options or {}).records
     if feed.kind == SourceFeed.Kind.LOCAL_REGISTRY:
         return local_registry_records()
     if feed.kind == SourceFeed.Kind.REMOTE_REGISTRY:

@@ -118,7 +118,7 @@ class AgentChangeForm(forms.ModelForm):
 
     class Meta:
         model = Agent
-        fields = ("ttl_seconds", "max_concurrency")
+        fields = ("ttl_seconds", "max_concurrency", "public")
 
 
 class RegisterByUrlForm(forms.Form):
@@ -209,7 +209,7 @@ class AgentAdmin(admin.ModelAdmin):
         "source",
     )
     list_select_related = ("owner",)
-    list_filter = ("status", "source", "node_id")
+    list_filter = ("status", "source", "node_id", "public")
     search_fields = ("agent_id", "name", "description", "tags_index")
     ordering = ("agent_id",)
     list_per_page = 100
@@ -221,7 +221,9 @@ class AgentAdmin(admin.ModelAdmin):
         "card_sha256", "raw_card_link", "card_pretty",
     )
     fieldsets = (
-        (None, {"fields": ("agent_id", "name", "description", "url", "source", "owner_display")}),
+        (None, {"fields": (
+            "agent_id", "name", "description", "url", "source", "owner_display", "public",
+        )}),
         ("Lease", {"fields": (
             "status_display", "ttl_seconds", "max_concurrency", "node_id", "registered_at",
             "seen", "expires",

@@ -69,6 +69,10 @@ class Agent(models.Model):
     # so a node's resync reads only the rows changed since its last one. Set by the services
     # in registry/services/ (ORM writes and raw SQL alike).
     routing_changed_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # ARD entitlement tier: anonymous discovery (ai-catalog.json, /ard/v1) lists only these.
+    public = models.BooleanField(
+        default=False, help_text="Listed to anonymous callers of ARD discovery."
+    )
 
     objects = AgentQuerySet.as_manager()
 

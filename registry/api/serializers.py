@@ -46,6 +46,7 @@ class AgentRegisterInput(StrictInput):
     ttl_seconds = StrictInteger(required=False, min_value=1)
     max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
     credential_passthrough = StrictBoolean(required=False)
+    public = StrictBoolean(required=False)  # listed to anonymous ARD discovery
 
     def validate_card(self, value):
         if not isinstance(value, dict):
@@ -59,6 +60,7 @@ class AgentUpdateInput(StrictInput):
     ttl_seconds = StrictInteger(required=False, min_value=1)
     max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
     credential_passthrough = StrictBoolean(required=False)
+    public = StrictBoolean(required=False)
 
     validate_card = AgentRegisterInput.validate_card
 
@@ -74,7 +76,7 @@ class AgentOutput(serializers.ModelSerializer):
             "agent_id", "name", "description", "url", "status", "routable", "source",
             "ttl_seconds", "max_concurrency", "registered_at", "last_seen", "expires_at",
             "node_id", "owner", "card_sha256", "card_signature", "tags", "card",
-            "credential_passthrough",
+            "credential_passthrough", "public",
         ]
 
     def get_owner(self, agent: Agent) -> str | None:

@@ -77,6 +77,7 @@ def agent_register(
     node_id: str | None = None,
     strict: bool | None = None,
     credential_passthrough: bool | None = None,
+    public: bool | None = None,
 ) -> tuple[Agent, bool]:
     """Register or re-register an agent. Returns ``(agent, created)``.
 
@@ -108,6 +109,8 @@ def agent_register(
     }
     if credential_passthrough is not None:
         fields["credential_passthrough"] = _check_passthrough(credential_passthrough)
+    if public is not None:  # omitted on re-registration: the ARD listing stays as it was
+        fields["public"] = bool(public)
     created = False
     with transaction.atomic():
         agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
@@ -151,9 +154,10 @@ def agent_update(
     ttl_seconds: Any = None,
     max_concurrency: Any = None,
     credential_passthrough: bool | None = None,
+    public: bool | None = None,
 ) -> Agent:
-    """Partially update an agent (PATCH): a new card, URL, TTL, concurrency cap or credential
-    passthrough."""
+    """Partially update an agent (PATCH): a new card, URL, TTL, concurrency cap, credential
+    passthrough or ARD listing."""
     with transaction.atomic():
         agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
         if agent is None:
@@ -167,6 +171,8 @@ def agent_update(
             agent.max_concurrency = _check_concurrency(max_concurrency)
         if credential_passthrough is not None:
             agent.credential_passthrough = _check_passthrough(credential_passthrough)
+        if public is not None:
+            agent.public = bool(public)
         if url is not None or card is not None:
             parsed = _resolve_card(
                 url=url if url is not None else agent.url,

@@ -1,0 +1,294 @@
+"""Relevance ranking behind one selector: PostgreSQL full text, SQLite FTS5, or a portable one.
+
+A :class:`Ranker` takes the query text and the candidate documents (entitlement and filters
+already applied, as a queryset) and returns one page of hits with 0-100 scores and the size of
+the matched set. Scores: ``round(100 * rank / best rank of the query)`` -- the best match of a
+query scores 100 and the others in proportion; matches under ``ARD_MIN_SCORE`` are cut off (the
+same cutoff for search and explore, as ARD §7.3 asks). Another ranker (an embedding model, say)
+plugs in through ``ARD_RANKER`` without touching the API.
+
+Text becomes terms (letters and digits, lowercased, English stop words dropped) combined with
+OR, so a natural-language question matches agents that share any of its words and the ranking
+decides: weighted fields (name and skill names first; then tags and description; then skill
+descriptions and examples) with ``ts_rank`` on PostgreSQL and ``bm25`` on SQLite.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import QuerySet
+from django.utils.module_loading import import_string
+
+from ard.models import AgentDoc
+
+MAX_TERMS = 32
+_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
+STOP_WORDS = frozenset(
+    """
+a about above after again against all am an and any are as at be because been before being
+below between both but by can could did do does doing down during each few for from further
+had has have having he her here hers herself him himself his how i if in into is it its itself
+just me more most my myself no nor not now of off on once only or other our ours ourselves out
+over own same she should so some such than that the their theirs them themselves then there
+these they this those through to too under until up very was we were what when where which
+while who whom why will with would you your yours yourself yourselves please want need find
+me get give tell show help can could would like let lets i'd im i'm
+""".split()
+)
+
+
+def query_terms(text: str) -> list[str]:
+    """The searchable terms of a text: lowercased words, stop words and 1-letter words out."""
+    terms = [t for t in _TOKEN.findall(text.lower()) if len(t) > 1 and t not in STOP_WORDS]
+    return list(dict.fromkeys(terms))[:MAX_TERMS]
+
+
+@dataclass(frozen=True)
+class Hit:
+    doc_id: int
+    score: int
+
+
+@dataclass(frozen=True)
+class Ranked:
+    hits: list[Hit]
+    total: int  # matched entries at or above the cutoff (all pages)
+
+
+class Ranker(Protocol):
+    """What the API needs from a ranker."""
+
+    def rank(self, *, text: str, candidates: QuerySet[AgentDoc], offset: int, limit: int) -> Ranked:
+        """The page ``[offset, offset+limit)`` of ``candidates`` matching ``text``, best first."""
+        ...
+
+    def matched_ids(self, *, text: str, candidates: QuerySet[AgentDoc]) -> list[int]:
+        """Every candidate matching ``text`` at or above the cutoff (for explore's facets)."""
+        ...
+
+
+def _score(rank: float, top: float) -> int:
+    return max(0, min(100, round(100 * rank / top))) if top > 0 else 0
+
+
+def _cutoff_ratio() -> float:
+    # score = round(100 r / top) >= min  <=>  r / top >= (min - 0.5) / 100
+    return max(0.0, (settings.ARD_MIN_SCORE - 0.5) / 100)
+
+
+class _SqlRanker:
+    """Shared shape: the full-text engine ranks every match (one indexed query, no joins), then
+    the candidates (entitlement and filters) are applied to those ids only. Applying them inside
+    the full-text query made SQLite materialise the whole candidate join on every search."""
+
+    CHUNK = 2000
+
+    def _hits_sql(self, terms: list[str]) -> tuple[str, list] | None:
+        """SQL answering ``(id, rank)`` for every document matching ``terms``."""
+        raise NotImplementedError
+
+    def _scored(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, str, int]]:
+        """Every candidate matching ``text`` at or above the cutoff, best first, scored."""
+        terms = query_terms(text)
+        hits = self._hits_sql(terms) if terms else None
+        if hits is None:
+            return []
+        with connection.cursor() as cursor:
+            cursor.execute(*hits)
+            rows = cursor.fetchall()
+        if not rows:
+            return []
+        # Candidates (entitlement flags and filters, all on the document row) are applied to
+        # the matched ids afterwards: inside the full-text query SQLite re-ran the match per
+        # candidate row.
+        allowed: set[int] = set()
+        ids = [row[0] for row in rows]
+        for i in range(0, len(ids), self.CHUNK):
+            allowed.update(
+                candidates.order_by()
+                .filter(pk__in=ids[i : i + self.CHUNK])
+                .values_list("pk", flat=True)
+            )
+        # Ties go to the older document (lower id): deterministic, and no join to sort by name.
+        kept = [(i, i, float(r)) for i, r in rows if i in allowed and r is not None]
+        if not kept:
+            return []
+        top = max(r for _, _, r in kept)
+        if top <= 0:
+            return []
+        cut = _cutoff_ratio() * top
+        kept = sorted((k for k in kept if k[2] >= cut), key=lambda k: (-k[2], k[1]))
+        return [(i, a, _score(r, top)) for i, a, r in kept]
+
+    def rank(self, *, text: str, candidates: QuerySet[AgentDoc], offset: int, limit: int) -> Ranked:
+        scored = self._scored(text, candidates)
+        return Ranked([Hit(i, s) for i, _, s in scored[offset : offset + limit]], len(scored))
+
+    def matched_ids(self, *, text: str, candidates: QuerySet[AgentDoc]) -> list[int]:
+        return [i for i, _, _ in self._scored(text, candidates)]
+
+
+class PostgresRanker(_SqlRanker):
+    """``ts_rank`` over the generated, weighted ``tsvector`` (GIN-indexed), one term at a time,
+    each weighted by its inverse document frequency: ``ts_rank`` alone has no idf, so common
+    words ("two", "current") would weigh as much as telling ones ("share", "nights")."""
+
+    # {D, C, B, A} weights; normalisation 1 divides by 1 + log(document length).
+    WEIGHTS = "{0.1,0.3,0.6,1.0}"
+    DF_SECONDS = 60.0
+    DF_MAX = 10_000
+
+    def __init__(self) -> None:
+        self._df: dict[str, tuple[float, int]] = {}
+        self._signature: tuple[int, int] = (-1, -1)
+
+    def _stats(self, terms: list[str]) -> tuple[int, dict[str, int]]:
+        """Documents in the index, and per term the documents containing it (cached up to
+        60 s, and dropped as soon as documents are added or removed)."""
+        now = time.monotonic()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT COUNT(*), COALESCE(MAX(id), 0) FROM ard_agentdoc")
+            count, top = cursor.fetchone()
+        if (count, top) != self._signature:
+            self._df.clear()
+            self._signature = (int(count), int(top))
+        out = {}
+        for term in terms:
+            hit = self._df.get(term)
+            if hit is None or now - hit[0] > self.DF_SECONDS:
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT COUNT(*) FROM ard_agentdoc "
+                        "WHERE search @@ to_tsquery('english', %s)",
+                        [term],
+                    )
+                    hit = (now, int(cursor.fetchone()[0]))
+                if len(self._df) >= self.DF_MAX:
+                    self._df.clear()
+                self._df[term] = hit
+            out[term] = hit[1]
+        return self._signature[0], out
+
+    def _hits_sql(self, terms: list[str]) -> tuple[str, list] | None:
+        total, df = self._stats(terms)
+        used = [t for t in terms if df.get(t)]
+        if not used:
+            return None  # no term occurs in any document
+        parts, params = [], []
+        for term in used:
+            parts.append(
+                f"ts_rank(%s::float4[], d.search, to_tsquery('english', %s), 1) * "
+                f"{math.log(1 + total / df[term]):.6f}"
+            )
+            params += [self.WEIGHTS, term]
+        tsquery = " | ".join(used)  # terms are letters and digits only: no tsquery syntax
+        sql = (
+            f"SELECT d.id, ({' + '.join(parts)}) AS r FROM ard_agentdoc d "
+            "WHERE d.search @@ to_tsquery('english', %s)"
+        )
+        return sql, [*params, tsquery]
+
+
+class SqliteRanker(_SqlRanker):
+    """``bm25`` over the FTS5 table (porter stemming), weighted per column."""
+
+    # name, skill_names, tags, description, skill_descriptions, examples
+    WEIGHTS = (10.0, 8.0, 5.0, 4.0, 2.0, 2.0)
+
+    def _hits_sql(self, terms: list[str]) -> tuple[str, list] | None:
+        match = " OR ".join(f'"{t}"' for t in terms)  # quoted: no FTS5 query syntax
+        weights = ", ".join(str(w) for w in self.WEIGHTS)
+        sql = (
+            f"SELECT rowid AS id, -bm25(ard_agentdoc_fts, {weights}) AS r "
+            "FROM ard_agentdoc_fts WHERE ard_agentdoc_fts MATCH %s"
+        )
+        return sql, [match]
+
+
+class PortableRanker:
+    """Any database: term frequency with the same field weights and an idf, in Python.
+
+    Fine for small registries and a reference for a plugged-in ranker; PostgreSQL and SQLite
+    use their full-text engines instead."""
+
+    FIELDS = (
+        ("name", 10.0),
+        ("skill_names", 8.0),
+        ("tags", 5.0),
+        ("description", 4.0),
+        ("skill_descriptions", 2.0),
+        ("examples", 2.0),
+    )
+
+    def _scored(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, str, float]]:
+        terms = query_terms(text)
+        if not terms:
+            return []
+        rows = list(
+            candidates.order_by().values_list("id", "agent_id", *[f for f, _ in self.FIELDS])
+        )
+        tokenised = [[_stems(v or "") for v in row[2:]] for row in rows]
+        n = len(rows) or 1
+        df = {t: sum(1 for doc in tokenised if any(t in f for f in doc)) for t in map(_stem, terms)}
+        out = []
+        for row, fields in zip(rows, tokenised, strict=True):
+            r = 0.0
+            for term in map(_stem, terms):
+                if not df.get(term):
+                    continue
+                idf = math.log(1 + n / df[term])
+                r += idf * sum(
+                    w * f.count(term) / (1 + math.log(1 + len(f)))
+                    for (_, w), f in zip(self.FIELDS, fields, strict=True)
+                )
+            if r > 0:
+                out.append((row[0], row[1], r))
+        if not out:
+            return []
+        top = max(r for _, _, r in out)
+        cut = _cutoff_ratio()
+        out = [o for o in out if o[2] >= cut * top]
+        out.sort(key=lambda o: (-o[2], o[1]))
+        return [(i, a, _score(r, top)) for i, a, r in out]
+
+    def rank(self, *, text: str, candidates: QuerySet[AgentDoc], offset: int, limit: int) -> Ranked:
+        scored = self._scored(text, candidates)
+        return Ranked([Hit(i, s) for i, _, s in scored[offset : offset + limit]], len(scored))
+
+    def matched_ids(self, *, text: str, candidates: QuerySet[AgentDoc]) -> list[int]:
+        return [i for i, _, _ in self._scored(text, candidates)]
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ations", "ation", "ings", "ing", "ers", "er", "es", "s"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)]
+    return word
+
+
+def _stems(text: str) -> list[str]:
+    return [_stem(t) for t in _TOKEN.findall(text.lower())]
+
+
+@lru_cache(maxsize=8)
+def _ranker_for(path: str, vendor: str) -> Ranker:
+    if path and path != "auto":
+        return import_string(path)()
+    if vendor == "postgresql":
+        return PostgresRanker()
+    if vendor == "sqlite":
+        return SqliteRanker()
+    return PortableRanker()
+
+
+def get_ranker() -> Ranker:
+    """The one selector: ``ARD_RANKER`` when set to a class path, else by database vendor."""
+    return _ranker_for(settings.ARD_RANKER or "auto", connection.vendor)
