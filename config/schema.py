@@ -32,7 +32,9 @@ _DESCRIPTIONS = {
     "404": "not found",
     "405": "unknown action",
     "409": "conflict with the current state",
+    "406": "the Accept header names no media type the API answers in (JSON)",
     "413": "request body too large",
+    "415": "the body's Content-Type is not one the API reads (JSON)",
     "503": "database unavailable: retry after Retry-After seconds",
 }
 _PUBLIC_CARD_OPERATIONS = {"kubemq_platform_card"}
@@ -61,7 +63,7 @@ def document_errors(result: dict, generator, request, public) -> dict:
             if method not in _METHODS:
                 continue
             responses = operation.setdefault("responses", {})
-            codes = ["503"]
+            codes = ["503"] if path.startswith("/a2a/") else ["503", "406"]
             if operation.get("parameters") or operation.get("requestBody"):
                 codes.append("400")
             if operation.get("security") is not None or "{" in path:
@@ -70,6 +72,8 @@ def document_errors(result: dict, generator, request, public) -> dict:
                 codes.append("404")
             if operation.get("requestBody") or method in ("post", "patch", "put"):
                 codes.append("413")
+            if operation.get("requestBody"):
+                codes.append("415")
             if operation.get("operationId") == _KUBEMQ_ACTION:
                 codes.append("405")
             codes += _EXTRA.get((method, path), [])

@@ -5,21 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
-
-
-class BearerTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "registry.auth.TokenAuthentication"
-    name = "bearerAuth"
-
-    def get_security_definition(self, auto_schema) -> dict[str, Any]:
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "An API client's token: `manage.py create_client NAME --scopes ...`.",
-        }
-
-
 _ERROR_KINDS = [
     "parse_error",
     "invalid_request",
@@ -90,7 +75,7 @@ def _gateway_paths() -> dict[str, Any]:
                             "executed": {"type": "boolean"},
                             "retryable": {"type": "boolean"},
                             "kind": {"type": "string", "enum": _ERROR_KINDS},
-                            "agent_id": {"type": "string"},
+                            "agent_id": {"type": "string", "nullable": True},
                         },
                     },
                 },
@@ -122,7 +107,7 @@ def _gateway_paths() -> dict[str, Any]:
                     },
                 },
                 "content": {
-                    "application/json": {"schema": {"oneOf": [{"type": "object"}, rpc_error]}},
+                    "application/json": {"schema": {"anyOf": [{"type": "object"}, rpc_error]}},
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
             },
@@ -146,10 +131,62 @@ def _gateway_paths() -> dict[str, Any]:
         "security": security,
         "responses": {
             "200": {
-                "description": "Server-sent events relayed from the agent",
+                "description": "Server-sent events relayed from the agent, or a JSON-RPC error "
+                "the gateway made (unknown agent, unreachable, ...)",
                 "headers": _EXECUTED,
-                "content": {"text/event-stream": {"schema": {"type": "string"}}},
-            }
+                "content": {
+                    "text/event-stream": {"schema": {"type": "string"}},
+                    "application/json": {"schema": rpc_error},
+                },
+            },
+            "401": {
+                "description": "No or bad token",
+                "content": {"application/json": {"schema": rpc_error}},
+            },
+            "403": {
+                "description": "This client may not call the agent",
+                "content": {"application/json": {"schema": rpc_error}},
+            },
+            "429": {"description": "Rate limited"},
+        },
+    }
+    resume = {
+        "operationId": "gateway_stream_resume",
+        "tags": ["gateway"],
+        "summary": "Resume a dropped stream after Last-Event-ID (docs/streams.md)",
+        "parameters": [
+            _AGENT_ID,
+            {"name": "stream_id", "in": "path", "required": True,
+             "schema": {"type": "string"}, "description": "the X-A2A-Stream-Id of the stream"},
+            {"name": "Last-Event-ID", "in": "header", "required": False,
+             "schema": {"type": "string"}, "description": "the id of the last event received"},
+            {"name": "last_event_id", "in": "query", "required": False,
+             "schema": {"type": "string"},
+             "description": "Last-Event-ID for clients without headers"},
+        ],
+        "security": security,
+        "responses": {
+            "200": {
+                "description": "The missed events, then the live stream",
+                "headers": _EXECUTED,
+                "content": {
+                    "text/event-stream": {"schema": {"type": "string"}},
+                    "application/json": {"schema": rpc_error},
+                },
+            },
+            "401": {
+                "description": "No or bad token",
+                "content": {"application/json": {"schema": rpc_error}},
+            },
+            "403": {
+                "description": "This client may not call the agent",
+                "content": {"application/json": {"schema": rpc_error}},
+            },
+            "404": {
+                "description": "Unknown, expired or foreign stream (stream_not_found)",
+                "content": {"application/json": {"schema": rpc_error}},
+            },
+            "429": {"description": "Rate limited"},
         },
     }
     card = {
@@ -169,6 +206,7 @@ def _gateway_paths() -> dict[str, Any]:
     return {
         "/a2a/{agent_id}": {"post": post},
         "/a2a/{agent_id}/stream": {"get": stream},
+        "/a2a/{agent_id}/stream/{stream_id}": {"get": resume},
         "/a2a/{agent_id}/.well-known/agent-card.json": {"get": card},
     }
 

@@ -94,5 +94,5 @@ class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "An API client token: Authorization: Bearer <prefix>.<secret>",
+            "description": "An API client's token: `manage.py create_client NAME --scopes ...`.",
         }
