@@ -450,10 +450,11 @@ class Exchange:
             self.done = not more
         elif kind == env.ERROR:
             await self.fail(message["kind"], message.get("detail") or "",
-                            status=message.get("status"))
+                            status=message.get("status"), executed=message.get("executed", False))
         # acks carry nothing for the caller
 
-    async def fail(self, kind: str, detail: str = "", *, status: int | None = None) -> None:
+    async def fail(self, kind: str, detail: str = "", *, status: int | None = None,
+                   executed: bool = False) -> None:
         """Answer a transport error: a JSON-RPC error before the reply started, a terminal
         ``event: error`` inside an event stream, an aborted body otherwise."""
         if self.done:
@@ -464,7 +465,7 @@ class Exchange:
         if not self.started:
             extra = [(b"x-a2a-agent-status", str(status).encode())] if status else []
             await _error(self.send, kind, self.rpc_id, self.agent_id, detail, extra=extra,
-                         status=status)
+                         status=status, executed=executed)
             return
         if self.sse:
             error = errors.error_object(kind, agent_id=self.agent_id, detail=detail,
@@ -477,13 +478,14 @@ class Exchange:
 
 
 async def _error(send, kind: str, rpc_id: Any, agent_id: str | None, detail: str = "", *,
-                 extra: list | None = None, status: int | None = None) -> None:
+                 extra: list | None = None, status: int | None = None,
+                 executed: bool = False) -> None:
     body = errors.error_body(kind, rpc_id=rpc_id, agent_id=agent_id, detail=detail,
-                             status=status)
+                             status=status, executed=executed)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        EXECUTED_FALSE,
+        EXECUTED_TRUE if executed else EXECUTED_FALSE,
     ]
     if extra:
         headers.extend(extra)
