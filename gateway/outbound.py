@@ -62,7 +62,7 @@ import httptools
 
 from outbound import policy as outbound_policy
 from outbound.errors import CONNECTION_ERRORS, ConnectFailed, OutboundError, ProtocolError
-from outbound.policy import KEEPALIVE_SECONDS, Policy
+from outbound.policy import KEEPALIVE_SECONDS, Policy  # noqa: F401  (re-exported)
 from outbound.resolve import resolve
 
 __all__ = ["CONNECTION_ERRORS", "OutboundError", "Response", "client", "close_client", "finish"]
@@ -463,7 +463,7 @@ class Client:
             now = time.monotonic()
             while pool:
                 conn = pool.pop()
-                if not conn.closed and now - conn.idle_since < KEEPALIVE_SECONDS:
+                if not conn.closed and now - conn.idle_since < self.policy.keepalive_seconds:
                     return conn
                 conn.close()
         policy = self.policy

@@ -23,6 +23,7 @@ transport stays, 60 lines, with a correct error map (:func:`_map_aiohttp_error`)
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import httpx
@@ -47,12 +48,20 @@ def httpx_client(
     timeout: httpx.Timeout,
     limits: httpx.Limits | None = None,
     headers: dict[str, str] | None = None,
+    extra_ca_file: str | None = None,
 ) -> httpx.Client:
-    """A synchronous httpx client under the outbound policy."""
+    """A synchronous httpx client under the outbound policy; ``extra_ca_file`` trusts one more
+    CA bundle (e.g. a Kubernetes API server's)."""
     current = _policy.current()
     limits = limits or httpx.Limits(max_connections=20)
+    context = current.tls_context()
+    if extra_ca_file:
+        context = ssl.create_default_context()
+        if current.ca_file:
+            context.load_verify_locations(cafile=current.ca_file)
+        context.load_verify_locations(cafile=extra_ca_file)
     transport = httpx.HTTPTransport(
-        verify=current.tls_context(), limits=limits, proxy=current.proxy or None, trust_env=False
+        verify=context, limits=limits, proxy=current.proxy or None, trust_env=False
     )
     return httpx.Client(
         transport=_check_backend(transport, CheckedBackend),
