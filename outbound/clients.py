@@ -30,7 +30,7 @@ import httpx
 
 from outbound import policy as _policy
 from outbound.errors import OutboundError
-from outbound.resolve import CheckedAsyncBackend, CheckedBackend, checked_resolver
+from outbound.resolve import CheckedAsyncBackend, CheckedBackend, checked_connector
 
 
 def _check_backend(transport: Any, backend_class: type) -> Any:
@@ -106,11 +106,10 @@ def aiohttp_session(
     import aiohttp
 
     current = _policy.current()
-    connector = aiohttp.TCPConnector(
+    connector = checked_connector(
         limit=limit,
         limit_per_host=0,
         ssl=current.tls_context(),
-        resolver=checked_resolver(),
         keepalive_timeout=current.keepalive_seconds if keepalive is None else keepalive,
     )
     return aiohttp.ClientSession(

@@ -3,7 +3,7 @@ to a checked address (TLS SNI and Host stay the name).
 
 Every outbound client goes through here on each NEW connection (never per request on a pooled
 one): the hand-written hot-path client calls :func:`resolve` itself; aiohttp sessions get
-:class:`CheckedResolver`; httpx clients get a checked httpcore network backend
+:func:`checked_connector`; httpx clients get a checked httpcore network backend
 (:class:`CheckedBackend`, :class:`CheckedAsyncBackend`). A name with ANY refused address is
 refused as a whole: a name that resolves to an agent and to the metadata address is an attack.
 
@@ -87,38 +87,34 @@ def resolve_sync(host: str, port: int) -> list[Address]:
 
 # --- aiohttp ---------------------------------------------------------------------------------
 
+_connector_class: list[type] = []
 
-def checked_resolver() -> Any:
-    """An aiohttp resolver that refuses unsafe addresses (one per connector)."""
-    import aiohttp
-    from aiohttp.abc import AbstractResolver
 
-    class CheckedResolver(AbstractResolver):
-        """aiohttp's threaded resolver, every answer checked; a refusal is raised as
-        :class:`UnsafeAddress` (not an OSError, so aiohttp passes it through unchanged)."""
+def checked_connector(**options: Any) -> Any:
+    """An aiohttp ``TCPConnector`` that checks every address it is about to connect to.
 
-        def __init__(self) -> None:
-            self._inner = aiohttp.ThreadedResolver()
+    The check sits on the connector's host resolution, which runs for each new connection and
+    (unlike a custom resolver) also for IP literals, which aiohttp never hands to a resolver.
+    A refusal is raised as :class:`UnsafeAddress`, not an OSError, so aiohttp passes it
+    through unchanged. DNS caching is off: a re-pointed name is seen at the next connection.
+    """
+    if not _connector_class:
+        import aiohttp
 
-        async def resolve(
-            self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-        ) -> list[Any]:
-            literal = _literal(host)
-            if literal is None:
+        class CheckedConnector(aiohttp.TCPConnector):
+            async def _resolve_host(self, host: str, port: int, traces: Any = None) -> Any:
                 _by_name(host)
-            results = await self._inner.resolve(host, port, family)
-            for result in results:
-                reason = refusal_of(result["host"])
-                if reason:
-                    raise UnsafeAddress(
-                        f"{host} resolves to a refused address {result['host']}: {reason}"
-                    )
-            return results
+                results = await super()._resolve_host(host, port, traces)
+                for result in results:
+                    reason = refusal_of(result["host"])
+                    if reason:
+                        raise UnsafeAddress(
+                            f"{host} resolves to a refused address {result['host']}: {reason}"
+                        )
+                return results
 
-        async def close(self) -> None:
-            await self._inner.close()
-
-    return CheckedResolver()
+        _connector_class.append(CheckedConnector)
+    return _connector_class[0](use_dns_cache=False, **options)
 
 
 # --- httpx (httpcore network backends) ------------------------------------------------------
