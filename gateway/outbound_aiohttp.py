@@ -32,7 +32,7 @@ def _wrap(exc: BaseException) -> BaseException:
     if isinstance(exc, aiohttp.ClientConnectorError):
         return ConnectFailed(str(exc))
     if isinstance(exc, aiohttp.ClientResponseError):
-        return ProtocolError(f"invalid HTTP response from the agent: {exc.message}")
+        return ProtocolError(f"invalid HTTP response from the agent: {str(exc.message)[:120]}")
     return OutboundError(str(exc) or type(exc).__name__)
 
 
@@ -107,6 +107,11 @@ class AiohttpClient:
         if response.status == 101:
             response.close()
             raise ProtocolError("the agent answered 101 Switching Protocols")
+        coding = response.headers.get("Transfer-Encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            # aiohttp would hand over e.g. gzip-coded bytes as if they were the body
+            response.close()
+            raise ProtocolError(f"unsupported Transfer-Encoding from the agent: {coding[:100]}")
         return AiohttpResponse(response)
 
     async def close(self) -> None:

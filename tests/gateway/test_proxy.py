@@ -25,6 +25,9 @@ from registry.permissions import SYSTEM
 from tests.conftest import make_client
 from tests.servers import serve_app
 
+# Every test runs with both outbound clients (tests/gateway/conftest.py).
+pytestmark = pytest.mark.usefixtures("outbound_client")
+
 # --- a scripted agent ----------------------------------------------------------------------
 
 

@@ -349,22 +349,6 @@ async def test_bytes_after_a_complete_response_never_reach_a_caller(extra):
 # --- connect-time address check --------------------------------------------------------------
 
 
-@pytest.fixture
-def fake_dns(monkeypatch):
-    """Names under ``.rebind.test`` resolve to whatever the test says (the resolver is the one
-    part that cannot run here: no DNS server of ours is on the machine's resolver path)."""
-    real = socket.getaddrinfo
-    table: dict[str, str] = {}
-
-    def getaddrinfo(host, port, *args, **kwargs):
-        if isinstance(host, str) and host in table:
-            return real(table[host], port, *args, **kwargs)
-        return real(host, port, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    return table
-
-
 async def test_dns_rebinding_is_refused_at_connect_time(fake_dns):
     def script(conn: socket.socket, agent: RawAgent) -> None:
         agent.take_request(conn)
