@@ -299,8 +299,8 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
             except TimeoutError:
                 if not acked and remaining > ACK_TIMEOUT_SECONDS:
                     await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
-                else:
-                    await exchange.fail(errors.TIMEOUT)
+                else:  # the subscriber had it: the agent may have it (a reply lost between nodes)
+                    await exchange.fail(errors.TIMEOUT, executed=True)
                 return
             acked = True
             await exchange.deliver(message)
@@ -363,7 +363,7 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                     await exchange.fail(errors.TIMEOUT, "stream lost")
                 else:
                     await exchange.fail(errors.UNREACHABLE if not acked else errors.TIMEOUT,
-                                        "no live subscriber for this agent")
+                                        "no live subscriber for this agent", executed=acked)
                 await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
                 return
             if message is _DISCONNECT:
