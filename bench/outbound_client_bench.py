@@ -129,7 +129,7 @@ def main() -> int:
                     us = asyncio.run(measure(module, url, args.requests, concurrency))
                     results.setdefault((name, concurrency), []).append(us)
                     print(
-                        f"round {round_ + 1} c={concurrency:<3} {name:<10} {us:7.1f} us CPU/request",
+                        f"round {round_ + 1} c={concurrency:<3} {name:<10} {us:7.1f} us CPU/req",
                         flush=True,
                     )
         print()
