@@ -29,8 +29,8 @@ def _wrap(exc: BaseException) -> BaseException:
         return ConnectFailed(f"connect timed out: {exc}")
     if isinstance(exc, aiohttp.ServerTimeoutError):
         return TimeoutError()
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return ConnectFailed(str(exc))
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.InvalidURL):
+        return ConnectFailed(str(exc) or type(exc).__name__)
     if isinstance(exc, aiohttp.ClientResponseError):
         return ProtocolError(f"invalid HTTP response from the agent: {str(exc.message)[:120]}")
     return OutboundError(str(exc) or type(exc).__name__)

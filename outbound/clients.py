@@ -137,8 +137,8 @@ def _map_aiohttp_error(exc: BaseException, request: httpx.Request | None = None)
         return httpx.ConnectTimeout(str(exc) or "connect timed out", request=request)
     if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
         return httpx.ReadTimeout(str(exc) or "timed out", request=request)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return httpx.ConnectError(str(exc), request=request)
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.InvalidURL):
+        return httpx.ConnectError(str(exc) or type(exc).__name__, request=request)
     return httpx.ReadError(str(exc) or type(exc).__name__, request=request)
 
 

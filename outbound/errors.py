@@ -67,7 +67,10 @@ def classify(exc: BaseException) -> Failure:
     if name == "aiohttp":
         import aiohttp
 
-        if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+        if isinstance(
+            exc,
+            aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError | aiohttp.InvalidURL,
+        ):
             return Failure(UNREACHABLE, False, describe(exc))
         if isinstance(exc, aiohttp.ServerTimeoutError):
             return Failure(TIMEOUT, True, "")
@@ -75,9 +78,6 @@ def classify(exc: BaseException) -> Failure:
         import httpx
 
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-            cause = exc.__context__
-            if isinstance(cause, OutboundError):
-                return Failure(cause.kind, cause.sent, describe(cause))
             return Failure(UNREACHABLE, False, describe(exc))
         if isinstance(exc, httpx.TimeoutException):
             return Failure(TIMEOUT, True, "")
