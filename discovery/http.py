@@ -18,6 +18,7 @@ ours and not the ``httpx-aiohttp`` package, with the measurement.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import os
 import threading
@@ -137,3 +138,17 @@ def _rebuild(_policy: Any) -> None:
 
 
 outbound_policy.on_change(_rebuild)
+
+
+def _close_at_exit() -> None:
+    """Close the async client's pooled connections on its loop before the process exits."""
+    client, loop = _state["client"], _state["loop"]
+    if client is None or loop is None or not loop.is_running() or _state["pid"] != os.getpid():
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(2)
+    except Exception:  # exiting anyway; a slow or failed close must not block it
+        pass
+
+
+atexit.register(_close_at_exit)
