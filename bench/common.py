@@ -221,10 +221,34 @@ def machine_info() -> dict:
             "platform": platform.platform()}
 
 
+def run_info() -> dict:
+    """What makes a run traceable: when, on which machine, at which commit, by which command."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "machine": machine_info(),
+        "commit": git("rev-parse", "HEAD"),
+        # Uncommitted changes to tracked files: the figures may not be the commit's.
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
 def write_results(prefix: str, payload: dict) -> Path:
+    """Write one run's figures to ``bench/results/`` (committed: every figure quoted in the
+    README names the file of the run it comes from), with :func:`run_info` first."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(payload, indent=2, sort_keys=False))
+    path.write_text(json.dumps({"run": run_info(), **payload}, indent=2, sort_keys=False))
     return path
 
 

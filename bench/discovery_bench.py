@@ -1,6 +1,6 @@
 """Discovery benchmark: 10,000 endpoints served by one local card server.
 
-    .venv/bin/python bench/discovery_bench.py [--endpoints 10000] [--workers 4]
+    .venv/bin/python bench/discovery_bench.py [--endpoints 10000] [--workers 4] [--postgres]
 
 Measures, against a reference taken in the same run:
 
@@ -12,9 +12,11 @@ Measures, against a reference taken in the same run:
 
 The reference for fetching is bare concurrent GETs of the same cards on the same shared client
 (no caching logic, no database); for the digest, one sha256 over the same bytes. The card server
-runs in its own process (uvicorn + httptools); the database is a throwaway SQLite file unless
-DATABASE_URL is set (then the discovery tables are emptied first). Runtime is bounded by the
-endpoint count (about a minute for 10,000 on 2 cores).
+runs in its own process (uvicorn + httptools). The benchmark empties the discovery tables, so it
+runs only on a database it created itself: a throwaway SQLite file, or with ``--postgres`` a
+fresh PostgreSQL database created at ``--postgres-url`` and dropped at the end. With
+``DATABASE_URL`` set it refuses to start. Results go to ``bench/results/discovery-*.json``.
+Runtime is bounded by the endpoint count (about a minute for 10,000 on 2 cores).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import create_postgres_db, drop_postgres_db, write_results  # noqa: E402
+
 WELL_KNOWN = "/.well-known/agent-card.json"
 
 # --- the card server (runs in a subprocess; no Django) -----------------------------------------
@@ -114,11 +120,10 @@ def _start_server(port: int) -> subprocess.Popen:
 
 
 def _setup_django(tmp: str) -> None:
-    sys.path.insert(0, str(ROOT))
     if not os.environ.get("DATABASE_URL"):
         os.environ["A2A_SQLITE_PATH"] = os.path.join(tmp, "bench.sqlite3")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    os.environ.setdefault("A2A_TESTING", "1")
+    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
     import django
 
     django.setup()
@@ -161,21 +166,45 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--endpoints", type=int, default=10_000)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--postgres", action="store_true",
+                        help="run on a fresh PostgreSQL database (created, then dropped)")
+    parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres",
+                        help="the server (and an existing database to connect to) for --postgres")
     args = parser.parse_args()
+    if os.environ.get("DATABASE_URL"):
+        # It deletes every discovery row and discovery-sourced agent: never on a database
+        # someone else owns.
+        parser.error("DATABASE_URL is set: this benchmark empties the discovery tables and runs "
+                     "only on a database it creates itself. Unset DATABASE_URL (SQLite in a "
+                     "temp folder) or pass --postgres (a fresh database, dropped at the end).")
     n = args.endpoints
     tmp = tempfile.mkdtemp(prefix="discovery-bench-")
+    created = None
+    if args.postgres:
+        url, created = create_postgres_db(args.postgres_url)
+        os.environ["DATABASE_URL"] = url
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     server = _start_server(port)
     try:
         _setup_django(tmp)
-        return _run(n, args.workers, base)
+        figures: dict = {"endpoints": n, "workers": args.workers,
+                         "database": "postgresql" if created else "sqlite"}
+        status = _run(n, args.workers, base, figures)
+        print(f"wrote {write_results('discovery', figures)}")
+        return status
     finally:
         server.terminate()
         server.wait(10)
+        if created:
+            from django.db import connections
+
+            connections.close_all()
+            drop_postgres_db(args.postgres_url, created)
 
 
-def _run(n: int, workers: int, base: str) -> int:
+def _run(n: int, workers: int, base: str, figures: dict) -> int:
+    """Run the phases, print each, and record them in ``figures``."""
     from django.conf import settings
 
     from discovery import models as m
@@ -283,6 +312,13 @@ def _run(n: int, workers: int, base: str) -> int:
     print(f"snapshot build + publish (rows, {n} card blobs): {build_s:6.2f} s  v{snap.version} "
           f"published={published}")
     ok = second <= 10 and ok_304 and single and digest_s <= 0.2
+    figures.update({
+        "reference_get_s": round(ref, 3), "first_cycle_s": round(first, 3),
+        "all_304_cycle_s": round(second, 3), "all_304_ok": ok_304,
+        "mass_expiry_s": round(mass, 3), "mass_expiry_one_fetch_per_url": single,
+        "digest_ms": round(digest_s * 1000, 2), "reference_digest_ms": round(ref_digest * 1000, 2),
+        "snapshot_build_s": round(build_s, 3), "all_targets_met": ok,
+    })
     print("result:", "all targets met" if ok else "a target was MISSED")
     return 0 if ok else 1
 

@@ -133,13 +133,32 @@ def main() -> int:
                         flush=True,
                     )
         print()
+        summary: dict[str, dict[str, float]] = {}
         for concurrency in (1, 16):
             ref = statistics.median(results[("reference", concurrency)])
             cur = statistics.median(results[("current", concurrency)])
+            summary[f"c{concurrency}"] = {
+                "reference_us": round(ref, 2),
+                "current_us": round(cur, 2),
+                "current_over_reference": round(cur / ref, 4),
+            }
             print(
                 f"c={concurrency:<3} reference {ref:6.1f} us  current {cur:6.1f} us  "
                 f"current/reference {cur / ref:5.3f}"
             )
+        from bench.common import write_results
+
+        path = write_results("outbound-client", {
+            "reference": args.reference,
+            "requests": args.requests,
+            "rounds": args.rounds,
+            "us_cpu_per_request": {
+                f"{name}-c{concurrency}": [round(v, 2) for v in values]
+                for (name, concurrency), values in results.items()
+            },
+            "medians": summary,
+        })
+        print(f"results: {path.relative_to(ROOT)}")
     finally:
         agent.terminate()
         agent.wait(5)

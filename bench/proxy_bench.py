@@ -7,7 +7,9 @@ SSE) on core 1, a fast local agent answering a fixed JSON-RPC result. Arms:
   direct           wrk -> agent (raw ASGI under uvicorn + uvloop + httptools)
   gateway-uvicorn  wrk -> ``manage.py serve --server uvicorn`` -> agent
   gateway-daphne   wrk -> ``manage.py serve`` (Daphne) -> agent
-  httpx-proxy      wrk -> uvicorn + Starlette + one shared httpx.AsyncClient -> agent
+  httpx-naive-proxy  wrk -> uvicorn + Starlette + one shared httpx.AsyncClient (defaults:
+                   20 keep-alive connections) -> agent: the naive proxy, NOT tuned like the
+                   aiohttp arm; a floor, not a target
   aiohttp-proxy    wrk -> uvicorn + raw ASGI + aiohttp -> agent (the reference for the targets)
   daphne-ceiling   wrk -> Daphne + URLRouter + raw ASGI fixed reply (no upstream at all)
 
@@ -232,7 +234,7 @@ def start_arms(tmp: Path, args, database_url: str | None = None
 
     arms = [Arm("direct", f"{upstream_url}/", [upstream.pid], server_pid=upstream.pid)]
     proxy_env = clean_env(BENCH_UPSTREAM=f"{upstream_url}/")
-    for name, app in (("httpx-proxy", "bench.apps:httpx_proxy"),
+    for name, app in (("httpx-naive-proxy", "bench.apps:httpx_proxy"),
                       ("aiohttp-proxy", "bench.apps:aiohttp_proxy")):
         port = free_port()
         proc = Proc(name, uvicorn_argv(app, port), proxy_env, tmp).start()
@@ -436,8 +438,8 @@ def ratios(summary: dict) -> list[dict]:
                          "value": ratio(get(scenario, gw), get(scenario, "aiohttp-proxy")),
                          "target": ">= 1.0" if gw == "gateway-uvicorn" and scenario != "1KiB c=1"
                          else ""})
-            rows.append({"figure": f"{scenario}: {gw} / httpx-proxy (req/s)",
-                         "value": ratio(get(scenario, gw), get(scenario, "httpx-proxy")),
+            rows.append({"figure": f"{scenario}: {gw} / httpx-naive-proxy (req/s)",
+                         "value": ratio(get(scenario, gw), get(scenario, "httpx-naive-proxy")),
                          "target": ""})
             rows.append({"figure": f"{scenario}: {gw} / direct (req/s)",
                          "value": ratio(get(scenario, gw), get(scenario, "direct")),

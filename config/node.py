@@ -4,6 +4,11 @@ Apps register coroutines with :func:`on_startup` / :func:`on_shutdown` (the gate
 Subscriber Manager does, from its AppConfig). Uvicorn reaches them through the ASGI lifespan
 protocol (:func:`lifespan_app`); Daphne has no lifespan, so ``manage.py serve`` calls
 :func:`start` and :func:`stop` itself.
+
+The process's node id is decided here once: ``NODE_ID`` when configured, else what ``manage.py
+serve`` derives from the port it serves on (:func:`serve_as`). The gateway's settings object and
+the registry's ownership rule both read it through :func:`node_id`; nothing mutates Django's
+settings.
 """
 
 from __future__ import annotations
@@ -17,6 +22,24 @@ Hook = Callable[[], Awaitable[None]]
 _startup: list[Hook] = []
 _shutdown: list[Hook] = []
 _started = False
+_served_id: str | None = None
+
+
+def serve_as(default_node_id: str) -> None:
+    """The id this process serves as when ``NODE_ID`` is not configured (``manage.py serve``
+    derives it from its port before the node starts)."""
+    global _served_id
+    _served_id = default_node_id
+
+
+def node_id() -> str:
+    """This process's node id: the served-as id, else ``settings.NODE_ID`` (the configured
+    ``NODE_ID`` or its default)."""
+    if _served_id is not None:
+        return _served_id
+    from django.conf import settings
+
+    return settings.NODE_ID
 
 
 def on_startup(fn: Hook) -> Hook:

@@ -11,9 +11,8 @@ import asyncio
 import logging
 from datetime import timedelta
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 
 logger = logging.getLogger(__name__)
 
@@ -32,17 +31,13 @@ def _interval_seconds(schedule) -> float:
 def _run_task(task_name: str) -> None:
     from config.celery import app
 
-    close_old_connections()
-    try:
-        app.tasks[task_name].apply(throw=True)
-    finally:
-        close_old_connections()
+    app.tasks[task_name].apply(throw=True)
 
 
 async def _loop(name: str, task_name: str, interval: float) -> None:
     while True:
         try:
-            await sync_to_async(_run_task, thread_sensitive=False)(task_name)
+            await database_sync_to_async(_run_task, thread_sensitive=False)(task_name)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,13 +24,12 @@ DATA_DIR = Path(env_str("A2A_DATA_DIR", str(BASE_DIR / "data")))
 DATABASE_URL = env_str("DATABASE_URL")
 REDIS_URL = env_str("REDIS_URL")
 EMBEDDED = not REDIS_URL
-TESTING = "pytest" in sys.modules or env_bool("A2A_TESTING")
 
 DEBUG = env_bool("DEBUG", False)
 
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
-    if not (EMBEDDED or DEBUG or TESTING):
+    if not (EMBEDDED or DEBUG):
         raise ImproperlyConfigured("SECRET_KEY must be set in distributed mode (REDIS_URL set).")
     # Embedded/dev only: a key generated once and kept in the data folder so sessions survive
     # restarts. Never used when SECRET_KEY is configured.
@@ -236,11 +234,8 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- the platform ------------------------------------------------------------------------------
+# `manage.py serve` without NODE_ID serves as host:port of its --port (config.node.node_id).
 NODE_ID = env_str("NODE_ID") or f"{socket.gethostname()}:{env_str('A2A_PORT', '8000')}"
-if TESTING and not env_str("NODE_ID"):
-    # Test processes serve on random ports: without this, two test runs sharing one Redis
-    # would both claim (and both subscribe for) every agent of the default node id.
-    NODE_ID = f"{NODE_ID}:test{os.getpid()}"
 A2A_PUBLIC_BASE_URL = (env_str("A2A_PUBLIC_BASE_URL") or "").rstrip("/")
 A2A_ALLOW_ANONYMOUS = env_bool("A2A_ALLOW_ANONYMOUS", False)
 A2A_ERROR_PROFILE = env_choice("A2A_ERROR_PROFILE", "a2a", ("a2a", "kubemq"))
@@ -282,6 +277,10 @@ A2A_NODE_HEARTBEAT_SECONDS = env_float("A2A_NODE_HEARTBEAT_SECONDS", 10, minimum
 # Hand a Query straight to the subscriber when it lives in the receiving process (no broker
 # hop). Off: every request goes through the channel layer (same behaviour, slower).
 A2A_LOCAL_FAST_PATH = env_bool("A2A_LOCAL_FAST_PATH", True)
+# Move everything loaded at node start out of the cyclic GC's reach (gc.freeze): a full
+# collection of a Django process costs ~60 ms of stalled requests. Off for test processes,
+# which start and stop many nodes.
+A2A_GC_FREEZE = env_bool("A2A_GC_FREEZE", True)
 DISCOVERY_CONFIG = env_str("DISCOVERY_CONFIG")
 # --- discovery (discovery/) ---
 DISCOVERY_FETCH_TIMEOUT_SECONDS = env_float("DISCOVERY_FETCH_TIMEOUT_SECONDS", 5.0, minimum=0.01)

@@ -1,3 +1,5 @@
+"""The gateway app: subscribes the process to registry events and registers its node's hooks."""
+
 from django.apps import AppConfig
 
 
@@ -10,8 +12,9 @@ class GatewayConfig(AppConfig):
         from gateway import replicator, runtime
         from registry import events
 
-        # Registry changes reach the gateway through the one event hook (no Django signals).
-        events.subscribe(replicator.on_registry_event)
-        # The Subscriber Manager and the routing table live as long as the node.
-        node.on_startup(runtime.start_node)
-        node.on_shutdown(runtime.stop_node)
+        # Registry changes reach the gateway through the one event hook (no Django signals):
+        # a running node subscribes itself; without one, events are only announced.
+        events.subscribe(replicator.announce_without_node)
+        # The node (routing table, Subscriber Manager, ...) lives as long as the server.
+        node.on_startup(runtime.host.start)
+        node.on_shutdown(runtime.host.stop)

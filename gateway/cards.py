@@ -19,11 +19,10 @@ from functools import lru_cache
 from typing import Any
 
 import orjson
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 
-from gateway import errors, metrics, runtime
+from gateway import errors, metrics
 from gateway.headers import scan_request_headers
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.cards import rewrite_card_endpoints
@@ -38,14 +37,10 @@ _rendered: dict[tuple[str, str], tuple[bytes, bytes]] = {}  # (sha, gateway url)
 
 
 def _card_of(agent_id: str) -> tuple[str, dict[str, Any]] | None:
-    close_old_connections()
-    try:
-        agent = agent_get(agent_id=agent_id)
-        if agent is None or not agent.is_routable:
-            return None
-        return agent.card_sha256, agent.card
-    finally:
-        close_old_connections()
+    agent = agent_get(agent_id=agent_id)
+    if agent is None or not agent.is_routable:
+        return None
+    return agent.card_sha256, agent.card
 
 
 @lru_cache(maxsize=64)
@@ -111,13 +106,12 @@ def _etag_matches(header: str, etag: bytes) -> bool:
     return False
 
 
-async def serve_card(scope: dict[str, Any], receive, send, agent_id: str) -> None:
+async def serve_card(node, scope: dict[str, Any], receive, send, agent_id: str) -> None:
     headers = scan_request_headers(scope["headers"])
     if not AGENT_ID_RE.match(agent_id):
         await _json(send, 404, errors.error_body(errors.INVALID_REQUEST, agent_id=None,
                                                  detail="invalid agent id"), scope)
         return
-    node = runtime._node or await runtime.ensure_node()
     if settings.A2A_CARDS_REQUIRE_TOKEN:
         try:
             actor = await node.tokens.actor(headers.authorization)
@@ -138,7 +132,7 @@ async def serve_card(scope: dict[str, Any], receive, send, agent_id: str) -> Non
     card = _cards.get(route.card_sha256) if route is not None else None
     sha = route.card_sha256 if route is not None else ""
     if route is None or card is None:
-        found = await sync_to_async(_card_of, thread_sensitive=False)(agent_id)
+        found = await database_sync_to_async(_card_of, thread_sensitive=False)(agent_id)
         if found is None:
             metrics.count_card("not_found")
             await _json(send, 404, errors.error_body(errors.AGENT_NOT_FOUND, agent_id=agent_id),

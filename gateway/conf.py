@@ -1,36 +1,36 @@
-"""The settings the gateway's hot path reads, as plain attributes.
+"""The gateway's settings: one frozen, typed object, built once when a node starts.
 
-``django.conf.settings`` is a LazyObject whose Python-level ``__getattribute__`` costs about a
-microsecond per read; the request path reads a dozen settings, at tens of thousands of requests
-per second. This snapshot is taken at import and refreshed whenever a setting changes
-(Django's ``setting_changed``, sent by ``override_settings`` and pytest-django's ``settings``).
+:class:`NodeSettings` holds every setting the gateway reads (the names are those of
+``config/settings.py``), as plain slot attributes: ``django.conf.settings`` is a LazyObject
+whose Python-level ``__getattribute__`` costs about a microsecond per read, and the request
+path reads a dozen settings at tens of thousands of requests per second. A node builds one with
+:meth:`NodeSettings.from_django` at start and hands it to its collaborators (routing table,
+Subscriber Manager, subscribers, limiter, handler); nothing on the hot path reads
+``django.conf.settings``.
+
+The node's id is decided here too: ``NODE_ID`` when configured, else the id ``manage.py
+serve`` derived from its port (:func:`config.node.node_id`).
+
+Tests that change a Django setting while a node runs (pytest-django's ``settings`` fixture,
+``override_settings``) send ``setting_changed``: every running node then gets a new object
+(:func:`on_change`). Nothing else changes settings at run time.
 """
 
 from __future__ import annotations
 
-from django.conf import settings
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
-NAMES = (
-    "NODE_ID",
-    "A2A_MAX_REQUEST_BYTES",
-    "A2A_MAX_RESPONSE_BYTES",
-    "A2A_DEFAULT_TIMEOUT_SECONDS",
-    "A2A_MAX_TIMEOUT_SECONDS",
-    "A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS",
-    "A2A_LOCAL_FAST_PATH",
-    "A2A_CALLER_ID_HEADER",
-    "A2A_RATE_LIMIT_PER_SECOND",
-    "A2A_RATE_LIMIT_BURST",
-    "A2A_ROUTING_RESYNC_SECONDS",
-    "A2A_EXPIRY_INTERVAL_SECONDS",
-    "A2A_AUTH_CACHE_SECONDS",
-    "A2A_ERROR_PROFILE",
-)
+from config import node as node_config
 
 
-class _Conf:
-    __slots__ = NAMES
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    """Every setting the gateway reads (see the README's Settings table for each meaning)."""
 
     NODE_ID: str
     A2A_MAX_REQUEST_BYTES: int
@@ -38,30 +38,71 @@ class _Conf:
     A2A_DEFAULT_TIMEOUT_SECONDS: float
     A2A_MAX_TIMEOUT_SECONDS: float
     A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS: float
+    A2A_SSE_KEEPALIVE_SECONDS: float
+    A2A_SSE_IDLE_TIMEOUT_SECONDS: float
     A2A_LOCAL_FAST_PATH: bool
     A2A_CALLER_ID_HEADER: str
+    A2A_ERROR_PROFILE: str
     A2A_RATE_LIMIT_PER_SECOND: float
     A2A_RATE_LIMIT_BURST: int
     A2A_ROUTING_RESYNC_SECONDS: float
+    A2A_NODE_HEARTBEAT_SECONDS: float
     A2A_EXPIRY_INTERVAL_SECONDS: float
-    A2A_AUTH_CACHE_SECONDS: float
-    A2A_ERROR_PROFILE: str
+    A2A_GC_FREEZE: bool
+
+    @classmethod
+    def from_django(cls, **overrides: Any) -> NodeSettings:
+        """Read Django's settings once; ``overrides`` (same names) win."""
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            if field.name == "NODE_ID":
+                values["NODE_ID"] = node_config.node_id()
+            else:
+                values[field.name] = getattr(django_settings, field.name)
+        values.update(overrides)
+        return cls(**values)
+
+    def but(self, **changes: Any) -> NodeSettings:
+        """A copy with ``changes`` (the object itself never changes)."""
+        return replace(self, **changes)
 
 
-conf = _Conf()
+NAMES = frozenset(f.name for f in fields(NodeSettings))
 
-_DEFAULTS = {"A2A_EXPIRY_INTERVAL_SECONDS": 5.0, "A2A_LOCAL_FAST_PATH": True}
+#: The settings of code that runs outside a node's collaborators and is handed none (the error
+#: bodies' code profile, the caller-id header rule): the most recently started node's, else
+#: Django's as of import. Read as ``gateway.conf.active`` (an attribute of this module, so a
+#: new node's object is seen at once), never imported by name.
+active: NodeSettings = NodeSettings.from_django()
 
-
-def reload() -> None:
-    for name in NAMES:
-        setattr(conf, name, getattr(settings, name, _DEFAULTS.get(name)))
-
-
-def _on_setting_changed(*, setting: str, **kwargs) -> None:
-    if setting in NAMES:
-        reload()
+_listeners: list[Callable[[], None]] = []
 
 
-reload()
+def activate(node_settings: NodeSettings) -> None:
+    """Make ``node_settings`` the process's :data:`active` settings (a node starting)."""
+    global active
+    active = node_settings
+
+
+def on_change(listener: Callable[[], None]) -> Callable[[], None]:
+    """Call ``listener`` after a gateway setting changed (tests only); returns an
+    unsubscribe function."""
+    _listeners.append(listener)
+
+    def unsubscribe() -> None:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+    return unsubscribe
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    global active
+    if setting not in NAMES:
+        return
+    active = NodeSettings.from_django()
+    for listener in list(_listeners):
+        listener()
+
+
 setting_changed.connect(_on_setting_changed, dispatch_uid="gateway.conf")

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from gateway.conf import conf
+from gateway import conf
 
 PARSE_ERROR = "parse_error"
 INVALID_REQUEST = "invalid_request"
@@ -82,7 +82,7 @@ def message_for(
 
 def code_for(kind: str) -> int:
     a2a_code, kubemq_code, _, _ = _TABLE[kind]
-    return kubemq_code if conf.A2A_ERROR_PROFILE == "kubemq" else a2a_code
+    return kubemq_code if conf.active.A2A_ERROR_PROFILE == "kubemq" else a2a_code
 
 
 def http_status_for(kind: str) -> int:

@@ -1,12 +1,19 @@
 """The lean ASGI handler of ``/a2a/...``: the gateway's hot path, reached before Django.
 
-``POST /a2a/{agent_id}[/]`` validates (Content-Type and JSON -> -32700; one JSON-RPC 2.0 object
-with a string method -> else -32600; agent id -> -32600), authenticates (cached tokens; 401),
-authorizes (403), rate-limits (429), looks the agent up in the in-memory routing table
-(``agent_not_found``), turns the request into a Query envelope and hands it to the agent's
-virtual subscriber: directly when it lives in this process (local fast path), else through
-the broker to the owning node. The reply is relayed as it comes: one JSON body, or SSE events
-as they arrive. Every reply carries ``X-A2A-Executed``; no database query, no Django.
+The router (gateway.routing) hands every request its :class:`~gateway.runtime.GatewayNode`:
+the handler reads the node's settings, routing table, subscribers, token cache and limiter
+from it, and never looks a node up itself.
+
+``POST /a2a/{agent_id}[/]`` validates only what the gateway needs -- a JSON object (else
+-32700; a batch or another JSON value -32600) with a non-empty string ``method`` (else -32600)
+-- and forwards everything else unchanged, whatever the Content-Type says (it only words the
+-32700 message: an agent parses the body, not the header). It then checks the agent id
+(-32600), authenticates (cached tokens; 401), authorizes (403), rate-limits (429), looks the
+agent up in the in-memory routing table (``agent_not_found``), turns the request into a Query
+envelope and hands it to the agent's virtual subscriber: directly when it lives in this process
+(local fast path), else through the broker to the owning node. The reply is relayed as it
+comes: one JSON body, or SSE events as they arrive. Every reply carries ``X-A2A-Executed``; no
+database query, no Django.
 """
 
 from __future__ import annotations
@@ -16,15 +23,14 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from django.conf import settings
 
 from gateway import envelope as env
-from gateway import errors, metrics, runtime
+from gateway import errors, metrics
+from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
-from gateway.conf import conf
 from gateway.headers import scan_request_headers
 from gateway.limits import request_timeout
 from gateway.replicator import ORIGIN
@@ -32,6 +38,9 @@ from gateway.sse import error_event
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
 from registry.token_cache import AuthFailed
+
+if TYPE_CHECKING:
+    from gateway.runtime import GatewayNode
 
 logger = logging.getLogger(__name__)
 
@@ -44,71 +53,65 @@ ACK_TIMEOUT_SECONDS = 3.0
 _CARD_PATHS = (".well-known/agent-card.json", ".well-known/agent.json")
 _request_ids = itertools.count(1)
 _ORIGIN = ORIGIN[:12]  # request ids are unique per process and across nodes
-
-
-class _Disconnected(Exception):
-    """The caller went away while the gateway was still reading its request."""
+#: A route no subscriber can answer: owned here without a live subscriber, or owned by another
+#: node while the channel layer reaches only this process.
+_NOWHERE: Any = object()
 
 
 # --- entry point -----------------------------------------------------------------------------
 
 
-def a2a_app(scope: dict[str, Any], receive, send) -> Awaitable[None]:
-    """ASGI application for every path under ``/a2a/``.
+def a2a_app(node: GatewayNode, scope: dict[str, Any], receive, send) -> Awaitable[None]:
+    """The ASGI application of every path under ``/a2a/``, for ``node``.
 
-    A plain function returning the handler's coroutine (marked single-callable for Channels):
-    one coroutine level fewer on every suspension of the hot path.
+    A plain function returning the handler's coroutine: one coroutine level fewer on every
+    suspension of the hot path.
     """
     rest = scope["path"][5:]  # after "/a2a/"
     agent_id, _, tail = rest.partition("/")
     method = scope["method"]
     if tail == "":
         if method == "POST":
-            return handle_rpc(scope, receive, send, agent_id)
+            return handle_rpc(node, scope, receive, send, agent_id)
         return _plain(send, 405, b'{"error": "method not allowed: use POST"}',
                       [(b"allow", b"POST")])
     if tail in ("stream", "stream/"):
         if method == "GET":
-            return handle_get_stream(scope, receive, send, agent_id)
+            return handle_get_stream(node, scope, receive, send, agent_id)
         return _plain(send, 405, b'{"error": "method not allowed: use GET"}',
                       [(b"allow", b"GET")])
     if tail in _CARD_PATHS:
         if method in ("GET", "HEAD"):
-            return serve_card(scope, receive, send, agent_id)
+            return serve_card(node, scope, receive, send, agent_id)
         return _plain(send, 405, b'{"error": "method not allowed: use GET"}',
                       [(b"allow", b"GET, HEAD")])
     return _plain(send, 404, b'{"error": "not found"}')
 
 
-a2a_app._asgi_single_callable = True  # type: ignore[attr-defined]
-
-
 # --- POST /a2a/{agent_id} ----------------------------------------------------------------------
 
 
-async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> None:
+async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
+                     agent_id: str) -> None:
     started = time.perf_counter()
+    settings = node.settings
     headers = scan_request_headers(scope["headers"])
-    cap = conf.A2A_MAX_REQUEST_BYTES
-    if headers.content_length is not None and headers.content_length > cap:
-        await _error(send, errors.REQUEST_TOO_LARGE, None, None,
-                     f"request body larger than {cap} bytes")
-        return
+    cap = settings.A2A_MAX_REQUEST_BYTES
     try:
-        body = await _read_body(receive, cap)
-    except _Disconnected:
+        if headers.content_length is not None and headers.content_length > cap:
+            raise BodyTooLarge
+        body = await read_body(receive, cap)
+    except Disconnected:
         return
-    if body is None:
+    except BodyTooLarge:
         await _error(send, errors.REQUEST_TOO_LARGE, None, None,
                      f"request body larger than {cap} bytes")
-        return
-    if b"json" not in headers.content_type.lower():
-        await _error(send, errors.PARSE_ERROR, None, None, "Content-Type must be application/json")
         return
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
-        await _error(send, errors.PARSE_ERROR, None, None, "invalid JSON")
+        await _error(send, errors.PARSE_ERROR, None, None,
+                     _invalid_json_detail(headers.content_type))
         return
     if not isinstance(payload, dict):
         detail = "batch requests are not supported" if isinstance(payload, list) \
@@ -116,24 +119,18 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
         await _error(send, errors.INVALID_REQUEST, None, None, detail)
         return
     rpc_id = payload.get("id")
-    if rpc_id is not None and (
-        isinstance(rpc_id, bool) or not isinstance(rpc_id, (str, int, float))
-    ):
-        await _error(send, errors.INVALID_REQUEST, None, None, "id must be a string or number")
-        return
     method = payload.get("method")
-    if payload.get("jsonrpc") != "2.0":
-        await _error(send, errors.INVALID_REQUEST, rpc_id, None, 'jsonrpc must be "2.0"')
-        return
     if not isinstance(method, str) or not method:
-        await _error(send, errors.INVALID_REQUEST, rpc_id, None, "missing method field")
+        await _error(send, errors.INVALID_REQUEST, rpc_id, None,
+                     "method must be a non-empty string")
         return
-    admitted = await _admit_to_agent(scope, send, headers.authorization, rpc_id, agent_id)
+    admitted = await _admit_to_agent(node, scope, send, headers.authorization, rpc_id,
+                                     agent_id)
     if admitted is None:
         return
-    node, caller, route = admitted
+    caller, route = admitted
     metrics.count_request(agent_id, method)
-    timeout = request_timeout(payload)
+    timeout = request_timeout(payload, settings)
     tags = headers.tags
     tags[env.TAG_METHOD] = method
     tags[env.TAG_TIMEOUT] = repr(timeout)
@@ -141,34 +138,49 @@ async def handle_rpc(scope: dict[str, Any], receive, send, agent_id: str) -> Non
     tags[env.TAG_REQUEST_ID] = f"{_ORIGIN}.{next(_request_ids)}"
     exchange = Exchange(send, rpc_id, agent_id)
     query = env.query(body, tags)
-    subscriber = node.manager.subscribers.get(agent_id) if route.node_id == conf.NODE_ID \
-        else None
-    if subscriber is not None and conf.A2A_LOCAL_FAST_PATH \
-            and method not in env.STREAMING_METHODS:
+    subscriber = _subscriber_of(node, route)
+    if subscriber is _NOWHERE:
+        await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
+    elif method in env.STREAMING_METHODS:
+        await _relay_stream(node, subscriber, query, exchange, receive)
+    elif subscriber is not None and settings.A2A_LOCAL_FAST_PATH:
         # The local fast path, inline: the subscriber's own outbound timeout (the caller's,
         # shorter than the gateway's wait) always ends the call first, so no second timer.
         await subscriber.handle(query, exchange.deliver, local=True)
         if not exchange.done:
             await exchange.fail(errors.UNREACHABLE, "the subscriber gave no answer")
     else:
-        await _dispatch(node, route, query, exchange, receive,
-                        timeout + conf.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS,
-                        streaming=method in env.STREAMING_METHODS)
+        await _remote_sync(node, query, exchange,
+                           timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS)
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+
+
+def _invalid_json_detail(content_type: bytes) -> str:
+    """The -32700 message: says when the declared media type was not JSON either."""
+    media_type = content_type.split(b";", 1)[0].strip().lower()
+    if not media_type or _is_json_media_type(media_type):
+        return "invalid JSON"
+    return f"invalid JSON (Content-Type {media_type.decode('latin-1')} is not JSON)"
+
+
+def _is_json_media_type(media_type: bytes) -> bool:
+    """``application/json`` and every ``+json`` structured syntax (RFC 6839)."""
+    return media_type == b"application/json" or media_type.endswith(b"+json")
 
 
 # --- GET /a2a/{agent_id}/stream ----------------------------------------------------------------
 
 
-async def handle_get_stream(scope: dict[str, Any], receive, send, agent_id: str) -> None:
+async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive, send,
+                            agent_id: str) -> None:
     """KubeMQ's server-push stream: the agent gets a ``message/stream`` request with empty
     params, and its events are relayed."""
     started = time.perf_counter()
     headers = scan_request_headers(scope["headers"])
-    admitted = await _admit_to_agent(scope, send, headers.authorization, None, agent_id)
+    admitted = await _admit_to_agent(node, scope, send, headers.authorization, None, agent_id)
     if admitted is None:
         return
-    node, caller, route = admitted
+    caller, route = admitted
     rpc_id = f"stream-{next(_request_ids)}"
     body = orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": "message/stream",
                          "params": {}})
@@ -177,22 +189,26 @@ async def handle_get_stream(scope: dict[str, Any], receive, send, agent_id: str)
     tags["a2a_hdr_content-type"] = "application/json"
     tags.setdefault("a2a_hdr_accept", "text/event-stream")
     tags[env.TAG_METHOD] = "message/stream"
-    tags[env.TAG_TIMEOUT] = repr(float(settings.A2A_DEFAULT_TIMEOUT_SECONDS))
+    tags[env.TAG_TIMEOUT] = repr(float(node.settings.A2A_DEFAULT_TIMEOUT_SECONDS))
     tags[env.TAG_CALLER] = caller
+    tags[env.TAG_REQUEST_ID] = f"{_ORIGIN}.{next(_request_ids)}"
     exchange = Exchange(send, rpc_id, agent_id)
-    await _dispatch(node, route, env.query(body, tags), exchange, receive, 0.0, streaming=True)
+    subscriber = _subscriber_of(node, route)
+    if subscriber is _NOWHERE:
+        await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
+    else:
+        await _relay_stream(node, subscriber, env.query(body, tags), exchange, receive)
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
 
 
 # --- shared steps -----------------------------------------------------------------------------
 
-async def _admit_to_agent(scope, send, authorization, rpc_id, agent_id):
-    """Check the agent id, the caller and the route: ``(node, caller id, route)``, or None
-    once the refusal has been answered."""
+async def _admit_to_agent(node: GatewayNode, scope, send, authorization, rpc_id, agent_id):
+    """Check the agent id, the caller and the route: ``(caller id, route)``, or None once the
+    refusal has been answered."""
     if not AGENT_ID_RE.match(agent_id):
         await _error(send, errors.INVALID_REQUEST, rpc_id, None, "invalid agent id")
         return None
-    node = runtime._node or await runtime.ensure_node()
     caller = await _admit(node, scope, send, authorization, rpc_id, agent_id)
     if caller is None:
         return None
@@ -200,10 +216,11 @@ async def _admit_to_agent(scope, send, authorization, rpc_id, agent_id):
     if route is None:
         await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id)
         return None
-    return node, caller, route
+    return caller, route
 
 
-async def _admit(node, scope, send, authorization, rpc_id, agent_id) -> str | None:
+async def _admit(node: GatewayNode, scope, send, authorization, rpc_id,
+                 agent_id) -> str | None:
     """Authenticate, authorize and rate-limit: the caller's client id, or None once the
     refusal has been answered."""
     try:
@@ -233,50 +250,12 @@ async def _admit(node, scope, send, authorization, rpc_id, agent_id) -> str | No
     return actor.client_id
 
 
-async def _read_body(receive, cap: int) -> bytes | None:
-    """The request body, or None once it grows past ``cap`` bytes."""
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise _Disconnected
-    body = message.get("body", b"")
-    if not message.get("more_body"):
-        return body if len(body) <= cap else None
-    parts = [body]
-    size = len(body)
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > cap:
-            return None
-        parts.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(parts)
-
-
-async def _dispatch(node, route, query, exchange: Exchange, receive, wait: float, *,
-                    streaming: bool) -> None:
-    agent_id = route.agent_id
-    tags = query["tags"]
-    tags.setdefault(env.TAG_REQUEST_ID, f"{_ORIGIN}.{next(_request_ids)}")
-    local = route.node_id == conf.NODE_ID
-    subscriber = node.manager.subscribers.get(agent_id) if local else None
-    if local and subscriber is None or not local and not node.cross_process:
-        await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
-        return
-    if streaming:
-        await _relay_stream(node, subscriber, query, exchange, receive)
-        return
-    if subscriber is not None and conf.A2A_LOCAL_FAST_PATH:
-        # In-process, the subscriber's own outbound timeout (the caller's timeout, shorter than
-        # `wait`) always ends the call first: no second timer on the hot path.
-        await subscriber.handle(query, exchange.deliver, local=True)
-        if not exchange.done:
-            await exchange.fail(errors.UNREACHABLE, "the subscriber gave no answer")
-        return
-    await _remote_sync(node, query, exchange, wait)
+def _subscriber_of(node: GatewayNode, route) -> Any:
+    """The route's subscriber in this process; None when another node owns it (reached
+    through the broker); :data:`_NOWHERE` when no subscriber can answer."""
+    if route.node_id == node.settings.NODE_ID:
+        return node.manager.subscribers.get(route.agent_id) or _NOWHERE
+    return None if node.cross_process else _NOWHERE
 
 
 async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
@@ -333,7 +312,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
     queue: asyncio.Queue = asyncio.Queue()
-    remote = subscriber is None or not conf.A2A_LOCAL_FAST_PATH
+    settings = node.settings
+    remote = subscriber is None or not settings.A2A_LOCAL_FAST_PATH
     if remote:
         if not await _send_query(node, query, queue, exchange):
             return

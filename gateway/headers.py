@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from django.conf import settings
 
-from gateway.conf import conf
+from gateway import conf
 
 HDR_TAG_PREFIX = "a2a_hdr_"
 
@@ -79,7 +79,7 @@ def scan_request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
     """
     out = RequestHeaders()
     tags = out.tags
-    caller_name = _caller_header(conf.A2A_CALLER_ID_HEADER)[0]
+    caller_name = _caller_header(conf.active.A2A_CALLER_ID_HEADER)[0]
     connection_tokens: list[str] = []
     for name, value in raw:
         if name in DROPPED_REQUEST_HEADERS:
@@ -122,10 +122,10 @@ def outbound_headers(tags: dict[str, str], caller_id: str) -> dict[str, str]:
     headers = {
         key[start:]: value for key, value in tags.items() if key.startswith(HDR_TAG_PREFIX)
     }
-    caller_name, caller_tag = _caller_header(conf.A2A_CALLER_ID_HEADER)
+    caller_name, caller_tag = _caller_header(conf.active.A2A_CALLER_ID_HEADER)
     # Defence in depth: the gateway never packs it, but tags may come from other transports.
     headers.pop(caller_tag[start:], None)
-    headers[conf.A2A_CALLER_ID_HEADER] = caller_id
+    headers[conf.active.A2A_CALLER_ID_HEADER] = caller_id
     return headers
 
 

@@ -8,12 +8,13 @@ responses).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
-from gateway.conf import conf
+from gateway.conf import NodeSettings
 
 
-def request_timeout(payload: dict[str, Any]) -> float:
+def request_timeout(payload: dict[str, Any], settings: NodeSettings) -> float:
     """``params.configuration.timeout`` in seconds: missing or invalid gives the default,
     anything above the maximum is capped."""
     params = payload.get("params")
@@ -25,8 +26,8 @@ def request_timeout(payload: dict[str, Any]) -> float:
                 isinstance(value, (int, float)) and not isinstance(value, bool)
                 and value > 0 and value == value  # not NaN
             ):
-                return min(float(value), conf.A2A_MAX_TIMEOUT_SECONDS)
-    return min(float(conf.A2A_DEFAULT_TIMEOUT_SECONDS), conf.A2A_MAX_TIMEOUT_SECONDS)
+                return min(float(value), settings.A2A_MAX_TIMEOUT_SECONDS)
+    return min(float(settings.A2A_DEFAULT_TIMEOUT_SECONDS), settings.A2A_MAX_TIMEOUT_SECONDS)
 
 
 class RateLimiter:
@@ -38,15 +39,19 @@ class RateLimiter:
 
     MAX_CALLERS = 100_000
 
-    def __init__(self) -> None:
+    def __init__(self, settings: NodeSettings, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.settings = settings
+        self.clock = clock  # injectable: tests move time by hand
         self._buckets: dict[str, list[float]] = {}
 
     def allow(self, caller: str) -> bool:
-        rate = conf.A2A_RATE_LIMIT_PER_SECOND
+        settings = self.settings
+        rate = settings.A2A_RATE_LIMIT_PER_SECOND
         if rate <= 0:
             return True
-        burst = float(conf.A2A_RATE_LIMIT_BURST or max(1.0, rate))
-        now = time.monotonic()
+        burst = float(settings.A2A_RATE_LIMIT_BURST or max(1.0, rate))
+        now = self.clock()
         bucket = self._buckets.get(caller)
         if bucket is None:
             if len(self._buckets) >= self.MAX_CALLERS:

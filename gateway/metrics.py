@@ -16,7 +16,8 @@ Exposed: ``kubemq_a2a_requests_total{agent_id,method}`` (A2A 0.3 and 1.0 method 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.core import (
@@ -50,6 +51,20 @@ _requests: dict[tuple[str, str], int] = {}
 _latency: dict[tuple[str, str], list[float]] = {}  # bucket counts..., +Inf count, sum
 _busy: dict[str, int] = {}
 _cards: dict[str, int] = {}
+#: Subscriber Managers of this process's running nodes, read at scrape time.
+_managers: list[Any] = []
+
+
+def watch(manager: Any) -> Callable[[], None]:
+    """Report ``manager``'s subscribers (in flight, active streams) at scrape time; returns
+    the function that stops it (a node stopping)."""
+    _managers.append(manager)
+
+    def unwatch() -> None:
+        if manager in _managers:
+            _managers.remove(manager)
+
+    return unwatch
 
 
 def method_label(method: str) -> str:
@@ -159,10 +174,7 @@ def _bound(value: float) -> str:
 
 
 def _subscribers() -> list:
-    from gateway import runtime
-
-    node = runtime.current_node()
-    return list(node.manager.subscribers.values()) if node is not None else []
+    return [s for manager in list(_managers) for s in list(manager.subscribers.values())]
 
 
 REGISTRY.register(GatewayCollector())

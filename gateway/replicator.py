@@ -1,10 +1,11 @@
 """The Replicator: keeps every node's routing table current across the cluster.
 
 Registry services publish events in whatever process runs them (a node's API thread, a Celery
-worker, a management command). In a node process the event is applied to the node's table and
-subscribers and announced on the ``_AGENTS_.discovery`` group; every other node applies it on
-receipt. A process that runs no node (a Celery worker expiring agents) only announces.
-Announcements are best effort: the periodic database resync is the safety net.
+worker, a management command). A running node subscribes to them (``GatewayNode.start``): the
+event is applied to the node's table and subscribers and announced on the ``_AGENTS_.discovery``
+group; every other node applies it on receipt. A process that runs no node (a Celery worker
+expiring agents) only announces (:func:`announce_without_node`, subscribed by the gateway's
+AppConfig). Announcements are best effort: the periodic database resync is the safety net.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.conf import settings
+from django.conf import settings as django_settings
 
+from config import node as node_config
+from gateway.conf import NodeSettings
 from registry.events import AgentEvent
 from registry.ids import DISCOVERY_GROUP
 
@@ -26,19 +29,28 @@ logger = logging.getLogger(__name__)
 EVENT_TYPE = "registry.event"
 #: Identifies this process's announcements (a node ignores its own).
 ORIGIN = uuid.uuid4().hex
+#: Replicators of this process's running nodes (none: events are only announced).
+_attached: set[Replicator] = set()
 
 
-def announcement(event: AgentEvent) -> dict[str, Any]:
-    return {"type": EVENT_TYPE, "origin": ORIGIN, "node": settings.NODE_ID,
-            "event": event.as_dict()}
+def announcement(event: AgentEvent, node_id: str) -> dict[str, Any]:
+    return {"type": EVENT_TYPE, "origin": ORIGIN, "node": node_id, "event": event.as_dict()}
 
 
 class Replicator:
-    def __init__(self, layer, manager, *, broadcast: bool) -> None:
+    def __init__(self, layer, manager, settings: NodeSettings, *, broadcast: bool) -> None:
         self.layer = layer
         self.manager = manager
+        self.settings = settings
         self.broadcast = broadcast
         self._tasks: set[asyncio.Task] = set()
+
+    def attach(self) -> None:
+        """This process now has a node applying (and announcing) its events."""
+        _attached.add(self)
+
+    def detach(self) -> None:
+        _attached.discard(self)
 
     def local_event(self, event: AgentEvent) -> None:
         """An event published in this process (runs on the node's loop)."""
@@ -61,7 +73,8 @@ class Replicator:
 
     async def _announce(self, event: AgentEvent) -> None:
         try:
-            await self.layer.group_send(DISCOVERY_GROUP, announcement(event))
+            await self.layer.group_send(DISCOVERY_GROUP,
+                                        announcement(event, self.settings.NODE_ID))
         except Exception as exc:
             logger.warning("announcing %s %s failed (%s); peers resync later",
                            event.kind, event.agent_id, exc)
@@ -71,19 +84,11 @@ class Replicator:
             await asyncio.wait(list(self._tasks), timeout=2)
 
 
-def on_registry_event(event: AgentEvent) -> None:
-    """The gateway's ``registry.events`` subscriber (any thread)."""
-    from gateway import runtime
-
-    node = runtime.current_node()
-    if node is not None and node.accepts_events():
-        node.loop.call_soon_threadsafe(node.replicator.local_event, event)
+def announce_without_node(event: AgentEvent) -> None:
+    """The ``registry.events`` subscriber of a process without a running node (any thread):
+    announce the event so the cluster's nodes apply it."""
+    if _attached or django_settings.EMBEDDED:
         return
-    if not settings.EMBEDDED:
-        _announce_without_node(event)
-
-
-def _announce_without_node(event: AgentEvent) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -91,7 +96,9 @@ def _announce_without_node(event: AgentEvent) -> None:
     else:
         return  # called on an event loop without a node: nothing safe to block on
     try:
-        async_to_sync(get_channel_layer().group_send)(DISCOVERY_GROUP, announcement(event))
+        async_to_sync(get_channel_layer().group_send)(
+            DISCOVERY_GROUP, announcement(event, node_config.node_id())
+        )
     except Exception as exc:
         logger.warning("announcing %s %s failed (%s); nodes resync later",
                        event.kind, event.agent_id, exc)

@@ -2,26 +2,39 @@
 Django.
 
 Django's view and middleware stack alone caps a core near 1,000 req/s (PERFORMANCE.md), so the
-gateway's hot path never enters it; the admin, the REST API and everything else do.
+gateway's hot path never enters it; the admin, the REST API and everything else do. The router
+hands each ``/a2a`` request the node it serves (:class:`gateway.runtime.NodeHost`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable
 
+from gateway import heartbeats
 from gateway.handler import a2a_app
 from gateway.metrics import metrics_app
-from registry import heartbeats
+from gateway.runtime import NodeHost
+from gateway.runtime import host as process_host
 
 
-def http_application(django_app):
-    """The ``http`` application of the Channels ``ProtocolTypeRouter``."""
+def http_application(django_app, host: NodeHost | None = None):
+    """The ``http`` application of the Channels ``ProtocolTypeRouter``, serving ``host``'s
+    node (default: the process's)."""
+    node_host = host or process_host
+
+    async def a2a_starting(scope, receive, send) -> None:
+        # No lifespan started a node (a server without one): the first request starts it.
+        node = await node_host.ensure()
+        await a2a_app(node, scope, receive, send)
 
     def router(scope, receive, send) -> Awaitable[None]:
         # Returns the chosen app's coroutine instead of awaiting it: no extra coroutine level.
         path = scope["path"]
         if path.startswith("/a2a/"):
-            return a2a_app(scope, receive, send)
+            node = node_host.node
+            if node is None:
+                return a2a_starting(scope, receive, send)
+            return a2a_app(node, scope, receive, send)
         if path == "/metrics":
             return metrics_app(scope, receive, send)
         fast = heartbeats.route(scope)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 
-from gateway.conf import conf
+from gateway.conf import NodeSettings
 from registry.events import AgentEvent, AgentRoute
 
 
 class RoutingTable:
-    def __init__(self) -> None:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
         self._routes: dict[str, AgentRoute] = {}
         # Agents an event touched since the last resync began: the resync's (older) database
         # read must not undo them.
@@ -39,7 +40,7 @@ class RoutingTable:
         route = self._routes.get(agent_id)
         if route is None:
             return None
-        if route.expires_at + _grace() < time.time():
+        if route.expires_at + self._grace() < time.time():
             return None
         return route
 
@@ -67,6 +68,6 @@ class RoutingTable:
         self._routes = fresh
         self._touched = set()
 
-
-def _grace() -> float:
-    return conf.A2A_ROUTING_RESYNC_SECONDS + conf.A2A_EXPIRY_INTERVAL_SECONDS
+    def _grace(self) -> float:
+        settings = self.settings
+        return settings.A2A_ROUTING_RESYNC_SECONDS + settings.A2A_EXPIRY_INTERVAL_SECONDS

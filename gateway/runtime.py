@@ -1,10 +1,17 @@
-"""The gateway side of a node: routing table, Subscriber Manager, inbox, replicator, caches and
-the background jobs (database resync, node heartbeat), started and stopped with the node.
+"""The gateway side of a node: an explicit :class:`GatewayNode` that owns its collaborators.
 
-``GatewayConfig.ready()`` registers :func:`start_node` / :func:`stop_node` with
-``config.node``: uvicorn runs them through the ASGI lifespan, ``manage.py serve`` under Daphne
-calls them itself. A server that runs no lifespan at all gets a node started lazily by the first
-gateway request.
+A node is built with its settings (:class:`gateway.conf.NodeSettings`) and, on
+:meth:`GatewayNode.start`, creates and wires everything it runs: the routing table, the
+Subscriber Manager (and so the virtual subscribers), the replicator and the node inbox, the
+rate limiter, its subscription to registry events and to the metrics collector, and the
+background jobs (database resync, node heartbeat). The ASGI router hands the node to the
+``/a2a`` handler on every request (``gateway.routing``). Imports go one way: this module imports
+the collaborators, none of them imports it, and a test can build two nodes in one process.
+
+:class:`NodeHost` is the slot an ASGI application serves from. ``GatewayConfig.ready()``
+registers the process's :data:`host` with ``config.node``: uvicorn starts and stops it through
+the ASGI lifespan, ``manage.py serve`` under Daphne calls the hooks itself, and a server that
+runs no lifespan at all gets the node started by the first gateway request.
 """
 
 from __future__ import annotations
@@ -12,81 +19,96 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Callable
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
-from django.conf import settings
-from django.db import close_old_connections
 
-from gateway import outbound
-from gateway.conf import reload as reload_conf
+from gateway import conf, metrics, outbound
+from gateway.conf import NodeSettings
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter
 from gateway.replicator import Replicator
 from gateway.routing_table import RoutingTable
 from gateway.subscriber_manager import SubscriberManager
-from registry import selectors, services
+from registry import events, selectors, services
 from registry.ids import DISCOVERY_GROUP
-from registry.token_cache import TokenCache
+from registry.token_cache import TokenCache, shared_token_cache
 
 logger = logging.getLogger(__name__)
 
 
-def _load_routes():
-    close_old_connections()
-    try:
-        return selectors.agent_routes()
-    finally:
-        close_old_connections()
-
-
-def _heartbeat(node_id: str) -> None:
-    close_old_connections()
-    try:
-        services.node_heartbeat(node_id=node_id)
-    finally:
-        close_old_connections()
-
-
 class GatewayNode:
-    def __init__(self) -> None:
-        reload_conf()  # `manage.py serve` sets NODE_ID after the gateway was imported
+    """One node's gateway: built with its settings, wired in :meth:`start`."""
+
+    def __init__(
+        self,
+        settings: NodeSettings | None = None,
+        *,
+        layer=None,
+        broadcast: bool | None = None,
+        tokens: TokenCache | None = None,
+    ) -> None:
+        """``settings``: None reads Django's at start. ``layer``: the Channels layer (default:
+        the process's). ``broadcast``: whether other nodes share the layer (default: any layer
+        but the in-memory one, which reaches only this process)."""
+        self._explicit_settings = settings
+        self.settings: NodeSettings = settings or NodeSettings.from_django()
+        self._layer = layer
+        self._broadcast = broadcast
+        self._tokens = tokens
+        self._jobs: list[asyncio.Task] = []
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._running = False
+        self._stopped = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create the collaborators, load the routing table, start the subscribers, the inbox
+        and the background jobs."""
+        if self._explicit_settings is None:
+            self.settings = NodeSettings.from_django()
+        settings = self.settings
+        conf.activate(settings)
         self.loop = asyncio.get_running_loop()
-        self.layer = get_channel_layer()
+        self.layer = self._layer if self._layer is not None else get_channel_layer()
         # The in-memory layer reaches only this process: a Query for an agent owned elsewhere
         # can never be answered, so it is answered `unreachable` at once instead of waiting.
-        self.cross_process = not isinstance(self.layer, InMemoryChannelLayer)
-        self.table = RoutingTable()
-        self.manager = SubscriberManager(self.table, self.layer)
-        self.replicator = Replicator(self.layer, self.manager, broadcast=self.cross_process)
+        self.cross_process = (
+            self._broadcast if self._broadcast is not None
+            else not isinstance(self.layer, InMemoryChannelLayer)
+        )
+        self.tokens = self._tokens or shared_token_cache()
+        self.limiter = RateLimiter(settings)
+        self.table = RoutingTable(settings)
+        self.manager = SubscriberManager(self.table, self.layer, settings)
+        self.replicator = Replicator(self.layer, self.manager, settings,
+                                     broadcast=self.cross_process)
         self.inbox = Inbox(
             self.layer,
             groups=(DISCOVERY_GROUP,) if self.cross_process else (),
             on_other=self.replicator.remote_message,
         )
-        self.tokens = TokenCache()
-        self.limiter = RateLimiter()
-        self._jobs: list[asyncio.Task] = []
-        self._running = False
-        self._stopped = False
-
-    def accepts_events(self) -> bool:
-        return not self._stopped and not self.loop.is_closed()
-
-    async def start(self) -> None:
-        # Events may arrive while the table loads: they are applied at once and the load keeps
-        # them (RoutingTable.finish_resync).
+        # Subscribed before the table loads: events during the load are applied at once and
+        # the load keeps them (RoutingTable.finish_resync).
+        self._unsubscribe = [
+            events.subscribe(self._on_registry_event),
+            metrics.watch(self.manager),
+            conf.on_change(self._reconfigure),
+        ]
+        self.replicator.attach()
         await self.resync()
         self._running = True
         self.manager.start()
         self.inbox.start()
-        resync, beat = settings.A2A_ROUTING_RESYNC_SECONDS, settings.A2A_NODE_HEARTBEAT_SECONDS
         self._jobs = [
-            self.loop.create_task(self._every(resync, self._resync_job), name="gateway-resync"),
-            self.loop.create_task(self._every(beat, self._beat, now=True),
-                                  name="gateway-heartbeat"),
+            self.loop.create_task(self._every(settings.A2A_ROUTING_RESYNC_SECONDS,
+                                              self._resync_job), name="gateway-resync"),
+            self.loop.create_task(self._every(settings.A2A_NODE_HEARTBEAT_SECONDS, self._beat,
+                                              now=True), name="gateway-heartbeat"),
         ]
-        if not settings.TESTING:
+        if settings.A2A_GC_FREEZE:
             # Everything loaded so far lives as long as the process: keep it out of the
             # cyclic GC's scans (a full collection of a Django process costs ~60 ms).
             gc.collect()
@@ -97,6 +119,12 @@ class GatewayNode:
     async def stop(self) -> None:
         self._running = False
         self._stopped = True
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe = []
+        if not hasattr(self, "inbox"):
+            return  # never started
+        self.replicator.detach()
         for job in self._jobs:
             job.cancel()
         if self._jobs:
@@ -106,12 +134,32 @@ class GatewayNode:
         await self.replicator.drain()
         await outbound.close_client()
 
+    def _on_registry_event(self, event: events.AgentEvent) -> None:
+        """The node's ``registry.events`` subscriber (runs in any thread)."""
+        if self._stopped or self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.replicator.local_event, event)
+
+    def _reconfigure(self) -> None:
+        """A setting changed (tests): hand every collaborator a new settings object."""
+        if self._explicit_settings is not None:
+            return
+        settings = self.settings = NodeSettings.from_django()
+        conf.activate(settings)
+        self.limiter.settings = settings
+        self.table.settings = settings
+        self.replicator.settings = settings
+        self.manager.reconfigure(settings)
+
+    # --- jobs ------------------------------------------------------------------------------
+
     async def resync(self) -> None:
         """Reload the routing table from the database (keeping what events changed since the
         read began) and reconcile this node's subscribers with it."""
         self.table.begin_resync()
         try:
-            routes = await sync_to_async(_load_routes, thread_sensitive=False)()
+            routes = await database_sync_to_async(selectors.agent_routes,
+                                                  thread_sensitive=False)()
         except Exception as exc:
             logger.warning("routing table resync failed: %s: %s", type(exc).__name__, exc)
             return
@@ -129,7 +177,9 @@ class GatewayNode:
 
     async def _beat(self) -> None:
         try:
-            await sync_to_async(_heartbeat, thread_sensitive=False)(settings.NODE_ID)
+            await database_sync_to_async(services.node_heartbeat, thread_sensitive=False)(
+                node_id=self.settings.NODE_ID
+            )
         except Exception as exc:
             logger.warning("node heartbeat failed: %s: %s", type(exc).__name__, exc)
 
@@ -146,48 +196,61 @@ class GatewayNode:
                 logger.exception("gateway job %s failed", job)
 
 
-_node: GatewayNode | None = None
-_starting: asyncio.Future | None = None
+class NodeHost:
+    """The slot an ASGI application serves its node from.
+
+    ``node`` is the running node (read by the router on every request). :meth:`start` and
+    :meth:`stop` are the node's startup and shutdown hooks; :meth:`ensure` starts a node on
+    the running loop when no hook did (a server without lifespan), concurrent first requests
+    sharing one start.
+    """
+
+    def __init__(self, factory: Callable[[], GatewayNode] = GatewayNode) -> None:
+        self.factory = factory
+        #: The running node, read by the router on every request.
+        self.node: GatewayNode | None = None
+        self._starting: asyncio.Future | None = None
+
+    async def start(self) -> None:
+        """Node startup hook."""
+        await self.ensure()
+
+    async def ensure(self) -> GatewayNode:
+        """The running node of this loop, started now if no lifespan started it."""
+        loop = asyncio.get_running_loop()
+        node = self.node
+        if node is not None and node.loop is loop:
+            return node
+        starting = self._starting
+        if starting is not None and not starting.done() and starting.get_loop() is loop:
+            return await asyncio.shield(starting)
+        starting = self._starting = loop.create_future()
+        node = self.factory()
+        try:
+            await node.start()
+        except BaseException as exc:
+            await node.stop()
+            starting.set_exception(exc)
+            starting.exception()  # retrieved: no "never retrieved" warning
+            raise
+        # Published only once started: the router never sees a node without collaborators.
+        self.node = node
+        starting.set_result(node)
+        return node
+
+    async def stop(self) -> None:
+        """Node shutdown hook."""
+        node = self.node
+        if node is None or getattr(node, "loop", None) is not asyncio.get_running_loop():
+            return
+        self.node = None
+        await node.stop()
+
+
+#: The process's node host: what ``config.asgi``'s application serves.
+host = NodeHost()
 
 
 def current_node() -> GatewayNode | None:
-    return _node
-
-
-async def start_node() -> None:
-    """Node startup hook."""
-    await ensure_node()
-
-
-async def ensure_node() -> GatewayNode:
-    """The running node of this loop, started now if no lifespan started it."""
-    global _node, _starting
-    loop = asyncio.get_running_loop()
-    if _starting is not None and not _starting.done() and _node is not None \
-            and _node.loop is loop:
-        return await asyncio.shield(_starting)
-    node = _node
-    if node is not None and node.loop is loop:
-        return node
-    _starting = loop.create_future()
-    try:
-        node = GatewayNode()
-        _node = node  # current before it starts: events during the start reach it
-        await node.start()
-        _starting.set_result(node)
-        return node
-    except BaseException as exc:
-        _node = None
-        _starting.set_exception(exc)
-        _starting.exception()
-        raise
-
-
-async def stop_node() -> None:
-    """Node shutdown hook."""
-    global _node
-    node = _node
-    if node is None or node.loop is not asyncio.get_running_loop():
-        return
-    _node = None
-    await node.stop()
+    """The process's running node (None before start and after stop)."""
+    return host.node

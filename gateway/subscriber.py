@@ -23,12 +23,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from django.conf import settings
 
 from gateway import envelope as env
 from gateway import errors, outbound
 from gateway import metrics as m
-from gateway.conf import conf
+from gateway.conf import NodeSettings
 from gateway.headers import outbound_headers, relayed_response_headers
 from gateway.sse import KEEPALIVE, largest_event, split_events
 from outbound.errors import classify, describe
@@ -91,7 +90,8 @@ def _spawn(tasks: set[asyncio.Task], coro) -> asyncio.Task:
 class VirtualSubscriber:
     """One agent's subscriber on its owning node."""
 
-    def __init__(self, route: AgentRoute, layer) -> None:
+    def __init__(self, route: AgentRoute, layer, settings: NodeSettings) -> None:
+        self.settings = settings
         self.agent_id = route.agent_id
         self.client_id = f"a2a-vsub-{route.agent_id}"
         self.channel = agent_channel(route.agent_id)
@@ -212,10 +212,11 @@ class VirtualSubscriber:
         """
         tags = query["tags"]
         try:
+            settings = self.settings
             try:
-                seconds = float(tags.get(env.TAG_TIMEOUT) or conf.A2A_DEFAULT_TIMEOUT_SECONDS)
+                seconds = float(tags.get(env.TAG_TIMEOUT) or settings.A2A_DEFAULT_TIMEOUT_SECONDS)
             except ValueError:
-                seconds = float(conf.A2A_DEFAULT_TIMEOUT_SECONDS)
+                seconds = float(settings.A2A_DEFAULT_TIMEOUT_SECONDS)
             headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
             client = self._client
             if client is None or client.closed:
@@ -226,7 +227,7 @@ class VirtualSubscriber:
                 try:
                     status = response.status
                     length = response.content_length
-                    cap = conf.A2A_MAX_RESPONSE_BYTES
+                    cap = settings.A2A_MAX_RESPONSE_BYTES
                     if (
                         status in (502, 503, 504)
                         or (length is not None and (length > WHOLE_BODY_BYTES or length > cap))
@@ -260,7 +261,7 @@ class VirtualSubscriber:
         except asyncio.CancelledError:
             if request_id in self._cancel_requested:
                 self._cancel_requested.pop(request_id)
-                if settings.A2A_ERROR_PROFILE == "kubemq":
+                if self.settings.A2A_ERROR_PROFILE == "kubemq":
                     _spawn(self._tasks, self._notify_cancel(tags, query["body"]))
             elif self._stopping:
                 await sink(env.error(request_id, errors.UNREACHABLE, "agent deregistered"))
@@ -280,7 +281,7 @@ class VirtualSubscriber:
         try:
             # No overall timeout for streams; waiting for the agent's first bytes is bounded
             # by the idle timeout, like every later silence.
-            async with asyncio.timeout(settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
+            async with asyncio.timeout(self.settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
                 response = await outbound.client().post(self.route.endpoint, body, headers, None)
         except TRANSPORT_ERRORS as exc:
             await sink(transport_error(request_id, exc))
@@ -307,7 +308,7 @@ class VirtualSubscriber:
             await self._relay_body(response, headers, sink, request_id)
 
     async def _relay_body(self, response, headers: list, sink: Sink, request_id: str) -> None:
-        cap = conf.A2A_MAX_RESPONSE_BYTES
+        cap = self.settings.A2A_MAX_RESPONSE_BYTES
         length = response.content_length
         status = response.status
         if length is not None and length > cap:
@@ -329,6 +330,7 @@ class VirtualSubscriber:
         await sink(env.chunk(request_id, b"", more=False))
 
     async def _relay_events(self, response, headers: list, sink: Sink, request_id: str) -> None:
+        settings = self.settings
         cap = settings.A2A_MAX_RESPONSE_BYTES
         keepalive = settings.A2A_SSE_KEEPALIVE_SECONDS
         idle = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS

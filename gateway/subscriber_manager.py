@@ -1,7 +1,7 @@
 """The Subscriber Manager: owns the lifecycle of this node's virtual subscribers.
 
-It spawns ``a2a-vsub-{agent_id}`` when an agent registers on this node (``route.node_id ==
-settings.NODE_ID``), updates it when the registration changes, and tears it down at once on
+It spawns ``a2a-vsub-{agent_id}`` when an agent registers on this node (``route.node_id`` is
+the node's ``NODE_ID``), updates it when the registration changes, and tears it down at once on
 deregistration, expiry, or when the agent re-registers on another node. Subscribers are not
 replicated: only the owning node runs one; other nodes route to it through the broker.
 """
@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from django.conf import settings
-
 from gateway import metrics
+from gateway.conf import NodeSettings
 from gateway.routing_table import RoutingTable
 from gateway.subscriber import VirtualSubscriber
 from registry.events import AgentEvent, AgentRoute
@@ -22,9 +21,10 @@ logger = logging.getLogger(__name__)
 
 
 class SubscriberManager:
-    def __init__(self, table: RoutingTable, layer) -> None:
+    def __init__(self, table: RoutingTable, layer, settings: NodeSettings) -> None:
         self.table = table
         self.layer = layer
+        self.settings = settings
         self.subscribers: dict[str, VirtualSubscriber] = {}
         # Subscribers being torn down: a new one for the same agent starts receiving only after
         # the old one stopped (both Redis layers and the in-memory layer drop a channel's
@@ -37,6 +37,12 @@ class SubscriberManager:
 
     def start(self) -> None:
         self.reconcile()
+
+    def reconfigure(self, settings: NodeSettings) -> None:
+        """New settings for the manager and every live subscriber (tests change settings)."""
+        self.settings = settings
+        for subscriber in list(self.subscribers.values()):  # may run off the node's loop
+            subscriber.settings = settings
 
     async def stop(self) -> None:
         subscribers = list(self.subscribers.values())
@@ -60,7 +66,8 @@ class SubscriberManager:
 
     def reconcile(self) -> None:
         """Make this node's subscribers match the routing table (start and every resync)."""
-        owned = {r.agent_id: r for r in self.table.routes() if r.node_id == settings.NODE_ID}
+        node_id = self.settings.NODE_ID
+        owned = {r.agent_id: r for r in self.table.routes() if r.node_id == node_id}
         for agent_id in list(self.subscribers):
             if agent_id not in owned:
                 self._teardown(agent_id)
@@ -69,7 +76,7 @@ class SubscriberManager:
 
     def _place(self, route: AgentRoute) -> None:
         current = self.subscribers.get(route.agent_id)
-        if route.node_id != settings.NODE_ID:
+        if route.node_id != self.settings.NODE_ID:
             if current is not None:
                 logger.info("%s moved to node %s: tearing down", route.agent_id, route.node_id)
                 self._teardown(route.agent_id)
@@ -77,7 +84,7 @@ class SubscriberManager:
         if current is not None:
             current.update(route)
             return
-        subscriber = VirtualSubscriber(route, self.layer)
+        subscriber = VirtualSubscriber(route, self.layer, self.settings)
         self.subscribers[route.agent_id] = subscriber
         subscriber.start(after=self._stopping.get(route.agent_id))
         logger.debug("spawned %s", subscriber.client_id)

@@ -1,24 +1,21 @@
-"""DRF authentication: ``Authorization: Bearer <token>`` for API clients; staff sessions."""
+"""DRF authentication: ``Authorization: Bearer <token>`` for API clients; staff sessions.
+
+Tokens resolve through the process's one token cache (registry.token_cache), as on the
+heartbeat fast path and the gateway: a revoked token stops working after the same delay.
+"""
 
 from __future__ import annotations
 
 from rest_framework import authentication, exceptions, permissions
 
 from registry.permissions import Actor, anonymous_actor, staff_actor
-from registry.selectors import actor_from_token
+from registry.token_cache import AuthFailed, bearer_token, shared_token_cache
 
 #: What every surface answers (with 401) to a request that carries no credentials.
 UNAUTHENTICATED_MESSAGE = "authentication required: send Authorization: Bearer <token>"
 
 
-def bearer_token(header: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` (or ``Api-Key <token>``) header."""
-    if not header:
-        return None
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() not in ("bearer", "api-key") or not token.strip():
-        return None
-    return token.strip()
+__all__ = ["UNAUTHENTICATED_MESSAGE", "TokenAuthentication", "bearer_token", "request_actor"]
 
 
 class TokenAuthentication(authentication.BaseAuthentication):
@@ -26,13 +23,13 @@ class TokenAuthentication(authentication.BaseAuthentication):
         header = request.META.get("HTTP_AUTHORIZATION")
         if not header:
             return None
-        token = bearer_token(header)
-        if token is None:
-            raise exceptions.AuthenticationFailed("Authorization must be 'Bearer <token>'")
-        actor = actor_from_token(token=token)
+        try:
+            actor = shared_token_cache().actor_sync(header)
+        except AuthFailed as exc:
+            raise exceptions.AuthenticationFailed(str(exc)) from None
         if actor is None:
             raise exceptions.AuthenticationFailed("invalid or revoked token")
-        return (actor, token)
+        return (actor, bearer_token(header))
 
     def authenticate_header(self, request) -> str:
         return 'Bearer realm="api"'

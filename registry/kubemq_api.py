@@ -299,7 +299,7 @@ class AgentItemView(KubeMQView):
 
 def kubemq_heartbeat(*, actor, body: bytes) -> tuple[int, dict[str, Any]]:
     """``POST /agents/heartbeat``: status and JSON body, for this view and the ASGI fast path
-    (registry.heartbeats) alike."""
+    (gateway.heartbeats) alike."""
     try:
         agent_id = _valid_id(parse_object(body).get("agent_id"))
         beat = services.agent_heartbeat(actor=actor, agent_id=agent_id)

@@ -3,6 +3,11 @@
 The database lookup (``registry.selectors.actor_from_token``) runs in a worker thread only on a
 cache miss; concurrent misses for one token share one lookup. Unknown tokens are cached too
 (for the same short time), so a client hammering with a bad token costs no database load.
+
+A cache is given its lifetime (:class:`TokenCache`). A process has one,
+:func:`shared_token_cache` (lifetime ``A2A_AUTH_CACHE_SECONDS``), used by every surface -- DRF
+(``registry.auth``), the heartbeat fast path and the gateway -- so a revoked token stops
+working after the same delay everywhere.
 """
 
 from __future__ import annotations
@@ -10,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from channels.db import database_sync_to_async
+from django.conf import settings
 
-from gateway.conf import conf
-from registry.auth import bearer_token
 from registry.permissions import Actor, anonymous_actor
 from registry.selectors import actor_from_token
 
@@ -23,18 +26,27 @@ class AuthFailed(Exception):
     """The Authorization header is malformed or names an unknown, revoked or expired token."""
 
 
+def bearer_token(header: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` (or ``Api-Key <token>``) header."""
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() not in ("bearer", "api-key") or not token.strip():
+        return None
+    return token.strip()
+
+
 def _lookup(token: str) -> Actor | None:
-    close_old_connections()
-    try:
-        return actor_from_token(token=token)
-    finally:
-        close_old_connections()
+    return actor_from_token(token=token)
 
 
 class TokenCache:
     MAX_ENTRIES = 50_000
 
-    def __init__(self) -> None:
+    def __init__(self, *, lifetime_seconds: float) -> None:
+        """``lifetime_seconds``: how long a resolved token (known or not) is believed; a
+        revoked token keeps working that long."""
+        self.lifetime_seconds = lifetime_seconds
         self._entries: dict[str, tuple[Actor | None, float]] = {}
         self._pending: dict[str, asyncio.Future] = {}
 
@@ -71,7 +83,7 @@ class TokenCache:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         try:
-            actor = await sync_to_async(_lookup, thread_sensitive=False)(token)
+            actor = await database_sync_to_async(_lookup, thread_sensitive=False)(token)
         except BaseException:
             future.cancel()  # waiters retry on their own
             raise
@@ -80,6 +92,33 @@ class TokenCache:
                 del self._pending[key]
         if len(self._entries) >= self.MAX_ENTRIES:
             self._entries.clear()
-        self._entries[key] = (actor, time.monotonic() + conf.A2A_AUTH_CACHE_SECONDS)
+        self._entries[key] = (actor, time.monotonic() + self.lifetime_seconds)
         future.set_result(actor)
         return actor
+
+    def actor_sync(self, authorization: str) -> Actor | None:
+        """:meth:`actor` for synchronous callers (DRF, in a worker thread): the same entries,
+        the lookup on a miss done in the calling thread. None for an unknown token; raises
+        :class:`AuthFailed` for a malformed header."""
+        entry = self._entries.get(authorization)
+        if entry is not None and entry[1] > time.monotonic():
+            return entry[0]
+        token = bearer_token(authorization)
+        if token is None:
+            raise AuthFailed("Authorization must be 'Bearer <token>'")
+        actor = _lookup(token)
+        if len(self._entries) >= self.MAX_ENTRIES:
+            self._entries.clear()
+        self._entries[authorization] = (actor, time.monotonic() + self.lifetime_seconds)
+        return actor
+
+
+_shared: TokenCache | None = None
+
+
+def shared_token_cache() -> TokenCache:
+    """The process's one token cache (lifetime ``A2A_AUTH_CACHE_SECONDS``)."""
+    global _shared
+    if _shared is None:
+        _shared = TokenCache(lifetime_seconds=settings.A2A_AUTH_CACHE_SECONDS)
+    return _shared

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -60,9 +62,12 @@ def test_serve_fresh_embedded_node(tmp_path, server):
         # The bootstrap admin token is printed once on the first start of an empty database.
         output = ""
         deadline = time.monotonic() + 5
-        while "Bearer " not in output and time.monotonic() < deadline:
+        while not ("Bearer " in output and "serving on" in output) \
+                and time.monotonic() < deadline:
             output += proc.stdout.readline()
         token = re.search(r"Authorization: Bearer (\S+)", output).group(1)
+        # Without NODE_ID the node serves as host:port of its --port.
+        assert f"Node {socket.gethostname()}:{port} (embedded)" in output
         headers = {"Authorization": f"Bearer {token}"}
         r = httpx.post(base + "/api/v1/agents", headers=headers,
                        json={"agent_id": "short-lived", "card": card_03(), "ttl_seconds": 1})
@@ -77,8 +82,11 @@ def test_serve_fresh_embedded_node(tmp_path, server):
         assert status["status"] == "expired"
     finally:
         proc.terminate()
-        proc.wait(timeout=15)
-    assert proc.returncode is not None
+        output_after = proc.communicate(timeout=15)[0]
+    # A clean stop on SIGTERM: Daphne exits 0; uvicorn shuts down gracefully, then re-raises
+    # the signal it caught (its documented behaviour), so it ends "killed by SIGTERM".
+    expected = 0 if server == "daphne" else -signal.SIGTERM
+    assert proc.returncode == expected, output_after
 
 
 def test_serve_refuses_unmigrated_database(tmp_path):

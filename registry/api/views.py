@@ -89,7 +89,7 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @extend_schema(request=None, responses=HeartbeatOutput)
     @action(detail=True, methods=["post"])
     def heartbeat(self, request, agent_id: str):
-        # Under ASGI, registry.heartbeats answers this path before Django; both use this one
+        # Under ASGI, gateway.heartbeats answers this path before Django; both use this one
         # function so the answers are the same.
         status_code, body = v1_heartbeat(actor=request_actor(request), agent_id=agent_id)
         return Response(body, status=status_code)

@@ -3,8 +3,10 @@ and a fresh card cache per test."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
+from types import ModuleType
 
 import pytest
 
@@ -12,8 +14,27 @@ from discovery import tree_factory
 from discovery.card_cache import CardCache
 from discovery.config_file import config_file_sync
 from discovery.locks import LocalLocks
+from tests.conftest import IN_CI
 from tests.discovery.servers import CardServer, KubeApi
 from tests.servers import serve_app
+
+
+def require_extra(
+    module: str, install: str, *, installed_in_ci: bool = True, why_not: str = ""
+) -> ModuleType:
+    """Import an optional extra's module. Missing: skipped on a developer machine, a failure
+    under ``CI=true`` (CI installs requirements/extras.txt, so a test never silently skips) --
+    unless the extra cannot be installed next to the pinned set (``installed_in_ci=False``,
+    with ``why_not`` saying so in the skip reason)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if not installed_in_ci:
+            pytest.skip(f"{module} is not installable next to the pinned requirements: {why_not}")
+        message = f"{module} is an optional extra: pip install -r requirements/extras.txt"
+        if IN_CI:
+            pytest.fail(f"{message} -- CI=true: CI installs the extras")
+        pytest.skip(f"{message} (or {install})")
 
 
 class FakeClock:

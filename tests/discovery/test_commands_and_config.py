@@ -12,6 +12,7 @@ from django.core.management import call_command
 from discovery.config_file import ConfigFileError, config_file_sync
 from discovery.models import AllowedHost, ConfiguredAgent, DiscoveryPolicy, Need, SourceFeed
 from discovery.sources import kubernetes_records
+from tests.discovery.conftest import require_extra
 from tests.discovery.servers import make_card, service, skill
 
 pytestmark = pytest.mark.django_db
@@ -125,8 +126,8 @@ def test_kubernetes_source_reads_services_with_the_label(kube_api, card_server):
 
 
 def test_kubernetes_source_with_the_official_client(kube_api, card_server):
-    pytest.importorskip("kubernetes", reason="the official kubernetes client is an optional "
-                        "extra (pip install kubernetes); httpx reads the API without it")
+    # httpx reads the Kubernetes API without it; the official client is an optional extra.
+    require_extra("kubernetes", "pip install kubernetes")
     kube_api.services = [service("warranty-agent", "agents", {"discover": "true"},
                                  card_server.base("/a/w"))]
     records = kubernetes_records(label_selector="discover=true", namespace="agents",

@@ -10,6 +10,7 @@ from discovery import sessions, tree_factory
 from discovery.loop import run_cycle
 from discovery.models import CardBlob, Snapshot
 from tests.conftest import make_client
+from tests.discovery.conftest import require_extra
 from tests.discovery.servers import make_card, skill
 
 
@@ -71,8 +72,10 @@ def test_tree_builds_without_network(card_server, configure, cache, clock):
 
 @pytest.mark.django_db
 def test_adk_adapter(card_server, configure, cache, clock):
-    pytest.importorskip(
-        "google.adk", reason="google-adk is an optional extra (large); not installed here"
+    require_extra(
+        "google.adk", "pip install google-adk", installed_in_ci=False,
+        why_not="google-adk 2.x needs websockets<16 and opentelemetry-api<=1.44, 1.x the "
+        "a2a-sdk 0.x client (requirements/extras.txt)",
     )
     from discovery.adk import build_remote_agents
 

@@ -35,3 +35,22 @@ async def test_sweep_runs_at_most_once_per_interval():
     finally:
         InMemoryChannelLayer.__mro__[1]._clean_expired = original
     assert sweeps == 1
+
+
+def test_channels_still_has_the_private_hook_we_override():
+    """gateway.layers overrides Channels' private ``_clean_expired``. If a Channels release
+    renames it or stops calling it from receive()/group_send(), the override silently does nothing
+    (and the O(channels) sweep is back on every call): this test fails loudly instead."""
+    import inspect
+
+    from channels.layers import InMemoryChannelLayer as ChannelsLayer
+
+    assert callable(getattr(ChannelsLayer, "_clean_expired", None)), (
+        "channels.layers.InMemoryChannelLayer._clean_expired is gone: revisit gateway/layers.py"
+    )
+    for method in ("receive", "group_send"):
+        source = inspect.getsource(getattr(ChannelsLayer, method))
+        assert "self._clean_expired()" in source, (
+            f"Channels' {method}() no longer calls _clean_expired: revisit gateway/layers.py"
+        )
+    assert InMemoryChannelLayer._clean_expired is not ChannelsLayer._clean_expired

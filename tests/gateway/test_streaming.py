@@ -67,21 +67,27 @@ def wait_until(predicate, timeout: float = 2.0) -> float:
 
 def test_events_relayed_in_order_as_they_arrive(gw: httpx.Client, agent, path_mode):
     register("sse-agent", agent.url)
-    started = time.monotonic()
-    with gw.stream("POST", "/a2a/sse-agent", json=rpc("message/stream", rpc_id="s1", mode="sse",
-                                                       events=5, delay=0.3)) as r:
+    accept = "text/event-stream, application/json"
+    with gw.stream("POST", "/a2a/sse-agent", headers={"Accept": accept},
+                   json=rpc("message/stream", rpc_id="s1", mode="sse", events=5, delay=0,
+                            gated=True)) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         assert r.headers["x-a2a-executed"] == "true" and r.headers["x-a2a-agent-status"] == "200"
-        events = read_events(r)
-    assert [data_of(b)["result"]["seq"] for _, b in events] == [0, 1, 2, 3, 4]
-    assert all(data_of(b)["id"] == "s1" for _, b in events)
-    first, last = events[0][0] - started, events[-1][0] - started
-    assert first < 0.5 and last - first > 1.0  # each event came when the agent sent it
-    gaps = [b[0] - a[0] for a, b in zip(events, events[1:], strict=False)]
-    assert all(gap > 0.15 for gap in gaps), gaps
-    assert agent.arrived[-1].header("accept") is None or True
-    assert agent.streams_open == 0
+        seqs = []
+        for i in range(5):
+            [(_, block)] = read_events(r, limit=1)
+            assert data_of(block)["id"] == "s1"
+            seqs.append(data_of(block)["result"]["seq"])
+            # The agent sends event i + 1 only after the caller holds event i: each event was
+            # relayed when the agent sent it, not buffered.
+            assert agent.sent_events == i + 1
+            agent.released = i + 1
+        assert read_events(r) == []  # then the stream ends
+    assert seqs == [0, 1, 2, 3, 4]
+    assert agent.arrived[-1].header("accept") == accept  # the caller's Accept, unchanged
+    wait_until(lambda: agent.streams_open == 0)
+    assert agent.stream_ends == ["complete"]
 
 
 @pytest.mark.parametrize("method", ["SendStreamingMessage", "tasks/resubscribe",
@@ -98,14 +104,13 @@ def test_keepalive_then_idle_timeout(gw: httpx.Client, agent, settings, path_mod
     settings.A2A_SSE_KEEPALIVE_SECONDS = 0.2
     settings.A2A_SSE_IDLE_TIMEOUT_SECONDS = 1.0
     register("idle-agent", agent.url)
-    started = time.monotonic()
     with gw.stream("POST", "/a2a/idle-agent",
                    json=rpc("message/stream", rpc_id=4, mode="sse_silent", delay=30)) as r:
         events = read_events(r)
-    elapsed = time.monotonic() - started
-    assert 0.9 < elapsed < 2.5, events
-    keepalives = [b for _, b in events if b == b": keepalive"]
-    assert len(keepalives) >= 3
+    # Keepalives while idle, then the terminal error: the idle timeout (1 s, five keepalive
+    # periods) ended the stream long before the agent's 30 s silence did.
+    keepalives = [b for _, b in events[:-1] if b == b": keepalive"]
+    assert keepalives == [b for _, b in events[:-1]] and 1 <= len(keepalives) <= 5, events
     terminal = events[-1][1]
     assert terminal.startswith(b"event: error\n")
     error = data_of(terminal)
@@ -128,13 +133,13 @@ def test_client_disconnect_closes_upstream_and_frees_the_slot(
             busy = client.post(url, headers=headers, json=rpc(rpc_id="b"))
             assert busy.json()["error"]["data"]["kind"] == "busy"
             r.close()  # the caller goes away mid-stream
-        disconnected = time.monotonic()
-    wait_until(lambda: agent.streams_open == 0, timeout=1.0)
-    assert agent.streams_closed[-1] - disconnected < 1.0
+    # The gateway closed the agent's stream (it did not run out: 100 events, 10 s).
+    wait_until(lambda: agent.streams_open == 0, timeout=5)
+    assert agent.stream_ends == ["disconnect"]
     metrics = httpx.get(f"{live_server_url}/metrics").text
     assert _metric(metrics, "kubemq_a2a_sse_streams_active", agent_id="dc-agent") == 0
     wait_until(lambda: _metric(httpx.get(f"{live_server_url}/metrics").text,
-                               "kubemq_a2a_in_flight", agent_id="dc-agent") == 0, timeout=1.0)
+                               "kubemq_a2a_in_flight", agent_id="dc-agent") == 0, timeout=5)
     r = httpx.post(url, headers=headers, json=rpc(rpc_id="after"))
     assert "result" in r.json()  # the slot is free again
 
@@ -223,11 +228,9 @@ def test_deregistration_tears_the_subscriber_down(gw: httpx.Client, agent, setti
     reader = threading.Thread(target=stream)
     reader.start()
     wait_until(lambda: agent.streams_open == 1)
-    started = time.monotonic()
     services.agent_deregister(actor=SYSTEM, agent_id="life-agent")
     wait_until(lambda: not subscriber.running and "life-agent" not in node.manager.subscribers,
-               timeout=1.0)
-    assert time.monotonic() - started < 1.0
+               timeout=5)
     if not settings.EMBEDDED:
         import redis
 

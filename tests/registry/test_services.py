@@ -212,3 +212,50 @@ def test_registrations_made_off_node_go_to_a_live_node(settings):
     settings.NODE_ID = "node-b"
     assert services.agent_register(actor=SYSTEM, agent_id="here", card=card_03())[0].node_id \
         == "node-b"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_heartbeat_landing_during_the_expiry_job_is_kept(recorded_events):
+    """The expiry job and a heartbeat interleaved: the heartbeat (another connection, another
+    thread) commits just before the job's write. The job re-checks the lease in the statement
+    that expires, so the renewed agent stays active and no `expired` event fires. (A job that
+    selected expired ids first and then updated them by id expired it: the lost heartbeat.)"""
+    import threading
+
+    from django.db import connection
+
+    services.agent_register(actor=SYSTEM, agent_id="racer", card=card_03(), ttl_seconds=1)
+    services.agent_register(actor=SYSTEM, agent_id="lapsed", card=card_03(), ttl_seconds=1)
+    Agent.objects.filter(agent_id__in=["racer", "lapsed"]).update(
+        expires_at=timezone.now() - timedelta(seconds=5))
+    recorded_events.clear()
+    order: list[str] = []
+
+    def heartbeat_elsewhere() -> None:
+        from django.db import connections
+
+        try:
+            services.agent_heartbeat(actor=SYSTEM, agent_id="racer")
+            order.append("heartbeat committed")
+        finally:
+            connections.close_all()
+
+    def before_each_statement(execute, sql, params, many, context):
+        if not order and sql.lstrip().upper().startswith("UPDATE"):
+            # The job is about to write: the heartbeat lands now, in another connection.
+            thread = threading.Thread(target=heartbeat_elsewhere)
+            thread.start()
+            thread.join(timeout=30)
+        if sql.lstrip().upper().startswith("UPDATE"):
+            order.append("expiry update")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(before_each_statement):
+        result = services.agents_expire()
+
+    assert order[:2] == ["heartbeat committed", "expiry update"]
+    assert result["expired"] == 1
+    assert Agent.objects.get(agent_id="racer").status == Agent.Status.ACTIVE
+    assert Agent.objects.get(agent_id="racer").expires_at > timezone.now()
+    assert Agent.objects.get(agent_id="lapsed").status == Agent.Status.EXPIRED
+    assert [(e.kind, e.agent_id) for e in recorded_events] == [("expired", "lapsed")]

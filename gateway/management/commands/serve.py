@@ -56,13 +56,13 @@ class Command(BaseCommand):
         if not os.environ.get("NODE_ID"):
             import socket
 
-            settings.NODE_ID = f"{socket.gethostname()}:{port}"
+            node.serve_as(f"{socket.gethostname()}:{port}")
         _bootstrap_admin_client(self.stdout)
         connection.close()
         periodic = settings.EMBEDDED and not no_periodic
         mode = "embedded" if settings.EMBEDDED else "distributed"
         self.stdout.write(
-            f"Node {settings.NODE_ID} ({mode}) serving on http://{host}:{port}/ with {server}"
+            f"Node {node.node_id()} ({mode}) serving on http://{host}:{port}/ with {server}"
             f"{' and in-process periodic jobs' if periodic else ''}. Ctrl-C stops it."
         )
         self.stdout.flush()

@@ -1,4 +1,4 @@
-"""Heartbeats are answered by a lean ASGI handler (registry.heartbeats) under the server and by
+"""Heartbeats are answered by a lean ASGI handler (gateway.heartbeats) under the server and by
 the DRF views under Django's test client: both must give the same answers."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client as DjangoClient
 
-from registry import heartbeats, services
+from gateway import heartbeats
+from registry import services
 from registry.models import Agent
 from tests.conftest import make_client
 from tests.registry.cards import card_03, card_kubemq
@@ -101,3 +102,48 @@ def test_staff_session_heartbeat_goes_through_django(live_server_url, setup_agen
         r = http.post("/api/v1/agents/beater/heartbeat",
                       headers={"X-CSRFToken": http.cookies["csrftoken"]})
     assert r.status_code == 200 and r.json()["agent_id"] == "beater"
+
+
+def test_one_token_cache_so_revocation_lands_everywhere_alike(live_server_url):
+    """DRF, the heartbeat fast path and the gateway resolve tokens through the process's one
+    cache: right after a revocation all three still accept the token (within the cache's
+    lifetime, A2A_AUTH_CACHE_SECONDS), and once the cache forgets it all three refuse it --
+    never one surface refusing while another still lets the token in."""
+    from gateway import runtime
+    from registry.token_cache import shared_token_cache
+
+    client, token = make_client(["register", "call"], name="soon-revoked")
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def statuses() -> dict[str, object]:
+        api = httpx.get(f"{live_server_url}/api/v1/agents", headers=auth)
+        beat = httpx.post(f"{live_server_url}/api/v1/agents/ghost/heartbeat", headers=auth)
+        call = httpx.post(f"{live_server_url}/a2a/ghost", headers=auth,
+                          json={"jsonrpc": "2.0", "id": 1, "method": "message/send"})
+        kind = call.json()["error"]["data"]["kind"]
+        return {"api": api.status_code, "heartbeat": beat.status_code, "gateway": kind}
+
+    accepted = {"api": 200, "heartbeat": 404, "gateway": "agent_not_found"}
+    assert statuses() == accepted
+    assert runtime.current_node().tokens is shared_token_cache()
+    services.api_client_update(client_id=client.client_id, revoked=True)
+    assert statuses() == accepted  # cached on every surface: the same delay everywhere
+    shared_token_cache().clear()  # the lifetime has passed
+    assert statuses() == {"api": 401, "heartbeat": 401, "gateway": "unauthenticated"}
+
+
+def test_heartbeat_bodies_are_capped_on_both_surfaces(live_server_url, setup_agents, settings):
+    """The one body reader stops at the cap: an oversize heartbeat body, sent in chunks
+    without a Content-Length, is refused with 413 on both paths."""
+    owner_token, _ = setup_agents
+    limit = settings.A2A_MAX_CARD_BYTES
+
+    def chunks():
+        for _ in range(limit // 1000 + 10):
+            yield b" " * 1000
+
+    for path in ("/api/v1/agents/beater/heartbeat", "/agents/heartbeat"):
+        r = httpx.post(live_server_url + path, content=chunks(),
+                       headers={"Authorization": f"Bearer {owner_token}"})
+        assert r.status_code == 413, path
+        assert r.json() == {"error": f"request body too large: the limit is {limit} bytes"}

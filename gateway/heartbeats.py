@@ -3,10 +3,13 @@
 10,000 agents heartbeating every 10 s is 1,000 requests/s; Django's view and middleware stack
 alone caps a core near that (PERFORMANCE.md), and sync views under ASGI run one at a time on
 one thread. So ``POST /api/v1/agents/{id}/heartbeat`` and KubeMQ's ``POST /agents/heartbeat``
-with a bearer token are answered here: token from the in-memory cache, one ``UPDATE ...
-RETURNING`` in a worker thread, the same status and body functions as the DRF views
-(:func:`registry.api.views.v1_heartbeat`, :func:`registry.kubemq_api.kubemq_heartbeat`).
-Requests with a session cookie and no token (staff in a browser) go to Django.
+with a bearer token are answered here: token from the process's token cache (the one DRF
+uses), one ``UPDATE ... RETURNING`` in a worker thread, the same status and body functions as
+the DRF views (:func:`registry.api.views.v1_heartbeat`,
+:func:`registry.kubemq_api.kubemq_heartbeat`). Requests with a session cookie and no token
+(staff in a browser) go to Django. A body over ``A2A_MAX_CARD_BYTES`` is answered 413 without
+reading further (a heartbeat carries at most an agent id). An edge handler like ``/a2a``, so
+it lives with the other ASGI entry points (gateway.routing); the registry knows no ASGI.
 """
 
 from __future__ import annotations
@@ -16,21 +19,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
 
+from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from registry.api.views import v1_heartbeat
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.kubemq_api import kubemq_heartbeat
 from registry.permissions import Actor
-from registry.token_cache import AuthFailed, TokenCache
+from registry.token_cache import AuthFailed, shared_token_cache
 
 _V1_PATH = re.compile(r"^/api/v1/agents/([^/]+)/heartbeat/?\Z")
 _KUBEMQ_PATH = "/agents/heartbeat"
 _JSON = (b"content-type", b"application/json")
-
-tokens = TokenCache()
 
 
 def route(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
@@ -60,38 +61,19 @@ def route(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
     return app
 
 
-async def _read_body(receive, limit: int) -> bytes | None:
-    """The body, cut at ``limit + 1`` bytes (enough for the body functions to refuse it as too
-    large); None when the caller went away."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        if size <= limit:
-            chunks.append(chunk[: limit + 1 - size])
-            size += len(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-def _in_thread(fn: Callable[..., tuple[int, dict]], **kwargs) -> tuple[int, dict]:
-    close_old_connections()
-    try:
-        return fn(**kwargs)
-    finally:
-        close_old_connections()
-
-
 async def _answer(kind: str, agent_id: str | None, authorization: str | None, receive,
                   send) -> None:
-    body = await _read_body(receive, settings.A2A_MAX_CARD_BYTES)
-    if body is None:
+    limit = settings.A2A_MAX_CARD_BYTES
+    try:
+        body = await read_body(receive, limit)
+    except Disconnected:
+        return
+    except BodyTooLarge:
+        await _json(send, 413, {"error": f"request body too large: the limit is {limit} bytes"})
         return
     extra: list[tuple[bytes, bytes]] = []
     try:
-        actor: Actor | None = await tokens.actor(authorization)
+        actor: Actor | None = await shared_token_cache().actor(authorization)
     except AuthFailed as exc:
         status, payload = 401, {"error": str(exc)}
         extra.append((b"www-authenticate", b'Bearer realm="api"'))
@@ -102,14 +84,17 @@ async def _answer(kind: str, agent_id: str | None, authorization: str | None, re
             extra.append((b"www-authenticate", b'Bearer realm="api"'))
     if actor is not None:
         if kind == "v1":
-            status, payload = await sync_to_async(_in_thread, thread_sensitive=False)(
-                v1_heartbeat, actor=actor, agent_id=agent_id
-            )
+            status, payload = await database_sync_to_async(
+                v1_heartbeat, thread_sensitive=False)(actor=actor, agent_id=agent_id)
         else:
-            status, payload = await sync_to_async(_in_thread, thread_sensitive=False)(
-                kubemq_heartbeat, actor=actor, body=body
-            )
+            status, payload = await database_sync_to_async(
+                kubemq_heartbeat, thread_sensitive=False)(actor=actor, body=body)
+    await _json(send, status, payload, extra)
+
+
+async def _json(send, status: int, payload: dict,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
     data = orjson.dumps(payload)
     await send({"type": "http.response.start", "status": status,
-                "headers": [_JSON, (b"content-length", str(len(data)).encode()), *extra]})
+                "headers": [_JSON, (b"content-length", str(len(data)).encode()), *(extra or [])]})
     await send({"type": "http.response.body", "body": data})

@@ -1,0 +1,37 @@
+"""Registry writes. Views, consumers and tasks call these and stay thin.
+
+Every public function is keyword-only and typed, raises :class:`RegistryError` subclasses with
+messages fit for an API client, and publishes registry events after commit. One module per
+concern -- ``agents`` (register, update, deregister), ``leases`` (heartbeats, renewals,
+expiry), ``cards`` (resolving and recording a registration's card), ``clients`` (API clients),
+``nodes`` (liveness, ownership) -- all importable from here.
+"""
+
+from registry.services.agents import agent_deregister, agent_register, agent_update
+from registry.services.clients import api_client_create, api_client_update
+from registry.services.errors import AgentNotFound, InvalidInput, RegistryError
+from registry.services.leases import (
+    HeartbeatResult,
+    agent_heartbeat,
+    agents_expire,
+    agents_extend_ttl,
+    agents_renew_leases,
+)
+from registry.services.nodes import node_heartbeat
+
+__all__ = [
+    "AgentNotFound",
+    "HeartbeatResult",
+    "InvalidInput",
+    "RegistryError",
+    "agent_deregister",
+    "agent_heartbeat",
+    "agent_register",
+    "agent_update",
+    "agents_expire",
+    "agents_extend_ttl",
+    "agents_renew_leases",
+    "api_client_create",
+    "api_client_update",
+    "node_heartbeat",
+]

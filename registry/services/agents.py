@@ -1,0 +1,162 @@
+"""Agents: register, update, deregister (each publishes its registry event after commit)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from registry import events
+from registry.ids import agent_id_error
+from registry.models import Agent
+from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
+from registry.selectors import agent_route
+from registry.services.cards import _apply_card, _record_card_version, _resolve_card
+from registry.services.errors import AgentNotFound, InvalidInput
+from registry.services.nodes import _owning_node
+
+
+def _check_ttl(ttl_seconds: Any) -> int:
+    if ttl_seconds is None:
+        return settings.A2A_DEFAULT_TTL_SECONDS
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int):
+        raise InvalidInput("ttl_seconds must be an integer")
+    if not 1 <= ttl_seconds <= settings.A2A_MAX_TTL_SECONDS:
+        raise InvalidInput(f"ttl_seconds must be between 1 and {settings.A2A_MAX_TTL_SECONDS}")
+    return ttl_seconds
+
+
+def _check_concurrency(value: Any) -> int:
+    if value is None:
+        return settings.A2A_AGENT_MAX_CONCURRENCY
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise InvalidInput("max_concurrency must be an integer between 1 and 100000")
+    return value
+
+
+def _authorize_register(actor: Actor, agent_id: str, existing: Agent | None) -> None:
+    if not actor.has_scope(SCOPE_REGISTER):
+        raise PermissionDenied("this client lacks the register scope")
+    if not actor.may_touch(agent_id):
+        raise PermissionDenied(f"this client may not register {agent_id}")
+    if existing is not None and not _owns(actor, existing):
+        raise PermissionDenied(f"{agent_id} belongs to another client")
+
+
+def _owns(actor: Actor, agent: Agent) -> bool:
+    if actor.is_admin:
+        return True
+    return agent.owner_id == actor.api_client_pk  # anonymous owns the unowned
+
+
+def _publish(kind: events.EventKind, agent: Agent) -> None:
+    events.publish(events.AgentEvent(kind=kind, agent_id=agent.agent_id, route=agent_route(agent)))
+
+
+def agent_register(
+    *,
+    actor: Actor,
+    agent_id: Any,
+    url: str | None = None,
+    card: dict[str, Any] | bytes | None = None,
+    ttl_seconds: Any = None,
+    max_concurrency: Any = None,
+    source: str = Agent.Source.API,
+    node_id: str | None = None,
+    strict: bool | None = None,
+) -> tuple[Agent, bool]:
+    """Register or re-register an agent. Returns ``(agent, created)``.
+
+    Re-registration keeps ``registered_at`` and renews the lease. Two concurrent registrations
+    of one id leave exactly one row: the loser of the insert race updates the winner's row.
+    """
+    error = agent_id_error(agent_id)
+    if error:
+        raise InvalidInput(error)
+    ttl = _check_ttl(ttl_seconds)
+    concurrency = _check_concurrency(max_concurrency)
+    existing = Agent.objects.filter(agent_id=agent_id).first()
+    _authorize_register(actor, agent_id, existing)
+    parsed = _resolve_card(url=url, card=card, strict=strict)
+    now = timezone.now()
+    fields = {
+        "ttl_seconds": ttl,
+        "max_concurrency": concurrency,
+        "last_seen": now,
+        "expires_at": now + timedelta(seconds=ttl),
+        "status": Agent.Status.ACTIVE,
+        "source": source,
+        "node_id": node_id or _owning_node(agent_id=agent_id, current=existing),
+    }
+    created = False
+    with transaction.atomic():
+        agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
+        if agent is None:
+            agent = Agent(agent_id=agent_id, registered_at=now, **fields)
+            if actor.api_client_pk:
+                agent.owner_id = actor.api_client_pk
+            _apply_card(agent, parsed)
+            try:
+                with transaction.atomic():
+                    agent.save()
+                created = True
+            except IntegrityError:
+                agent = Agent.objects.select_for_update().get(agent_id=agent_id)
+        if not created:
+            _authorize_register(actor, agent_id, agent)
+            for key, value in fields.items():
+                setattr(agent, key, value)
+            _apply_card(agent, parsed)
+            agent.save()
+        _record_card_version(agent, parsed)
+        _publish("registered" if created else "updated", agent)
+    return agent, created
+
+
+def agent_update(
+    *,
+    actor: Actor,
+    agent_id: str,
+    url: str | None = None,
+    card: dict[str, Any] | bytes | None = None,
+    ttl_seconds: Any = None,
+    max_concurrency: Any = None,
+) -> Agent:
+    """Partially update an agent (PATCH): a new card, URL, TTL or concurrency cap."""
+    with transaction.atomic():
+        agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
+        if agent is None:
+            raise AgentNotFound(agent_id)
+        if not _owns(actor, agent) or not actor.has_scope(SCOPE_REGISTER):
+            raise PermissionDenied(f"this client may not change {agent_id}")
+        if ttl_seconds is not None:
+            agent.ttl_seconds = _check_ttl(ttl_seconds)
+            agent.expires_at = timezone.now() + timedelta(seconds=agent.ttl_seconds)
+        if max_concurrency is not None:
+            agent.max_concurrency = _check_concurrency(max_concurrency)
+        if url is not None or card is not None:
+            parsed = _resolve_card(
+                url=url if url is not None else agent.url,
+                card=card if card is not None else agent.card_raw.encode(),
+                strict=None,
+            )
+            _apply_card(agent, parsed)
+            _record_card_version(agent, parsed)
+        agent.save()
+        _publish("updated", agent)
+    return agent
+
+
+def agent_deregister(*, actor: Actor, agent_id: str) -> None:
+    """Remove an agent and its card history; its subscriber is torn down by the event."""
+    with transaction.atomic():
+        agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
+        if agent is None:
+            raise AgentNotFound(agent_id)
+        if not _owns(actor, agent) or not actor.has_scope(SCOPE_REGISTER):
+            raise PermissionDenied(f"this client may not deregister {agent_id}")
+        agent.delete()
+        events.publish(events.AgentEvent(kind="deregistered", agent_id=agent_id))

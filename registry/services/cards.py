@@ -1,0 +1,70 @@
+"""Cards of a registration: resolving (fetched or given), applying to the row, recording
+each version."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry.card_fetch import CardFetchError, fetch_card_bytes
+from registry.cards import CardError, ParsedCard, parse_card
+from registry.models import Agent, CardVersion
+from registry.netcheck import UnsafeUrl, check_agent_url
+from registry.services.errors import InvalidInput
+
+
+def _index(values: list[str]) -> str:
+    return "|" + "|".join(v.replace("|", "") for v in values) + "|" if values else ""
+
+
+def _resolve_card(
+    *, url: str | None, card: dict[str, Any] | bytes | None, strict: bool | None
+) -> ParsedCard:
+    if url is not None:
+        try:
+            url = check_agent_url(url)
+        except UnsafeUrl as exc:
+            raise InvalidInput(f"url: {exc}") from None
+    if card is None:
+        if not url:
+            raise InvalidInput("either a url or a card is required")
+        try:
+            card = fetch_card_bytes(url)
+        except CardFetchError as exc:
+            raise InvalidInput(str(exc)) from None
+    try:
+        parsed = parse_card(card, url=url, strict=strict)
+    except CardError as exc:
+        raise InvalidInput(str(exc)) from None
+    if url is None:
+        try:
+            check_agent_url(parsed.endpoint)
+        except UnsafeUrl as exc:
+            raise InvalidInput(f"card endpoint: {exc}") from None
+    return parsed
+
+
+def _apply_card(agent: Agent, parsed: ParsedCard) -> None:
+    agent.name = parsed.name
+    agent.description = parsed.description
+    agent.url = parsed.endpoint or ""
+    agent.card = parsed.card
+    agent.card_raw = parsed.raw.decode("utf-8", errors="replace")
+    agent.card_sha256 = parsed.sha256
+    agent.card_shape = parsed.shape
+    agent.tags_index = _index(parsed.tags)
+    agent.skills_index = _index(parsed.skill_ids + parsed.skill_names)
+    agent.input_modes_index = _index(parsed.input_modes)
+    agent.output_modes_index = _index(parsed.output_modes)
+
+
+def _record_card_version(agent: Agent, parsed: ParsedCard) -> None:
+    CardVersion.objects.get_or_create(
+        agent=agent,
+        sha256=parsed.sha256,
+        defaults={
+            "card": parsed.card,
+            "card_raw": agent.card_raw,
+            "endpoint": agent.url,
+            "skill_ids": parsed.skill_ids,
+        },
+    )

@@ -1,0 +1,43 @@
+"""Nodes: their liveness beat, and which live node owns a registration."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from config import node as node_config
+from registry.models import Agent, Node
+
+
+def _node_dead_after() -> timedelta:
+    """A node whose last heartbeat is older than this is taken for dead."""
+    return timedelta(seconds=max(60.0, 6 * settings.A2A_NODE_HEARTBEAT_SECONDS))
+
+
+def _owning_node(*, agent_id: str, current: Agent | None) -> str:
+    """The node whose virtual subscriber will serve a new or renewed registration.
+
+    A registration arriving at a serving node belongs to that node (KubeMQ's rule). One made
+    elsewhere -- a Celery worker running discovery, a management command -- goes to a live
+    node: the agent's current one if it is alive, else one picked by the agent id's hash so
+    agents spread over the cluster. With no live node known, this process's id.
+    """
+    this_node = node_config.node_id()
+    since = timezone.now() - _node_dead_after()
+    live = sorted(Node.objects.filter(last_heartbeat__gte=since).values_list("node_id", flat=True))
+    if not live or this_node in live:
+        return this_node
+    if current is not None and current.node_id in live:
+        return current.node_id
+    return live[int(hashlib.sha256(agent_id.encode()).hexdigest(), 16) % len(live)]
+
+
+def node_heartbeat(*, node_id: str, address: str = "") -> Node:
+    now = timezone.now()
+    node, _ = Node.objects.update_or_create(
+        node_id=node_id, defaults={"last_heartbeat": now, "address": address}
+    )
+    return node
