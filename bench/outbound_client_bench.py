@@ -148,16 +148,19 @@ def main() -> int:
             )
         from bench.common import write_results
 
-        path = write_results("outbound-client", {
-            "reference": args.reference,
-            "requests": args.requests,
-            "rounds": args.rounds,
-            "us_cpu_per_request": {
-                f"{name}-c{concurrency}": [round(v, 2) for v in values]
-                for (name, concurrency), values in results.items()
+        path = write_results(
+            "outbound-client",
+            {
+                "reference": args.reference,
+                "requests": args.requests,
+                "rounds": args.rounds,
+                "us_cpu_per_request": {
+                    f"{name}-c{concurrency}": [round(v, 2) for v in values]
+                    for (name, concurrency), values in results.items()
+                },
+                "medians": summary,
             },
-            "medians": summary,
-        })
+        )
         print(f"results: {path.relative_to(ROOT)}")
     finally:
         agent.terminate()
