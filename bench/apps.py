@@ -9,6 +9,8 @@
                         aiohttp arm (raw ASGI, unlimited pool). A floor, not a target.
 * ``aiohttp_proxy``  -- raw ASGI + one aiohttp ``ClientSession``: the reference proxy whose
                         throughput PERFORMANCE.md's gateway targets are measured against.
+* ``otlp_sink``      -- an OTLP/HTTP trace receiver that accepts and drops every export (the
+                        collector of the traced gateway arm, ``proxy_bench.py --tracing``).
 * ``daphne_ceiling`` -- a raw ASGI callable that answers a fixed JSON-RPC result, routed by a
                         Channels ``URLRouter``: what Daphne alone can serve (run under Daphne).
 
@@ -267,3 +269,14 @@ def _build_daphne_ceiling():
 
 
 daphne_ceiling = _Lazy(_build_daphne_ceiling)
+
+
+async def otlp_sink(scope, receive, send) -> None:
+    """Accept OTLP/HTTP exports (any POST) with an empty ExportTraceServiceResponse."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/x-protobuf")]})
+    await send({"type": "http.response.body", "body": b""})

@@ -67,10 +67,11 @@ class Proc:
     popen: subprocess.Popen | None = None
     url: str = ""
     extra_pids: list[int] = field(default_factory=list)
+    cwd: Path = ROOT  # another checkout of the project (a baseline build) runs from its own
 
     def start(self) -> Proc:
         log = open(self.log_dir / f"{self.name}.log", "wb")  # noqa: SIM115 (lives with the child)
-        self.popen = subprocess.Popen(["taskset", "-c", self.core, *self.argv], cwd=ROOT,
+        self.popen = subprocess.Popen(["taskset", "-c", self.core, *self.argv], cwd=self.cwd,
                                       env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         return self
@@ -145,8 +146,9 @@ class PlatformNode:
     """One embedded platform node: its own data dir, migrated; API clients created."""
 
     def __init__(self, name: str, tmp: Path, *, extra_env: dict[str, str] | None = None,
-                 database_url: str | None = None) -> None:
+                 database_url: str | None = None, root: Path = ROOT) -> None:
         self.name = name
+        self.root = root
         self.data_dir = tmp / name
         self.data_dir.mkdir(parents=True, exist_ok=True)
         extra = {"A2A_DATA_DIR": str(self.data_dir), **(extra_env or {})}
@@ -154,13 +156,14 @@ class PlatformNode:
             extra["DATABASE_URL"] = database_url
             extra.setdefault("SECRET_KEY", "bench-secret-key")
         self.env = clean_env(**extra)
+        self.env["PYTHONPATH"] = str(root)
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: Proc | None = None
 
     def manage(self, *args: str, timeout: float = 300) -> str:
-        done = subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=self.env,
+        done = subprocess.run([PYTHON, "manage.py", *args], cwd=self.root, env=self.env,
                               capture_output=True, text=True, timeout=timeout,
                               preexec_fn=_any_core)
         if done.returncode != 0:
@@ -185,7 +188,7 @@ class PlatformNode:
     def serve(self, server: str, *extra: str) -> Proc:
         argv = [PYTHON, "manage.py", "serve", "--port", str(self.port), "--server", server,
                 *extra]
-        self.proc = Proc(f"{self.name}", argv, self.env, self.tmp).start()
+        self.proc = Proc(f"{self.name}", argv, self.env, self.tmp, cwd=self.root).start()
         self.proc.url = self.url
         self.proc.wait_ready(f"{self.url}/healthz", timeout=90)
         return self.proc

@@ -12,6 +12,10 @@ SSE) on core 1, a fast local agent answering a fixed JSON-RPC result. Arms:
                    aiohttp arm; a floor, not a target
   aiohttp-proxy    wrk -> uvicorn + raw ASGI + aiohttp -> agent (the reference for the targets)
   daphne-ceiling   wrk -> Daphne + URLRouter + raw ASGI fixed reply (no upstream at all)
+  gateway-traced   (--tracing) as gateway-uvicorn with A2A_TRACING=on, spans exported over
+                   OTLP/HTTP to a sink on the load core; compare with gateway-uvicorn (off)
+  gateway-baseline (--baseline-ref REF) the uvicorn gateway built from git REF (e.g. the
+                   commit before a feature): "compiled in but off" / "without it", same run
 
 Figures: req/s, p50/p99 for 1 KiB ``message/send`` at c=1 and c=64 and 256 KiB at c=64; server
 CPU per request (all server-side processes of the arm); ratios; SSE first-event latency; how
@@ -22,6 +26,7 @@ are migrated, get API clients, and the agent is registered through the API) and 
 end. ``--quick`` takes about a minute; the default run a few minutes. Loopback only.
 
     .venv/bin/python bench/proxy_bench.py [--quick] [--rounds N] [--duration S] [--streams N]
+        [--tracing] [--baseline-ref REF]
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from bench.common import (  # noqa: E402
     BENCH,
     LOAD_CORE,
     PYTHON,
+    ROOT,
     PlatformNode,
     Proc,
     clean_env,
@@ -163,10 +169,21 @@ def probe(arm: Arm, timeout: float = 10.0) -> None:
     arm.available, arm.reason = False, f"probe failed: {last}"
 
 
+def baseline_checkout(ref: str, tmp: Path) -> Path:
+    """The project's files at git ``ref`` (``git archive``), to run a baseline gateway from."""
+    root = tmp / "baseline-src"
+    root.mkdir()
+    archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    return root
+
+
 def start_gateway(server: str, tmp: Path, upstream_url: str, procs: list[Proc],
-                  upstream: Proc) -> Arm:
-    name = f"gateway-{server}"
-    node = PlatformNode(name, tmp)
+                  upstream: Proc, *, name: str | None = None,
+                  extra_env: dict[str, str] | None = None, root: Path | None = None) -> Arm:
+    name = name or f"gateway-{server}"
+    node = PlatformNode(name, tmp, extra_env=extra_env, **({"root": root} if root else {}))
     try:
         admin, _registrar, caller = node.prepare()
         proc = node.serve(server)
@@ -258,6 +275,24 @@ def start_arms(tmp: Path, args, database_url: str | None = None
                 lambda server: start_gateway(server, tmp, upstream_url, procs, upstream),
                 ("uvicorn", "daphne")))
         arms.extend(started)
+    if args.tracing:
+        # Tracing on, exporting every span over OTLP/HTTP (batched, as in production) to a
+        # sink on the load core: the gateway pays for span creation, context propagation and
+        # the exporter thread; the collector's own work is not the gateway's.
+        sink_port = free_port()
+        sink = Proc("otlp-sink", uvicorn_argv("bench.apps:otlp_sink", sink_port, lifespan="off"),
+                    clean_env(), tmp, core=str(LOAD_CORE)).start()
+        procs.append(sink)
+        sink.wait_ready(f"http://127.0.0.1:{sink_port}/")
+        arms.append(start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
+                                  name="gateway-traced", extra_env={
+                                      "A2A_TRACING": "on", "OTEL_TRACES_EXPORTER": "otlp",
+                                      "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
+                                          f"http://127.0.0.1:{sink_port}/v1/traces"}))
+    if args.baseline_ref:
+        arms.append(start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
+                                  name="gateway-baseline",
+                                  root=baseline_checkout(args.baseline_ref, tmp)))
     if database_url:
         arms.extend(start_cross_node(tmp, args, upstream_url, procs, upstream, database_url))
     for arm in arms:
@@ -462,6 +497,18 @@ def ratios(summary: dict) -> list[dict]:
                      "value": ratio(get("1KiB c=64", "dist-single-node"),
                                     get("1KiB c=64", "gateway-uvicorn")),
                      "target": ""})
+    if "gateway-traced" in summary.get("1KiB c=64", {}):
+        for scenario in summary:
+            rows.append({"figure": f"{scenario}: tracing on / off, gateway-uvicorn (req/s)",
+                         "value": ratio(get(scenario, "gateway-traced"),
+                                        get(scenario, "gateway-uvicorn")),
+                         "target": "reported (README)"})
+    if "gateway-baseline" in summary.get("1KiB c=64", {}):
+        for scenario in summary:
+            rows.append({"figure": f"{scenario}: gateway-uvicorn / gateway-baseline (req/s)",
+                         "value": ratio(get(scenario, "gateway-uvicorn"),
+                                        get(scenario, "gateway-baseline")),
+                         "target": ">= 0.97 (tracing compiled in but off)"})
     for scenario in ("1KiB c=1", "1KiB c=64"):
         rows.append({"figure": f"{scenario}: gateway-daphne / daphne-ceiling (req/s)",
                      "value": ratio(get(scenario, "gateway-daphne"),
@@ -524,6 +571,11 @@ def main() -> int:
     parser.add_argument("--cross-node", action="store_true",
                         help="also two distributed nodes (PostgreSQL + Redis): single-node and "
                              "cross-node arms")
+    parser.add_argument("--tracing", action="store_true",
+                        help="also the uvicorn gateway with OpenTelemetry tracing on "
+                             "(gateway-traced), side by side with tracing off")
+    parser.add_argument("--baseline-ref", metavar="REF",
+                        help="also a uvicorn gateway built from this git ref (gateway-baseline)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()

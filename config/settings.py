@@ -251,6 +251,14 @@ A2A_MAX_REQUEST_BYTES = env_int("A2A_MAX_REQUEST_BYTES", 10 * 1024 * 1024, minim
 A2A_MAX_RESPONSE_BYTES = env_int("A2A_MAX_RESPONSE_BYTES", 10 * 1024 * 1024, minimum=1)
 A2A_SSE_KEEPALIVE_SECONDS = env_float("A2A_SSE_KEEPALIVE_SECONDS", 30, minimum=0.05)
 A2A_SSE_IDLE_TIMEOUT_SECONDS = env_float("A2A_SSE_IDLE_TIMEOUT_SECONDS", 300, minimum=0.1)
+# Backpressure of relayed streams: at most this many bytes wait for a caller per stream (then
+# the agent is no longer read); a caller that reads nothing for the stall timeout while data
+# waits gets a terminal error event and the stream is freed.
+A2A_SSE_BUFFER_BYTES = env_int("A2A_SSE_BUFFER_BYTES", 1024 * 1024, minimum=4096)
+A2A_SSE_STALL_TIMEOUT_SECONDS = env_float("A2A_SSE_STALL_TIMEOUT_SECONDS", 60, minimum=0.05)
+# Extra agent response header names never relayed to callers (comma-separated; a trailing "*"
+# matches a prefix), on top of gateway.headers.DROPPED_RESPONSE_HEADERS.
+A2A_DROP_RESPONSE_HEADERS = env_list("A2A_DROP_RESPONSE_HEADERS")
 A2A_AGENT_URL_ALLOWLIST = env_list("A2A_AGENT_URL_ALLOWLIST")
 # PEM bundle of extra CAs trusted for https agents (besides the system store). Empty: none.
 A2A_OUTBOUND_CA_FILE = env_str("A2A_OUTBOUND_CA_FILE", "")
@@ -269,6 +277,21 @@ A2A_MAX_CARD_BYTES = env_int("A2A_MAX_CARD_BYTES", 64 * 1024, minimum=1)
 A2A_CARD_VALIDATION = env_choice("A2A_CARD_VALIDATION", "lenient", ("lenient", "strict"))
 A2A_CARD_FETCH_TIMEOUT_SECONDS = env_float("A2A_CARD_FETCH_TIMEOUT_SECONDS", 5)
 A2A_CARDS_REQUIRE_TOKEN = env_bool("A2A_CARDS_REQUIRE_TOKEN", False)
+# Card signatures (docs/signatures.md): off | verify (record the result) | require (refuse
+# unsigned/invalid cards at registration and in discovery). Trusted keys come only from here.
+A2A_CARD_SIGNATURES = env_choice("A2A_CARD_SIGNATURES", "verify", ("off", "verify", "require"))
+A2A_CARD_JWKS_FILE = env_str("A2A_CARD_JWKS_FILE", "")
+A2A_CARD_JWKS_URLS = env_list("A2A_CARD_JWKS_URLS")
+A2A_CARD_JWKS_MIN_REFRESH_SECONDS = env_float("A2A_CARD_JWKS_MIN_REFRESH_SECONDS", 30.0)
+# OpenTelemetry tracing (docs/tracing.md): off | on. The exporter follows the standard OTEL_*
+# variables (OTLP over HTTP by default); setting those alone does not turn tracing on.
+A2A_TRACING = env_choice("A2A_TRACING", "off", ("off", "on"))
+# The standard OpenTelemetry variables this project reads itself (the OTLP exporter reads the
+# OTEL_EXPORTER_OTLP_* and OTEL_BSP_* ones directly): the SDK's off switch (spec: "true"
+# disables, anything else does not), the exporter kind, the service name of the resource.
+OTEL_SDK_DISABLED = (env_str("OTEL_SDK_DISABLED", "") or "").strip().lower() == "true"
+OTEL_TRACES_EXPORTER = (env_str("OTEL_TRACES_EXPORTER", "") or "otlp").strip().lower()
+OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "") or "a2a-registry"
 A2A_RATE_LIMIT_PER_SECOND = env_float("A2A_RATE_LIMIT_PER_SECOND", 0)  # 0: off
 A2A_RATE_LIMIT_BURST = env_int("A2A_RATE_LIMIT_BURST", 0)
 A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)

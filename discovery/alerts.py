@@ -1,6 +1,7 @@
 """Alerts: skill list changed, endpoint changed, repeated fetch failures, name collision, cap
-reached, endpoint refused. Each is stored (admin list), logged, counted in a Prometheus metric
-and, when ``settings.DISCOVERY_ALERT_WEBHOOK_URL`` is set, POSTed there as JSON.
+reached, endpoint refused, card signature not valid. Each is stored (admin list), logged,
+counted in a Prometheus metric and, when ``settings.DISCOVERY_ALERT_WEBHOOK_URL`` is set,
+POSTed there as JSON.
 
 A condition that persists (a cap that keeps biting, a collision that stays) raises one alert,
 not one per cycle: an alert is skipped while the latest one of its kind and subject carries the
@@ -102,3 +103,19 @@ def alerts_for_card_change(
         )
         raised.append(alert)
     return [a for a in raised if a is not None]
+
+
+def alert_signature(
+    *, local_name: str, card_url: str, status: str, detail: str, sha256: str,
+    kept_sha256: str | None,
+) -> Alert | None:
+    """A fetched card's signature is not valid (docs/signatures.md). ``kept_sha256``: the last
+    valid version discovery keeps serving instead; None: the card was left out."""
+    outcome = f"keeping the last valid version {kept_sha256[:12]}" if kept_sha256 else "left out"
+    return alert_raise(
+        kind=Alert.Kind.SIGNATURE_INVALID, subject=card_url,
+        message=f"{local_name}: card signature is {status.replace('_', ' ')}"
+                + (f" ({detail})" if detail else "") + f"; {outcome}",
+        details={"local_name": local_name, "status": status, "card_sha256": sha256,
+                 "kept_sha256": kept_sha256},
+    )

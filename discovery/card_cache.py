@@ -39,6 +39,7 @@ import httpx
 from django.conf import settings
 from django.db import connection, transaction
 
+from config import tracing
 from discovery import http, metrics
 from discovery.locks import LocalLocks, RedisLocks, default_locks
 from discovery.models import CardCacheEntry
@@ -386,7 +387,7 @@ class CardCache:
             if batch.to_fetch:
                 batch.previous = {u: self._index.get(u) for u in batch.to_fetch}
                 batch.fetching = http.submit(self._fetch_all(batch.to_fetch, batch.previous,
-                                                             admit))
+                                                             admit, tracing.current_context()))
         except BaseException:
             self.locks.release_many(acquired)
             raise
@@ -430,7 +431,7 @@ class CardCache:
     # --- fetching --------------------------------------------------------------------------
 
     async def _fetch_all(self, urls: list[str], previous: dict[str, CardEntry | None],
-                         admit: Admit | None) -> dict[str, _Fetched]:
+                         admit: Admit | None, trace_parent: Any = None) -> dict[str, _Fetched]:
         client = http.async_client()
         gate = asyncio.Semaphore(settings.DISCOVERY_FETCH_CONCURRENCY)
         timeout = http.fetch_timeout()
@@ -438,6 +439,15 @@ class CardCache:
         deadline = settings.DISCOVERY_FETCH_TIMEOUT_SECONDS
 
         async def one(url: str) -> tuple[str, _Fetched]:
+            if trace_parent is None:  # tracing off
+                return await fetch(url)
+            with tracing.child_span("discovery.card_fetch", trace_parent, url=url) as span:
+                got = await fetch(url)
+                tracing.annotate(span, **{"http.response.status_code": got[1].status,
+                                          "a2a.error": got[1].error})
+                return got
+
+        async def fetch(url: str) -> tuple[str, _Fetched]:
             async with gate:
                 try:  # the whole fetch, redirects included, within the fetch timeout
                     async with asyncio.timeout(deadline):

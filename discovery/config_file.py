@@ -144,8 +144,11 @@ def validate_config(data: dict[str, Any]) -> dict[str, Any]:
         description = entry.get("description")
         if not isinstance(description, str) or not description.strip():
             raise ConfigFileError(f"needs[{i}].description: a reviewed description is required")
+        require_signed = entry.get("require_signed", False)
+        if not isinstance(require_signed, bool):
+            raise ConfigFileError(f"needs[{i}].require_signed: must be true or false")
         out["needs"].append({
-            "tag": tag.strip(),
+            "tag": tag.strip(), "require_signed": require_signed,
             "input_modes": _str_list(entry.get("input_modes"), f"needs[{i}].input_modes"),
             "output_modes": _str_list(entry.get("output_modes"), f"needs[{i}].output_modes"),
             "description": description,
@@ -213,6 +216,7 @@ def _sync(config: dict[str, Any], sha256: str) -> None:
             defaults={
                 "input_modes": entry["input_modes"], "output_modes": entry["output_modes"],
                 "description": entry["description"], "enabled": True, "origin": file,
+                "require_signed": entry["require_signed"],
             },
         )
     Need.objects.filter(origin=file).exclude(tag__name__in=list(tags)).delete()

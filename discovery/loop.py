@@ -11,12 +11,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 from django.conf import settings
 
+from config import tracing
 from discovery import alerts, metrics
 from discovery.card_cache import CardCache, CardEntry, Outcome, RefreshResult, default_cache
 from discovery.config_file import ConfigFileError, config_file_sync
@@ -36,8 +37,9 @@ from discovery.snapshots import (
 )
 from discovery.sources import EndpointRecord, collect_records
 from registry import services as registry_services
+from registry import signatures
 from registry.cards import card_endpoint
-from registry.models import Agent
+from registry.models import Agent, CardVersion
 from registry.permissions import SYSTEM
 
 logger = logging.getLogger(__name__)
@@ -176,6 +178,68 @@ def _alert_changes(results: dict[str, RefreshResult], names: dict[str, str], rep
                 )
 
 
+@dataclass(frozen=True)
+class _Signed:
+    """The card a candidate goes forward with, and whether its signature is valid."""
+
+    card: dict[str, Any]
+    raw: bytes | None
+    sha256: str
+    valid: bool
+
+
+def _last_valid_versions(agent_ids: list[str]) -> dict[str, CardVersion]:
+    """The newest card version with a valid signature of each agent (one query per 500)."""
+    out: dict[str, CardVersion] = {}
+    for i in range(0, len(agent_ids), 500):
+        rows = (CardVersion.objects.filter(agent__agent_id__in=agent_ids[i:i + 500],
+                                           signature_status=signatures.VALID)
+                .select_related("agent").only("agent__agent_id", "sha256", "card", "card_raw")
+                .order_by("agent__agent_id", "-created_at", "-id"))
+        for row in rows:
+            out.setdefault(row.agent.agent_id, row)
+    return out
+
+
+def _signature_gate(entries: dict[int, tuple[EndpointRecord, CardEntry]]) -> dict[int, _Signed]:
+    """Apply ``A2A_CARD_SIGNATURES`` to the cycle's cards (docs/signatures.md).
+
+    A card whose signature is not valid while the agent has an earlier valid version keeps
+    that version (and raises an alert): a card that turns invalid on refresh never replaces a
+    signed one. Under ``require`` a card with no valid version is left out; under ``verify`` it
+    goes on, unsigned, and only needs with ``require_signed`` pass it by.
+    """
+    mode = signatures.policy()
+    out: dict[int, _Signed] = {}
+    if mode == "off":
+        return out
+    verdicts = {
+        key: signatures.verify_card(entry.card or {}, sha256=entry.sha256)
+        for key, (_, entry) in entries.items()
+    }
+    failing = sorted({entries[k][0].target_agent_id for k, v in verdicts.items() if not v.valid})
+    last_valid = _last_valid_versions(failing) if failing else {}
+    for key, (record, entry) in entries.items():
+        verdict = verdicts[key]
+        if verdict.valid:
+            out[key] = _Signed(entry.card or {}, entry.raw, entry.sha256, True)
+            continue
+        kept = last_valid.get(record.target_agent_id)
+        if kept is not None and not signatures.verify_card(kept.card, sha256=kept.sha256).valid:
+            kept = None  # signed by a key that has since been retired
+        if kept is not None or mode == "require" or verdict.status != signatures.UNSIGNED:
+            alerts.alert_signature(
+                local_name=record.local_name, card_url=record.card_url or record.base_url,
+                status=verdict.status, detail=verdict.detail, sha256=entry.sha256,
+                kept_sha256=kept.sha256 if kept is not None else None,
+            )
+        if kept is not None:
+            out[key] = _Signed(kept.card, kept.card_raw.encode(), kept.sha256, True)
+        elif mode != "require":
+            out[key] = _Signed(entry.card or {}, entry.raw, entry.sha256, False)
+    return out
+
+
 def _upsert_agents(kept: list[SelectedAgent], ttl: int) -> list[SelectedAgent]:
     """Make the selected agents routable: upsert discovered ones into the registry. An id held
     by an agent from another source is a collision: that agent is left out."""
@@ -249,6 +313,7 @@ def _keep_routable(ttl: int) -> None:
             logger.warning("could not keep %s routable: %s", agent_id, exc)
 
 
+@tracing.traced("discovery.cycle")
 def run_cycle(
     *,
     cache: CardCache | None = None,
@@ -274,6 +339,10 @@ def run_cycle(
         _cycle(report, cache or default_cache(), progress, on_total)
     report.seconds = time.monotonic() - started
     metrics.CYCLE_SECONDS.observe(report.seconds)
+    tracing.annotate(**{"discovery.cards_fetched": report.fetched,
+                        "discovery.cards_failed": report.failed,
+                        "discovery.selected": report.selected,
+                        "discovery.snapshot_version": report.version})
     return report
 
 
@@ -328,16 +397,27 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
     needs = needs_active()
     hook = policy_hook()
     candidates: list[SelectedAgent] = []
-    for record in resolved.admitted:
+    usable: dict[int, tuple[EndpointRecord, CardEntry]] = {}
+    for i, record in enumerate(resolved.admitted):
         entry = _inline_entry(record) if record.inline_card is not None else \
             (results[record.card_url].entry if record.card_url in results else None)
         if entry is None or not entry.has_card or record.card_url in degraded:
             continue
+        usable[i] = (record, entry)
+    gated = _signature_gate(usable)
+    gate_on = signatures.policy() != "off"
+    for i, (record, entry) in usable.items():
+        signed = gated.get(i)
+        if gate_on and signed is None:
+            continue  # require: no valid signature (alerted)
+        if signed is not None and signed.sha256 != entry.sha256:
+            entry = replace(entry, card=signed.card, raw=signed.raw, sha256=signed.sha256)
         card: dict[str, Any] = entry.card  # type: ignore[assignment]
         if record.configured and record.source == ConfiguredAgent.Kind.STATIC:
             description = record.description
         else:
-            matched = matched_needs(card, needs, record=record, hook=hook)
+            matched = matched_needs(card, needs, record=record, hook=hook,
+                                    signed=signed is not None and signed.valid)
             if not matched:
                 continue
             description = record.description if record.configured and record.description \

@@ -5,7 +5,8 @@ A need is a tag from the reviewed vocabulary plus the input and output modes the
 use. A card satisfies it when one skill carries the tag and that skill's modes — or the card's
 default modes when the skill lists none — contain every needed mode. A data/tenant policy hook
 (``settings.DISCOVERY_POLICY_HOOK``, a dotted path to ``hook(need, record, card) -> bool``) can
-exclude an agent per need.
+exclude an agent per need. A need with ``require_signed`` matches only cards whose signature
+is valid (docs/signatures.md).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class NeedSpec:
     input_modes: frozenset[str]
     output_modes: frozenset[str]
     description: str
+    require_signed: bool = False
 
 
 PolicyHook = Callable[[NeedSpec, "EndpointRecord", dict[str, Any]], bool]
@@ -47,6 +49,7 @@ def needs_active() -> list[NeedSpec]:
         NeedSpec(
             tag=n.tag.name, input_modes=frozenset(_norm(n.input_modes)),
             output_modes=frozenset(_norm(n.output_modes)), description=n.description,
+            require_signed=n.require_signed,
         )
         for n in Need.objects.filter(enabled=True).select_related("tag").order_by("tag__name")
     ]
@@ -75,7 +78,14 @@ def policy_hook() -> PolicyHook | None:
 
 def matched_needs(
     card: dict[str, Any], needs: Iterable[NeedSpec], *, record: EndpointRecord,
-    hook: PolicyHook | None = None,
+    hook: PolicyHook | None = None, signed: bool = False,
 ) -> list[NeedSpec]:
-    """The needs ``card`` satisfies and the policy hook allows, in the needs' order."""
-    return [n for n in needs if satisfies(card, n) and (hook is None or hook(n, record, card))]
+    """The needs ``card`` satisfies and the policy hook allows, in the needs' order.
+
+    ``signed``: the card's signature is valid (needs with ``require_signed`` ask for it).
+    """
+    return [
+        n for n in needs
+        if (signed or not n.require_signed) and satisfies(card, n)
+        and (hook is None or hook(n, record, card))
+    ]

@@ -134,6 +134,9 @@ class Need(models.Model):
     description = models.TextField(
         help_text="Reviewed description given to agents discovered for this need."
     )
+    require_signed = models.BooleanField(
+        default=False, help_text="Only cards with a valid signature from a trusted key match."
+    )
     enabled = models.BooleanField(default=True)
     origin = models.CharField(max_length=8, choices=Origin.choices, default=Origin.ADMIN)
 
@@ -284,6 +287,7 @@ class Alert(models.Model):
         NAME_COLLISION = "name_collision", "name collision"
         CAP_REACHED = "cap_reached", "cap reached"
         REFUSED = "refused", "endpoint refused"
+        SIGNATURE_INVALID = "signature_invalid", "card signature not valid"
 
     kind = models.CharField(max_length=20, choices=Kind.choices, db_index=True)
     subject = models.CharField(max_length=2048)

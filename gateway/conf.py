@@ -40,8 +40,11 @@ class NodeSettings:
     A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS: float
     A2A_SSE_KEEPALIVE_SECONDS: float
     A2A_SSE_IDLE_TIMEOUT_SECONDS: float
+    A2A_SSE_BUFFER_BYTES: int
+    A2A_SSE_STALL_TIMEOUT_SECONDS: float
     A2A_LOCAL_FAST_PATH: bool
     A2A_CALLER_ID_HEADER: str
+    A2A_DROP_RESPONSE_HEADERS: tuple[str, ...]
     A2A_ERROR_PROFILE: str
     A2A_RATE_LIMIT_PER_SECOND: float
     A2A_RATE_LIMIT_BURST: int
@@ -60,11 +63,15 @@ class NodeSettings:
             else:
                 values[field.name] = getattr(django_settings, field.name)
         values.update(overrides)
+        for name, value in values.items():
+            if isinstance(value, list):  # list settings (env_list): frozen, like the object
+                values[name] = tuple(value)
         return cls(**values)
 
     def but(self, **changes: Any) -> NodeSettings:
         """A copy with ``changes`` (the object itself never changes)."""
-        return replace(self, **changes)
+        return replace(self, **{name: tuple(value) if isinstance(value, list) else value
+                                for name, value in changes.items()})
 
 
 NAMES = frozenset(f.name for f in fields(NodeSettings))

@@ -34,6 +34,9 @@ TAG_REPLY_CHANNEL = "a2a_reply_channel"
 TAG_REQUEST_ID = "a2a_request_id"
 TAG_RPC_ID = "a2a_rpc_id"  # the caller's JSON-RPC id (for stream_cancel towards the agent)
 TAG_STREAM_ID = "a2a_stream_id"  # stream_cancel: the request id of the stream to cancel
+# W3C trace context of the entry node's span (gateway.tracing; only when tracing is on)
+TAG_TRACEPARENT = "a2a_traceparent"
+TAG_TRACESTATE = "a2a_tracestate"
 
 START = "s"
 CHUNK = "c"
@@ -45,6 +48,12 @@ STREAMING_METHODS = frozenset(
     {"message/stream", "tasks/resubscribe", "SendStreamingMessage", "SubscribeToTask"}
 )
 CANCEL_METHOD = "stream_cancel"
+#: Stream flow control through the broker: a Query's ``a2a_window`` tag is how many body bytes
+#: the owner may send ahead of what the caller has read; ``stream_credit`` messages (tags
+#: ``a2a_stream_id`` and ``a2a_credit``: cumulative bytes delivered to the caller) move it on.
+CREDIT_METHOD = "stream_credit"
+TAG_WINDOW = "a2a_window"
+TAG_CREDIT = "a2a_credit"
 
 
 def query(body: bytes, tags: dict[str, str]) -> dict[str, Any]:

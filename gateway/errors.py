@@ -30,6 +30,10 @@ UNREACHABLE = "unreachable"
 TIMEOUT = "timeout"
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 RESPONSE_TOO_LARGE = "response_too_large"
+# A relayed stream whose caller stopped reading past the stall timeout (the agent had answered).
+STREAM_STALLED = "stream_stalled"
+# Profile kubemq: an agent's HTTP error status (not a JSON-RPC answer), as KubeMQ maps it.
+AGENT_ERROR = "agent_error"
 # Answered with an HTTP status of their own (401, 403, 429, 413) and a JSON-RPC error body.
 UNAUTHENTICATED = "unauthenticated"
 FORBIDDEN = "forbidden"
@@ -48,6 +52,8 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     TIMEOUT: (-32053, -32001, True, 200),
     UPSTREAM_UNAVAILABLE: (-32054, -32603, True, 200),
     RESPONSE_TOO_LARGE: (-32055, -32603, False, 200),
+    STREAM_STALLED: (-32060, -32603, True, 200),
+    AGENT_ERROR: (-32603, -32603, False, 200),
     UNAUTHENTICATED: (-32056, -32600, False, 401),
     FORBIDDEN: (-32057, -32600, False, 403),
     RATE_LIMITED: (-32058, -32603, True, 429),
@@ -58,6 +64,7 @@ _PREFIX = {
     PARSE_ERROR: "parse error: ",
     INVALID_REQUEST: "invalid request: ",
     UNREACHABLE: "agent unreachable: ",
+    STREAM_STALLED: "stream stalled: ",
 }
 
 

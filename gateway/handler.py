@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway import envelope as env
-from gateway import errors, metrics
+from gateway import errors, metrics, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
-from gateway.headers import scan_request_headers
+from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
 from gateway.limits import request_timeout
 from gateway.replicator import ORIGIN
-from gateway.sse import error_event
+from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
 from registry.token_cache import AuthFailed
@@ -124,8 +124,7 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         await _error(send, errors.INVALID_REQUEST, rpc_id, None,
                      "method must be a non-empty string")
         return
-    admitted = await _admit_to_agent(node, scope, send, headers.authorization, rpc_id,
-                                     agent_id)
+    admitted = await _admit_to_agent(node, scope, send, headers, rpc_id, agent_id)
     if admitted is None:
         return
     caller, route = admitted
@@ -136,7 +135,13 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     tags[env.TAG_TIMEOUT] = repr(timeout)
     tags[env.TAG_CALLER] = caller
     tags[env.TAG_REQUEST_ID] = f"{_ORIGIN}.{next(_request_ids)}"
-    exchange = Exchange(send, rpc_id, agent_id)
+    trace = None
+    if tracing.ENABLED:
+        trace = tracing.start_call(send, agent_id=agent_id, method=method, payload=payload,
+                                   request_bytes=len(body), tags=tags, caller=caller,
+                                   node_id=settings.NODE_ID)
+        send = trace.send
+    exchange = Exchange(send, rpc_id, agent_id, settings.A2A_ERROR_PROFILE)
     query = env.query(body, tags)
     subscriber = _subscriber_of(node, route)
     if subscriber is _NOWHERE:
@@ -153,6 +158,8 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         await _remote_sync(node, query, exchange,
                            timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS)
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    if trace is not None:
+        trace.end(exchange.outcome)
 
 
 def _invalid_json_detail(content_type: bytes) -> str:
@@ -177,7 +184,7 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive, s
     params, and its events are relayed."""
     started = time.perf_counter()
     headers = scan_request_headers(scope["headers"])
-    admitted = await _admit_to_agent(node, scope, send, headers.authorization, None, agent_id)
+    admitted = await _admit_to_agent(node, scope, send, headers, None, agent_id)
     if admitted is None:
         return
     caller, route = admitted
@@ -192,27 +199,43 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive, s
     tags[env.TAG_TIMEOUT] = repr(float(node.settings.A2A_DEFAULT_TIMEOUT_SECONDS))
     tags[env.TAG_CALLER] = caller
     tags[env.TAG_REQUEST_ID] = f"{_ORIGIN}.{next(_request_ids)}"
-    exchange = Exchange(send, rpc_id, agent_id)
+    trace = None
+    if tracing.ENABLED:
+        trace = tracing.start_call(send, agent_id=agent_id, method="message/stream",
+                                   payload=None, request_bytes=0, tags=tags, caller=caller,
+                                   node_id=node.settings.NODE_ID)
+        send = trace.send
+    exchange = Exchange(send, rpc_id, agent_id, node.settings.A2A_ERROR_PROFILE)
     subscriber = _subscriber_of(node, route)
     if subscriber is _NOWHERE:
         await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
     else:
         await _relay_stream(node, subscriber, env.query(body, tags), exchange, receive)
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    if trace is not None:
+        trace.end(exchange.outcome)
 
 
 # --- shared steps -----------------------------------------------------------------------------
 
-async def _admit_to_agent(node: GatewayNode, scope, send, authorization, rpc_id, agent_id):
+async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeaders, rpc_id,
+                          agent_id):
     """Check the agent id, the caller and the route: ``(caller id, route)``, or None once the
     refusal has been answered."""
     if not AGENT_ID_RE.match(agent_id):
         await _error(send, errors.INVALID_REQUEST, rpc_id, None, "invalid agent id")
         return None
+    route = node.table.get(agent_id)
+    authorization = headers.authorization
+    if route is not None and route.credential_passthrough:
+        # Credential passthrough: Authorization belongs to the agent and travels unchanged;
+        # the caller authenticates to the gateway with X-Gateway-Authorization.
+        authorization = headers.gateway_authorization
+        if headers.authorization is not None:
+            headers.tags[AUTHORIZATION_TAG] = headers.authorization
     caller = await _admit(node, scope, send, authorization, rpc_id, agent_id)
     if caller is None:
         return None
-    route = node.table.get(agent_id)
     if route is None:
         await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id)
         return None
@@ -262,7 +285,9 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
     """Send the Query through the broker and relay the reply messages as they come."""
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
-    queue: asyncio.Queue = asyncio.Queue()
+    # Bounded: an agent answering a sync method with an endless event stream, to a caller that
+    # does not read, must not grow this node (replies beyond the response cap end the call).
+    queue = StreamBuffer(node.settings.A2A_MAX_RESPONSE_BYTES)
     if not await _send_query(node, query, queue, exchange):
         return
     loop = asyncio.get_running_loop()
@@ -281,13 +306,16 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
                 else:  # the subscriber had it: the agent may have it (a reply lost between nodes)
                     await exchange.fail(errors.TIMEOUT, executed=True)
                 return
+            if message is OVERFLOW:  # the agent's answer outgrew the cap: it had the request
+                await exchange.fail(errors.RESPONSE_TOO_LARGE, executed=True)
+                return
             acked = True
             await exchange.deliver(message)
     finally:
         node.inbox.pending.pop(request_id, None)
 
 
-async def _send_query(node, query, queue: asyncio.Queue, exchange: Exchange) -> bool:
+async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> bool:
     tags = query["tags"]
     if not node.inbox.ready:
         await exchange.fail(errors.UNREACHABLE, "broker unavailable")
@@ -308,54 +336,158 @@ _DISCONNECT: dict[str, Any] = {"k": "disconnect"}
 
 async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) -> None:
     """Relay a stream: reply messages in, SSE (or an up-front JSON answer) out, while watching
-    for the caller going away (then the subscriber is told to cancel the stream)."""
+    for the caller going away (then the subscriber is told to cancel the stream).
+
+    Backpressure end to end: at most ``A2A_SSE_BUFFER_BYTES`` wait for the caller
+    (:class:`~gateway.sse.StreamBuffer`); the local subscriber waits for room, and through the
+    broker the owner sends at most that window ahead of what the caller has read (``stream_credit``
+    messages move it on), so the agent is no longer read while the caller lags. A caller whose
+    connection takes nothing for ``A2A_SSE_STALL_TIMEOUT_SECONDS`` gets a terminal
+    ``stream_stalled`` error event and the stream is freed on both sides.
+    """
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
-    queue: asyncio.Queue = asyncio.Queue()
     settings = node.settings
+    window = settings.A2A_SSE_BUFFER_BYTES
+    stall = settings.A2A_SSE_STALL_TIMEOUT_SECONDS
+    buffer = StreamBuffer(window)
     remote = subscriber is None or not settings.A2A_LOCAL_FAST_PATH
+    credit: _Credit | None = None
     if remote:
-        if not await _send_query(node, query, queue, exchange):
+        tags[env.TAG_WINDOW] = str(window)
+        if not await _send_query(node, query, buffer, exchange):
             return
+        credit = _Credit(node, query, exchange.agent_id, window)
     else:
-        async def sink(message: dict[str, Any]) -> None:
-            queue.put_nowait(message)
-
-        await subscriber.handle(query, sink, local=True)
+        await subscriber.handle(query, buffer.put, local=True)
+    exchange.send = flow_controlled(exchange.send)
 
     async def watch() -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                queue.put_nowait(_DISCONNECT)
+                buffer.push(_DISCONNECT)
                 return
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    stopped = False
+
+    async def stop() -> None:
+        nonlocal stopped
+        stopped = True
+        await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+
+    loop = asyncio.get_running_loop()
+    watcher = loop.create_task(watch())
     guard = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
     acked = not remote
     try:
         while not exchange.done:
             try:
                 async with asyncio.timeout(guard if acked else ACK_TIMEOUT_SECONDS):
-                    message = await queue.get()
+                    message = await buffer.get()
             except TimeoutError:
                 if exchange.started:
                     await exchange.fail(errors.TIMEOUT, "stream lost")
                 else:
                     await exchange.fail(errors.UNREACHABLE if not acked else errors.TIMEOUT,
                                         "no live subscriber for this agent", executed=acked)
-                await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+                await stop()
                 return
             if message is _DISCONNECT:
                 exchange.outcome = "client_disconnect"
-                await _cancel_stream(node, subscriber, query, exchange.agent_id, remote)
+                await stop()
+                return
+            if message is OVERFLOW:
+                await stop()
+                await _end_stalled(exchange, stall,
+                                   f"more than {window} bytes buffered for the caller")
                 return
             acked = True
-            await exchange.deliver(message)
+            try:
+                async with asyncio.timeout(stall):
+                    await exchange.deliver(message)
+            except TimeoutError:
+                await stop()
+                await _end_stalled(exchange, stall, f"the caller read nothing for {stall:g} s")
+                return
+            if credit is not None:
+                body = message.get("body")
+                if body:
+                    await credit.delivered(len(body))
+        if exchange.mapped:  # answered already; the rest of the agent's body is not wanted
+            await stop()
     finally:
         watcher.cancel()
+        if not stopped and not (exchange.done and not exchange.mapped):
+            # Left early (the server cancelled this task: Daphne does after a disconnect): a
+            # subscriber waiting for room in the buffer must not wait forever.
+            if remote:
+                _background(loop, _cancel_stream(node, subscriber, query, exchange.agent_id,
+                                                 remote))
+            else:
+                subscriber.cancel_stream(request_id)
+        close = getattr(exchange.send, "close", None)
+        if close is not None:
+            close()
         if remote:
             node.inbox.pending.pop(request_id, None)
+
+
+_background_tasks: set[asyncio.Task] = set()
+
+
+def _background(loop, coro) -> None:
+    task = loop.create_task(coro)
+    _background_tasks.add(task)
+    task.add_done_callback(_background_tasks.discard)
+
+
+async def _end_stalled(exchange: Exchange, stall: float, detail: str) -> None:
+    """End a stream whose caller stopped reading: a terminal error event if its connection
+    takes one within the stall timeout (at least 1 s, at most 5 s), else the response is
+    abandoned (the server closes the connection once its few buffered bytes are read)."""
+    exchange.outcome = errors.STREAM_STALLED
+    logger.warning("stream to %s ended: %s", exchange.agent_id, detail)
+    try:
+        async with asyncio.timeout(min(max(stall, 1.0), 5.0)):
+            # the agent's stream was flowing: it had the request
+            await exchange.fail(errors.STREAM_STALLED, detail, executed=True)
+    except TimeoutError:
+        pass
+
+
+class _Credit:
+    """The caller's side of a stream's flow control through the broker: tells the owning
+    subscriber how many body bytes the caller has taken (cumulative, so a lost credit is made
+    good by the next one), every quarter window."""
+
+    __slots__ = ("node", "tags", "agent_id", "step", "total", "reported")
+
+    def __init__(self, node, query, agent_id: str, window: int) -> None:
+        self.node = node
+        self.tags = query["tags"]
+        self.agent_id = agent_id
+        self.step = max(window // 4, 1)
+        self.total = 0
+        self.reported = 0
+
+    async def delivered(self, size: int) -> None:
+        self.total += size
+        if self.total - self.reported < self.step:
+            return
+        self.reported = self.total
+        tags = self.tags
+        message = env.query(b"", {
+            env.TAG_METHOD: env.CREDIT_METHOD,
+            env.TAG_STREAM_ID: tags[env.TAG_REQUEST_ID],
+            env.TAG_CREDIT: str(self.total),
+            env.TAG_REQUEST_ID: tags[env.TAG_REQUEST_ID] + ".credit",
+            env.TAG_REPLY_CHANNEL: tags.get(env.TAG_REPLY_CHANNEL, ""),
+        })
+        try:
+            await self.node.layer.send(agent_channel(self.agent_id), message)
+        except Exception as exc:  # the next credit carries the total; the stall timeout bounds
+            logger.warning("stream_credit not delivered: %s", exc)
 
 
 async def _cancel_stream(node, subscriber, query, agent_id: str, remote: bool) -> None:
@@ -386,16 +518,19 @@ async def _discard(message: dict[str, Any]) -> None:
 class Exchange:
     """The caller's side of one request: turns reply messages into the ASGI response."""
 
-    __slots__ = ("send", "rpc_id", "agent_id", "started", "done", "sse", "outcome")
+    __slots__ = ("send", "rpc_id", "agent_id", "profile", "started", "done", "sse", "outcome",
+                 "mapped")
 
-    def __init__(self, send, rpc_id: Any, agent_id: str) -> None:
+    def __init__(self, send, rpc_id: Any, agent_id: str, profile: str = "a2a") -> None:
         self.send = send
         self.rpc_id = rpc_id
         self.agent_id = agent_id
+        self.profile = profile  # the node's A2A_ERROR_PROFILE
         self.started = False
         self.done = False
         self.sse = False
         self.outcome = "unknown"
+        self.mapped = False  # the agent's error status was answered as a JSON-RPC error
 
     async def deliver(self, message: dict[str, Any]) -> None:
         kind = message["k"]
@@ -405,11 +540,15 @@ class Exchange:
         ):
             # A duplicate or out-of-order reply (e.g. two nodes misconfigured with one NODE_ID
             # both answering): the caller's response is already decided; never break it.
-            if kind != env.ACK:
+            if kind != env.ACK and not self.mapped:
                 logger.warning("ignored an unexpected %s reply for %s", kind, self.agent_id)
             return
         if kind == env.START:
             status = message["status"]
+            if status >= 400 and self.profile == "kubemq" and not message["sse"] \
+                    and not _is_jsonrpc_answer(message):
+                await self._agent_status_error(status, message["more"])
+                return
             headers = list(message["headers"])
             headers.append(EXECUTED_TRUE)
             headers.append((b"x-a2a-agent-status", str(status).encode()))
@@ -418,7 +557,12 @@ class Exchange:
             if not more and status not in (204, 304):
                 headers.append((b"content-length", str(len(body)).encode()))
             self.started = True
-            self.sse = message["sse"]
+            if message["sse"]:
+                # Events answer any method (the agent's Content-Type decides): the caller's
+                # send must wait while its connection is full, on Daphne too.
+                self.sse = True
+                if more:
+                    self.send = send = flow_controlled(send)
             self.outcome = "ok" if status < 400 else "agent_error"
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body, "more_body": more})
@@ -432,6 +576,32 @@ class Exchange:
             await self.fail(message["kind"], message.get("detail") or "",
                             status=message.get("status"), executed=message.get("executed", False))
         # acks carry nothing for the caller
+
+    async def _agent_status_error(self, status: int, more: bool) -> None:
+        """Profile kubemq: the agent's HTTP error status (its body not a JSON-RPC answer)
+        becomes HTTP 200 with a JSON-RPC error, as KubeMQ documents (error-codes.md): 502 and
+        503 -> -32603 "unavailable", 504 -> -32001 "timeout", any other -> -32603 naming the
+        status. The agent answered, so executed is true."""
+        if status in (502, 503):
+            kind, detail = errors.UPSTREAM_UNAVAILABLE, ""
+        elif status == 504:
+            kind, detail = errors.TIMEOUT, ""
+        else:
+            kind, detail = errors.AGENT_ERROR, f"agent error: HTTP {status}"
+        self.started = True
+        self.done = True
+        self.mapped = more  # the rest of the agent's body is dropped quietly
+        self.outcome = "agent_error"
+        body = orjson.dumps({
+            "jsonrpc": "2.0", "id": self.rpc_id,
+            "error": errors.error_object(kind, agent_id=self.agent_id, detail=detail,
+                                         status=status, executed=True),
+        })
+        await self.send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            EXECUTED_TRUE, (b"x-a2a-agent-status", str(status).encode()),
+        ]})
+        await self.send({"type": "http.response.body", "body": body})
 
     async def fail(self, kind: str, detail: str = "", *, status: int | None = None,
                    executed: bool = False) -> None:
@@ -455,6 +625,18 @@ class Exchange:
             return
         # A plain body cut short cannot be answered any more: returning without completing the
         # response makes the server close the connection, so the caller sees the truncation.
+
+
+def _is_jsonrpc_answer(message: dict[str, Any]) -> bool:
+    """Whether a whole reply body is a JSON-RPC 2.0 response (relayed as the agent sent it)."""
+    if message["more"]:
+        return False  # larger than the subscriber reads whole: not a JSON-RPC error body
+    try:
+        answer = orjson.loads(message["body"])
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(answer, dict) and answer.get("jsonrpc") == "2.0" and (
+        "error" in answer or "result" in answer)
 
 
 async def _error(send, kind: str, rpc_id: Any, agent_id: str | None, detail: str = "", *,

@@ -3,7 +3,22 @@
 Each forwarded caller header rides in the Query envelope as the tag ``a2a_hdr_<name>`` and the
 virtual subscriber replays it on the outbound request. Hop-by-hop and sensitive headers never
 travel; the caller-identity header is always set by the subscriber from the authenticated
-caller, never taken from the caller.
+caller, never taken from the caller. Many agent servers (uvicorn, WSGI/CGI servers, nginx with
+``underscores_in_headers``) read ``_`` in a header name as ``-``, so a caller header whose name
+equals a protected one after folding ``_`` to ``-`` (``X_KubeMQ_Caller_ID``,
+``Proxy_Authorization``) is dropped too.
+
+Agent response headers that would act on the gateway's origin, which is also the admin's
+(:data:`DROPPED_RESPONSE_HEADERS`, :data:`DROPPED_RESPONSE_PREFIXES`, extended by the setting
+``A2A_DROP_RESPONSE_HEADERS``), are never relayed. ``WWW-Authenticate`` is relayed from an agent
+that uses credential passthrough (it authenticates its callers itself).
+
+Credential passthrough (an agent setting): the caller's ``Authorization`` reaches the agent
+unchanged, and the caller authenticates to the gateway with :data:`GATEWAY_AUTH_HEADER`
+instead. That header never reaches any agent.
+
+Every decision is a set or dict lookup: per-name results are cached, so the hot path pays no
+string work for the header names it has seen before.
 """
 
 from __future__ import annotations
@@ -15,24 +30,66 @@ from django.conf import settings
 from gateway import conf
 
 HDR_TAG_PREFIX = "a2a_hdr_"
+#: The header a caller of a credential-passthrough agent authenticates to the gateway with
+#: (``X-Gateway-Authorization: Bearer <token>``); ``Authorization`` goes to the agent.
+GATEWAY_AUTH_HEADER = "X-Gateway-Authorization"
+_GATEWAY_AUTH = GATEWAY_AUTH_HEADER.lower().encode("latin-1")
+#: The tag carrying the caller's Authorization to a credential-passthrough agent.
+AUTHORIZATION_TAG = HDR_TAG_PREFIX + "authorization"
 
 #: Never forwarded to the agent (lowercase, as ASGI delivers names).
-DROPPED_REQUEST_HEADERS = frozenset({
-    b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade", b"host",
-    b"content-length", b"authorization", b"cookie", b"set-cookie", b"proxy-authorization",
-    b"proxy-authenticate", b"x-forwarded-for", b"x-real-ip",
-})
+DROPPED_REQUEST_HEADERS = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"authorization",
+        b"cookie",
+        b"set-cookie",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"x-forwarded-for",
+        b"x-real-ip",
+    }
+)
+_PROTECTED_REQUEST_HEADERS = DROPPED_REQUEST_HEADERS | {_GATEWAY_AUTH}
 
 #: Never relayed from the agent back to the caller: hop-by-hop, framing (the gateway sets its
-#: own), the gateway's own server/date, cookies for the gateway's origin, and the gateway's
-#: X-A2A-* reply headers (an agent must not be able to forge X-A2A-Executed).
-DROPPED_RESPONSE_HEADERS = frozenset({
-    b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
-    b"content-length", b"proxy-authenticate", b"set-cookie", b"server", b"date",
-    b"x-a2a-executed", b"x-a2a-agent-status",
-})
+#: own), the gateway's own server/date, the gateway's X-A2A-* reply headers (an agent must not
+#: be able to forge X-A2A-Executed), and headers that would act on the gateway's origin (which
+#: is also the admin's): cookies, HSTS, Clear-Site-Data, Refresh, WWW-Authenticate (relayed
+#: only from agents with credential passthrough) and CORS (:data:`DROPPED_RESPONSE_PREFIXES`).
+DROPPED_RESPONSE_HEADERS = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"content-length",
+        b"proxy-authenticate",
+        b"set-cookie",
+        b"server",
+        b"date",
+        b"x-a2a-executed",
+        b"x-a2a-agent-status",
+        b"strict-transport-security",
+        b"clear-site-data",
+        b"refresh",
+        b"www-authenticate",
+    }
+)
+#: Response header name prefixes never relayed (CORS: Access-Control-Allow-Origin, ...).
+DROPPED_RESPONSE_PREFIXES = (b"access-control-",)
+_PASSTHROUGH_RELAYED = frozenset({b"www-authenticate"})
 
-
+_CACHE_LIMIT = 4096
 _TAG_KEYS: dict[bytes, str] = {}
 
 
@@ -40,7 +97,7 @@ def _tag_key(name: bytes) -> str:
     key = _TAG_KEYS.get(name)
     if key is None:
         key = HDR_TAG_PREFIX + name.decode("latin-1").lower()
-        if len(_TAG_KEYS) < 4096:
+        if len(_TAG_KEYS) < _CACHE_LIMIT:
             _TAG_KEYS[name] = key
     return key
 
@@ -55,16 +112,31 @@ def caller_id_header() -> str:
     return settings.A2A_CALLER_ID_HEADER
 
 
+def _is_protected_alias(name: bytes, caller_name: bytes) -> bool:
+    """Whether ``name`` (containing ``_``) is a protected header once ``_`` reads as ``-``."""
+    folded = name.replace(b"_", b"-").lower()
+    return folded in _PROTECTED_REQUEST_HEADERS or folded == caller_name
+
+
 class RequestHeaders:
     """What the gateway reads from a caller's headers, found in one pass."""
 
-    __slots__ = ("content_type", "content_length", "authorization", "host", "tags",
-                 "forwarded_proto", "forwarded_host")
+    __slots__ = (
+        "content_type",
+        "content_length",
+        "authorization",
+        "gateway_authorization",
+        "host",
+        "tags",
+        "forwarded_proto",
+        "forwarded_host",
+    )
 
     def __init__(self) -> None:
         self.content_type: bytes = b""
         self.content_length: int | None = None
         self.authorization: str | None = None
+        self.gateway_authorization: str | None = None  # GATEWAY_AUTH_HEADER
         self.host: str = ""
         self.forwarded_proto: str = ""
         self.forwarded_host: str = ""
@@ -99,6 +171,11 @@ def scan_request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
             continue
         if name == caller_name:
             continue
+        if name == _GATEWAY_AUTH:
+            out.gateway_authorization = value.decode("latin-1")
+            continue
+        if b"_" in name and _is_protected_alias(name, caller_name):
+            continue
         if name == b"content-type":
             out.content_type = value
         elif name == b"x-forwarded-proto":
@@ -116,24 +193,82 @@ def scan_request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
     return out
 
 
-def outbound_headers(tags: dict[str, str], caller_id: str) -> dict[str, str]:
-    """The headers of the subscriber's outbound request, replayed from the envelope's tags."""
+def outbound_headers(
+    tags: dict[str, str], caller_id: str, *, passthrough: bool = False
+) -> dict[str, str]:
+    """The headers of the subscriber's outbound request, replayed from the envelope's tags.
+
+    ``Authorization`` is replayed only for an agent with credential passthrough.
+    """
     start = len(HDR_TAG_PREFIX)
-    headers = {
-        key[start:]: value for key, value in tags.items() if key.startswith(HDR_TAG_PREFIX)
-    }
-    caller_name, caller_tag = _caller_header(conf.active.A2A_CALLER_ID_HEADER)
-    # Defence in depth: the gateway never packs it, but tags may come from other transports.
+    headers = {key[start:]: value for key, value in tags.items() if key.startswith(HDR_TAG_PREFIX)}
+    caller_header = conf.active.A2A_CALLER_ID_HEADER
+    caller_name, caller_tag = _caller_header(caller_header)
+    # Defence in depth: the gateway never packs these, but tags may come from other transports.
     headers.pop(caller_tag[start:], None)
-    headers[conf.active.A2A_CALLER_ID_HEADER] = caller_id
+    if not passthrough:
+        headers.pop("authorization", None)
+    headers[caller_header] = caller_id
     return headers
 
 
-def relayed_response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[bytes, bytes]]:
+# --- response headers ---------------------------------------------------------------------
+
+
+class _ResponseRules:
+    """The dropped response header names and prefixes (built-ins plus the setting), and the
+    per-name decisions made so far: name as the agent sent it -> lowercase name, or None."""
+
+    __slots__ = ("source", "names", "prefixes", "plain", "passthrough")
+
+    def __init__(self, extra_names: tuple[str, ...]) -> None:
+        #: The setting's value these rules were built from (``A2A_DROP_RESPONSE_HEADERS``).
+        self.source = extra_names
+        extra = [n.strip().lower().encode("latin-1") for n in extra_names if n.strip()]
+        self.names = DROPPED_RESPONSE_HEADERS | {n for n in extra if not n.endswith(b"*")}
+        self.prefixes = DROPPED_RESPONSE_PREFIXES + tuple(n[:-1] for n in extra if n.endswith(b"*"))
+        self.plain: dict[bytes, bytes | None] = {}
+        self.passthrough: dict[bytes, bytes | None] = {}
+
+    def decide(self, name: bytes, passthrough: bool) -> bytes | None:
+        lowered = name.lower()
+        if lowered in self.names:
+            keep = passthrough and lowered in _PASSTHROUGH_RELAYED
+        else:
+            keep = not lowered.startswith(self.prefixes)
+        decision = lowered if keep else None
+        cache = self.passthrough if passthrough else self.plain
+        if len(cache) < _CACHE_LIMIT:
+            cache[name] = decision
+        return decision
+
+
+_rules = _ResponseRules(conf.active.A2A_DROP_RESPONSE_HEADERS)
+_MISS = b"\x00"
+
+
+def _response_rules() -> _ResponseRules:
+    """The rules of the active settings (rebuilt only when ``A2A_DROP_RESPONSE_HEADERS``
+    changed: a node started with other settings, or a test changed the setting)."""
+    global _rules
+    rules = _rules
+    extra = conf.active.A2A_DROP_RESPONSE_HEADERS
+    if rules.source is not extra:
+        rules = _rules = _ResponseRules(extra)
+    return rules
+
+
+def relayed_response_headers(
+    raw: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]], passthrough: bool = False
+) -> list[tuple[bytes, bytes]]:
     """The agent's response headers to relay to the caller (lowercase names)."""
+    rules = _response_rules()
+    cache = rules.passthrough if passthrough else rules.plain
     out = []
     for name, value in raw:
-        lowered = name.lower()
-        if lowered not in DROPPED_RESPONSE_HEADERS:
+        lowered = cache.get(name, _MISS)
+        if lowered is _MISS:
+            lowered = rules.decide(name, passthrough)
+        if lowered is not None:
             out.append((lowered, value))
     return out

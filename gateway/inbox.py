@@ -4,6 +4,14 @@ It carries two kinds of message: replies to the Queries this node's gateway sent
 broker (demultiplexed by request id to the waiting request), and registry events other nodes
 announce on the ``_AGENTS_.discovery`` group (handed to the replicator). One receive loop per
 channel, never cancelled and re-issued, as both Redis layers require (PERFORMANCE.md).
+
+The loop never waits on a request: each pending request registers a non-blocking ``put_nowait``
+into a bounded buffer of its own (``gateway.sse.StreamBuffer``). A slow stream cannot stall it
+nor grow a queue: the owning node sends a stream at most ``A2A_SSE_BUFFER_BYTES`` ahead of what
+the caller has read (it waits for ``stream_credit`` messages the gateway sends as the caller
+reads), and a reply arriving while the buffer is full anyway (an owner ignoring the window)
+ends that one stream with a ``stream_stalled`` error event instead of being queued. A sync
+request's buffer holds at most the response cap.
 """
 
 from __future__ import annotations

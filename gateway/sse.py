@@ -4,10 +4,19 @@ The relay forwards whole events as they arrive (never the whole stream at once):
 unterminated tail of the upstream bytes until its blank line arrives, so a keepalive comment or
 a terminal error event is never spliced into the middle of an agent's event, and the per-event
 size cap applies to one event at a time.
+
+Backpressure: a relayed stream never buffers more than ``A2A_SSE_BUFFER_BYTES`` for a caller
+(:class:`StreamBuffer`), and the caller's ``send`` waits while its connection takes no more data
+(:func:`flow_controlled`), so a caller that stops reading stops the agent being read instead of
+growing the node's memory.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -38,3 +47,152 @@ def error_event(error_response: dict[str, Any]) -> bytes:
     """A terminal ``event: error`` whose data is a JSON-RPC error response (what A2A SDK
     clients raise as a JSON-RPC error)."""
     return b"event: error\ndata: " + orjson.dumps(error_response) + b"\n\n"
+
+
+# --- backpressure -----------------------------------------------------------------------------
+
+#: What :meth:`StreamBuffer.get` answers once a message was refused for want of room.
+OVERFLOW: dict[str, Any] = {"k": "overflow"}
+
+
+def _cost(message: dict[str, Any]) -> int:
+    body = message.get("body")
+    return len(body) if body else 0
+
+
+class StreamBuffer:
+    """One relayed stream's reply messages waiting for its caller, bounded in body bytes.
+
+    The local subscriber writes with :meth:`put`, which waits while the buffer is full: the
+    subscriber then stops reading the agent, and the outbound client stops reading its socket,
+    so backpressure reaches the agent. The node's inbox (replies through the broker) must never
+    wait, so it writes with :meth:`put_nowait`: a message arriving while the buffer is full is
+    refused and the stream ends with :data:`OVERFLOW` (the owner sends at most a window ahead
+    of the caller, so a well-behaved owner never fills it). Control messages (the caller's
+    disconnect) go in with :meth:`push`, free of charge.
+    """
+
+    __slots__ = ("limit", "size", "overflowed", "_items", "_getter", "_putter")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.overflowed = False
+        self._items: deque[dict[str, Any]] = deque()
+        self._getter: asyncio.Future | None = None
+        self._putter: asyncio.Future | None = None
+
+    def push(self, message: dict[str, Any]) -> None:
+        self._items.append(message)
+        self.size += _cost(message)
+        self._wake_getter()
+
+    def put_nowait(self, message: dict[str, Any]) -> None:
+        if self.size >= self.limit and _cost(message):
+            self.overflowed = True
+            self._items.clear()
+            self.size = 0
+            self._wake_getter()
+            return
+        self.push(message)
+
+    async def put(self, message: dict[str, Any]) -> None:
+        while self.size >= self.limit and not self.overflowed:
+            self._putter = asyncio.get_running_loop().create_future()
+            try:
+                await self._putter
+            finally:
+                self._putter = None
+        self.push(message)
+
+    async def get(self) -> dict[str, Any]:
+        while not self._items:
+            if self.overflowed:
+                return OVERFLOW
+            self._getter = asyncio.get_running_loop().create_future()
+            try:
+                await self._getter
+            finally:
+                self._getter = None
+        if self.overflowed:
+            return OVERFLOW
+        message = self._items.popleft()
+        self.size -= _cost(message)
+        putter = self._putter
+        if putter is not None and not putter.done() and self.size < self.limit:
+            putter.set_result(None)
+        return message
+
+    def _wake_getter(self) -> None:
+        getter = self._getter
+        if getter is not None and not getter.done():
+            getter.set_result(None)
+
+
+def flow_controlled(send: Callable[[dict[str, Any]], Awaitable[None]]):
+    """``send`` made to wait while the caller's connection takes no more data.
+
+    uvicorn's ``send`` already waits (it drains the transport before writing). Daphne's never
+    does: Twisted buffers every byte written, without limit. Under Daphne ``send`` is
+    ``partial(server.handle_reply, request)``; the request (a ``twisted.web.http.Request``)
+    accepts a streaming producer, which Twisted pauses while its write buffer is full and
+    resumes once it drains, so the returned callable waits on that. Anything else: ``send``.
+    """
+    owner = getattr(send, "__self__", None)
+    if owner is not None and hasattr(owner, "flow_controlled"):
+        # a wrapper around the server's send (the tracing span): control the inner send
+        owner.flow_controlled(flow_controlled)
+        return send
+    if isinstance(send, functools.partial) and send.args:
+        request = send.args[0]
+        if hasattr(request, "registerProducer") and hasattr(request, "unregisterProducer"):
+            return _TwistedFlow(send, request)
+    return send
+
+
+class _TwistedFlow:
+    """A Twisted push producer standing for one response: ``send`` waits while paused."""
+
+    __slots__ = ("_send", "_request", "_writable", "_registered")
+
+    def __init__(self, send, request) -> None:
+        self._send = send
+        self._request = request
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._registered = False
+        try:
+            request.registerProducer(self, True)
+            self._registered = True
+        except Exception:  # an unexpected server: no flow control, never a failed response
+            return
+        channel = getattr(request, "channel", None)
+        if getattr(channel, "_waitingForTransport", False):
+            self._writable.clear()
+
+    # IPushProducer, called by Twisted on the event loop's thread (asyncio reactor)
+    def pauseProducing(self) -> None:
+        self._writable.clear()
+
+    def resumeProducing(self) -> None:
+        self._writable.set()
+
+    def stopProducing(self) -> None:
+        self._writable.set()  # connection lost: never keep a writer waiting
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            self.close()  # Twisted wants the producer gone before the response finishes
+            await self._send(message)
+            return
+        await self._send(message)
+        if not self._writable.is_set():
+            await self._writable.wait()
+
+    def close(self) -> None:
+        if self._registered:
+            self._registered = False
+            try:
+                self._request.unregisterProducer()
+            except Exception:  # the connection is already gone
+                pass

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from gateway import envelope as env
-from gateway import errors, outbound
+from gateway import errors, outbound, tracing
 from gateway import metrics as m
 from gateway.conf import NodeSettings
 from gateway.headers import outbound_headers, relayed_response_headers
@@ -48,10 +48,21 @@ ACK_AFTER_SECONDS = 0.5
 CANCEL_NOTICE_TIMEOUT_SECONDS = 5.0
 
 
-class BrokerSink:
-    """Writes reply messages to the gateway's reply channel through the Channels layer."""
+class StreamStalled(Exception):
+    """The gateway relaying a stream took no more of it for too long (no stream_credit)."""
 
-    __slots__ = ("layer", "channel", "request_id", "_ack_timer", "_tasks")
+
+class BrokerSink:
+    """Writes reply messages to the gateway's reply channel through the Channels layer.
+
+    For a stream whose Query names a window (``a2a_window``), at most that many body bytes are
+    sent ahead of what the caller has read (``stream_credit`` from the gateway): the relay then
+    waits here, so it stops reading the agent, and one slow caller never floods the broker or
+    the gateway node's inbox. Each stream waits on its own; the receive loop never does.
+    """
+
+    __slots__ = ("layer", "channel", "request_id", "_ack_timer", "_tasks", "window", "sent",
+                 "credited", "credit_timeout", "_credit_waiter")
 
     def __init__(self, layer, channel: str, request_id: str, tasks: set[asyncio.Task]) -> None:
         self.layer = layer
@@ -59,6 +70,35 @@ class BrokerSink:
         self.request_id = request_id
         self._ack_timer: asyncio.TimerHandle | None = None
         self._tasks = tasks
+        self.window = 0  # 0: no flow control (sync replies, bounded by the response cap)
+        self.sent = 0
+        self.credited = 0
+        #: How long a flow-controlled stream waits for credit (set with ``window``).
+        self.credit_timeout = 0.0
+        self._credit_waiter: asyncio.Future | None = None
+
+    def credit(self, total: int) -> None:
+        """The gateway has delivered ``total`` body bytes of this stream to its caller."""
+        if total > self.credited:
+            self.credited = total
+            waiter = self._credit_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_credit(self) -> None:
+        # Bounded: a gateway that vanished, or credits lost in the broker, end the stream
+        # after the gateway's own stall timeout would have (plus its buffer) - never a hang.
+        limit = self.credit_timeout
+        try:
+            async with asyncio.timeout(limit):
+                while self.sent - self.credited >= self.window:
+                    self._credit_waiter = asyncio.get_running_loop().create_future()
+                    try:
+                        await self._credit_waiter
+                    finally:
+                        self._credit_waiter = None
+        except TimeoutError:
+            raise StreamStalled(f"no stream credit for {limit:g} s") from None
 
     def arm_ack(self) -> None:
         self._ack_timer = asyncio.get_running_loop().call_later(ACK_AFTER_SECONDS, self._ack)
@@ -71,6 +111,12 @@ class BrokerSink:
         if self._ack_timer is not None:
             self._ack_timer.cancel()
             self._ack_timer = None
+        if self.window:
+            body = message.get("body")
+            if body:
+                if self.sent - self.credited >= self.window:
+                    await self._wait_credit()
+                self.sent += len(body)
         await self._send(message)
 
     async def _send(self, message: dict[str, Any]) -> None:
@@ -99,6 +145,7 @@ class VirtualSubscriber:
         self.route = route
         self.in_flight = 0
         self.streams: dict[str, asyncio.Task] = {}
+        self._stream_sinks: dict[str, BrokerSink] = {}  # flow-controlled streams (broker)
         self._cancel_requested: dict[str, Any] = {}  # request id -> the stream's JSON-RPC id
         self._tasks: set[asyncio.Task] = set()
         self._receiver: asyncio.Task | None = None
@@ -173,6 +220,18 @@ class VirtualSubscriber:
         if method == env.CANCEL_METHOD and env.TAG_STREAM_ID in tags:
             self.cancel_stream(tags[env.TAG_STREAM_ID])
             return
+        if method == env.CREDIT_METHOD and env.TAG_STREAM_ID in tags:
+            stream_sink = self._stream_sinks.get(tags[env.TAG_STREAM_ID])
+            if stream_sink is not None:
+                try:
+                    stream_sink.credit(int(tags.get(env.TAG_CREDIT) or 0))
+                except ValueError:
+                    pass
+            return
+        if tracing.ENABLED:  # a child span of the entry node's; the agent gets its context
+            sink = tracing.subscriber_sink(query, sink, agent_id=self.agent_id,
+                                           endpoint=self.route.endpoint, local=local,
+                                           node_id=self.settings.NODE_ID)
         if self._stopping:
             await sink(env.error(request_id, errors.UNREACHABLE, "agent is deregistering"))
             return
@@ -184,13 +243,28 @@ class VirtualSubscriber:
         if not local:
             sink.arm_ack()  # type: ignore[attr-defined]
         if method in env.STREAMING_METHODS:
+            if not local:
+                try:
+                    sink.window = max(int(tags.get(env.TAG_WINDOW) or 0), 0)  # type: ignore[attr-defined]
+                except ValueError:
+                    pass
+                settings = self.settings
+                sink.credit_timeout = (  # type: ignore[attr-defined]
+                    settings.A2A_SSE_STALL_TIMEOUT_SECONDS
+                    + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
+                )
+                self._stream_sinks[request_id] = sink  # type: ignore[assignment]
             task = asyncio.get_running_loop().create_task(self._run_stream(query, sink, request_id))
             self.streams[request_id] = task
-            task.add_done_callback(lambda _t, rid=request_id: self.streams.pop(rid, None))
+            task.add_done_callback(lambda _t, rid=request_id: self._stream_done(rid))
         elif local:
             await self._run_sync(query, sink, request_id)
         else:
             _spawn(self._tasks, self._run_sync(query, sink, request_id))
+
+    def _stream_done(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
+        self._stream_sinks.pop(request_id, None)
 
     def cancel_stream(self, request_id: str) -> bool:
         """The cancel handler: the caller of a relayed stream went away."""
@@ -217,7 +291,8 @@ class VirtualSubscriber:
                 seconds = float(tags.get(env.TAG_TIMEOUT) or settings.A2A_DEFAULT_TIMEOUT_SECONDS)
             except ValueError:
                 seconds = float(settings.A2A_DEFAULT_TIMEOUT_SECONDS)
-            headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+            headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
+                                       passthrough=self.route.credential_passthrough)
             client = self._client
             if client is None or client.closed:
                 client = self._client = outbound.client()
@@ -242,7 +317,8 @@ class VirtualSubscriber:
                     await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
                     return
                 await sink(env.start(request_id, status, relayed_response_headers(
-                    response.headers), body, more=False, sse=False))
+                    response.headers, self.route.credential_passthrough), body, more=False,
+                    sse=False))
             except TRANSPORT_ERRORS as exc:
                 await sink(transport_error(request_id, exc))
         except asyncio.CancelledError:
@@ -277,7 +353,8 @@ class VirtualSubscriber:
         self, body: bytes, tags: dict[str, str], sink: Sink, request_id: str
     ) -> None:
         """The SSE handler: open the agent's stream and relay it event by event."""
-        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
+                                   passthrough=self.route.credential_passthrough)
         try:
             # No overall timeout for streams; waiting for the agent's first bytes is bounded
             # by the idle timeout, like every later silence.
@@ -288,6 +365,10 @@ class VirtualSubscriber:
             return
         try:
             await self._relay(response, sink, request_id)
+        except StreamStalled as exc:
+            logger.warning("%s: stream ended: %s", self.client_id, exc)
+            # the agent's stream was flowing: it had the request
+            await sink(env.error(request_id, errors.STREAM_STALLED, str(exc), executed=True))
         except TRANSPORT_ERRORS as exc:
             await sink(transport_error(request_id, exc))
         finally:
@@ -301,7 +382,8 @@ class VirtualSubscriber:
         if status == 504:
             await sink(env.error(request_id, errors.TIMEOUT, status=status))
             return
-        headers = relayed_response_headers(response.headers)
+        headers = relayed_response_headers(response.headers,
+                                           self.route.credential_passthrough)
         if _is_event_stream(response):
             await self._relay_events(response, headers, sink, request_id)
         else:
@@ -364,7 +446,9 @@ class VirtualSubscriber:
                     return
                 if events:
                     await sink(env.chunk(request_id, events, more=True))
-                    last_sent = last_data
+                    # The sink waits while the caller lags (backpressure): that wait is not the
+                    # agent's silence, so the idle and keepalive clocks restart after it.
+                    last_sent = last_data = loop.time()
         finally:
             self.sse_active -= 1
 
@@ -379,7 +463,8 @@ class VirtualSubscriber:
             "jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": env.CANCEL_METHOD,
             "params": {"id": original, "request_id": original},
         })
-        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous")
+        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
+                                   passthrough=self.route.credential_passthrough)
         headers.pop("content-type", None)
         headers.pop("accept", None)
         headers["content-type"] = "application/json"

@@ -60,7 +60,9 @@ class CardVersionInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = False
-    fields = ("created_at", "short_sha256", "endpoint", "skills", "card_pretty")
+    fields = (
+        "created_at", "short_sha256", "endpoint", "skills", "signature_status", "card_pretty"
+    )
     readonly_fields = fields
     ordering = ("-created_at", "-id")
     verbose_name = "card version"

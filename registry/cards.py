@@ -9,11 +9,13 @@ required) and strict on request (the A2A schema, from the official ``a2a-sdk`` t
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 from django.conf import settings
+
+from registry.signatures import SignatureResult, policy, verify_card
 
 
 class CardError(ValueError):
@@ -49,6 +51,7 @@ class ParsedCard:
     input_modes: list[str] = field(default_factory=list)
     output_modes: list[str] = field(default_factory=list)
     streaming: bool = False
+    signature: SignatureResult | None = None  # None: not checked (A2A_CARD_SIGNATURES=off)
 
 
 def card_sha256(raw: bytes) -> str:
@@ -201,6 +204,25 @@ def parse_card(
         ),
         streaming=bool(caps.get("streaming")),
     )
+
+
+def card_signature_check(parsed: ParsedCard) -> ParsedCard:
+    """The card with its signature result, per ``A2A_CARD_SIGNATURES``.
+
+    ``off``: not checked. ``verify``: checked and recorded. ``require``: a card without a valid
+    signature from a trusted key raises :class:`CardError` (docs/signatures.md).
+    """
+    mode = policy()
+    if mode == "off":
+        return parsed
+    result = verify_card(parsed.card, sha256=parsed.sha256)
+    if mode == "require" and not result.valid:
+        why = f" ({result.detail})" if result.detail else ""
+        raise CardError(
+            f"card signature is {result.status.replace('_', ' ')}{why}: this registry requires "
+            "cards signed by a trusted key (A2A_CARD_SIGNATURES=require)"
+        )
+    return replace(parsed, signature=result)
 
 
 def rewrite_card_endpoints(card: dict[str, Any], gateway_url: str) -> dict[str, Any]:

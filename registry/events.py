@@ -30,6 +30,7 @@ class AgentRoute:
     expires_at: float  # POSIX seconds
     owner_client_id: str | None
     card_sha256: str
+    credential_passthrough: bool = False  # the caller's Authorization goes to the agent
 
     def as_dict(self) -> dict:
         return asdict(self)

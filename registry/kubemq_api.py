@@ -178,6 +178,13 @@ def _required_string(data: dict[str, Any], name: str) -> None:
         raise _KubeMQError(400, f"{name} is required")
 
 
+def _optional_bool(data: dict[str, Any], name: str) -> bool | None:
+    value = data.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise _KubeMQError(400, f"{name} must be true or false")
+    return value
+
+
 def _routable_agent(agent_id: str) -> Agent:
     """The agent as KubeMQ sees it: registered and within its lease, else not found."""
     agent = selectors.agent_get(agent_id=agent_id)
@@ -289,6 +296,7 @@ class AgentItemView(KubeMQView):
             url=data["url"],
             card=bytes(request.body),  # stored byte-exact: the card is the body
             source=Agent.Source.KUBEMQ,
+            credential_passthrough=_optional_bool(data, "credential_passthrough"),
         )
         return Response(enriched_card(agent))  # KubeMQ answers 200 for new and re-registered
 

@@ -38,6 +38,10 @@ class Agent(models.Model):
     card_raw = models.TextField(help_text="The card exactly as registered (signatures intact).")
     card_sha256 = models.CharField(max_length=64)
     card_shape = models.CharField(max_length=16)
+    card_signature = models.CharField(
+        max_length=12, blank=True, default="",
+        help_text="Signature check of the current card (blank: not checked).",
+    )
     # Denormalised, '|'-delimited indexes so list filters work the same on SQLite and PostgreSQL.
     tags_index = models.TextField(blank=True, default="")
     skills_index = models.TextField(blank=True, default="")
@@ -51,6 +55,11 @@ class Agent(models.Model):
     last_seen = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     node_id = models.CharField(max_length=200, blank=True, help_text="The owning node.")
+    credential_passthrough = models.BooleanField(
+        default=False,
+        help_text="The caller's Authorization reaches the agent unchanged (agents with their own "
+        "securitySchemes); callers authenticate to the gateway with X-Gateway-Authorization.",
+    )
     owner = models.ForeignKey(
         "registry.ApiClient", null=True, blank=True, on_delete=models.SET_NULL,
         related_name="agents",
@@ -80,6 +89,12 @@ class Agent(models.Model):
         return self.status == self.Status.ACTIVE and self.expires_at > timezone.now()
 
 
+SIGNATURE_CHOICES = [
+    ("valid", "valid"), ("invalid", "invalid"), ("unsigned", "unsigned"),
+    ("unknown_key", "unknown key"),
+]
+
+
 class CardVersion(models.Model):
     """Every distinct card an agent has published, so skill-list and endpoint changes show."""
 
@@ -90,6 +105,12 @@ class CardVersion(models.Model):
     endpoint = models.URLField(max_length=2048)
     skill_ids = models.JSONField(default=list)
     created_at = models.DateTimeField(default=timezone.now)
+    # docs/signatures.md: valid, invalid, unsigned or unknown_key; blank: not checked (off).
+    signature_status = models.CharField(
+        "signature", max_length=12, blank=True, default="", choices=SIGNATURE_CHOICES
+    )
+    signature_kid = models.CharField(max_length=200, blank=True, default="")
+    signature_detail = models.CharField(max_length=300, blank=True, default="")
 
     class Meta:
         ordering = ["-created_at", "-id"]

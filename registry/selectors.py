@@ -61,6 +61,7 @@ def agent_route(agent: Agent) -> AgentRoute:
         expires_at=agent.expires_at.timestamp(),
         owner_client_id=owner,
         card_sha256=agent.card_sha256,
+        credential_passthrough=agent.credential_passthrough,
     )
 
 
@@ -72,14 +73,15 @@ def agent_routes() -> list[AgentRoute]:
     """
     rows = Agent.objects.routable().values_list(
         "agent_id", "url", "node_id", "max_concurrency", "expires_at", "owner__client_id",
-        "card_sha256",
+        "card_sha256", "credential_passthrough",
     )
     return [
         AgentRoute(
             agent_id=agent_id, endpoint=url, node_id=node_id, max_concurrency=max_concurrency,
             expires_at=expires_at.timestamp(), owner_client_id=owner, card_sha256=sha,
+            credential_passthrough=passthrough,
         )
-        for agent_id, url, node_id, max_concurrency, expires_at, owner, sha in rows
+        for agent_id, url, node_id, max_concurrency, expires_at, owner, sha, passthrough in rows
     ]
 
 

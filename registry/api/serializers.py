@@ -28,12 +28,22 @@ class StrictInteger(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class StrictBoolean(serializers.BooleanField):
+    """A JSON boolean: refuses strings and numbers."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
+
+
 class AgentRegisterInput(StrictInput):
     agent_id = serializers.CharField(max_length=200, trim_whitespace=False)
     url = serializers.CharField(max_length=2048, required=False, trim_whitespace=False)
     card = serializers.JSONField(required=False)
     ttl_seconds = StrictInteger(required=False, min_value=1)
     max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
+    credential_passthrough = StrictBoolean(required=False)
 
     def validate_card(self, value):
         if not isinstance(value, dict):
@@ -46,6 +56,7 @@ class AgentUpdateInput(StrictInput):
     card = serializers.JSONField(required=False)
     ttl_seconds = StrictInteger(required=False, min_value=1)
     max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
+    credential_passthrough = StrictBoolean(required=False)
 
     validate_card = AgentRegisterInput.validate_card
 
@@ -60,7 +71,8 @@ class AgentOutput(serializers.ModelSerializer):
         fields = [
             "agent_id", "name", "description", "url", "status", "routable", "source",
             "ttl_seconds", "max_concurrency", "registered_at", "last_seen", "expires_at",
-            "node_id", "owner", "card_sha256", "tags", "card",
+            "node_id", "owner", "card_sha256", "card_signature", "tags", "card",
+            "credential_passthrough",
         ]
 
     def get_owner(self, agent: Agent) -> str | None:

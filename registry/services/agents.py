@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from config import tracing
 from registry import events
 from registry.ids import agent_id_error
 from registry.models import Agent
@@ -37,6 +38,12 @@ def _check_concurrency(value: Any) -> int:
     return value
 
 
+def _check_passthrough(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput("credential_passthrough must be true or false")
+    return value
+
+
 def _authorize_register(actor: Actor, agent_id: str, existing: Agent | None) -> None:
     if not actor.has_scope(SCOPE_REGISTER):
         raise PermissionDenied("this client lacks the register scope")
@@ -56,6 +63,7 @@ def _publish(kind: events.EventKind, agent: Agent) -> None:
     events.publish(events.AgentEvent(kind=kind, agent_id=agent.agent_id, route=agent_route(agent)))
 
 
+@tracing.traced("registry.register")
 def agent_register(
     *,
     actor: Actor,
@@ -67,10 +75,12 @@ def agent_register(
     source: str = Agent.Source.API,
     node_id: str | None = None,
     strict: bool | None = None,
+    credential_passthrough: bool | None = None,
 ) -> tuple[Agent, bool]:
     """Register or re-register an agent. Returns ``(agent, created)``.
 
-    Re-registration keeps ``registered_at`` and renews the lease. Two concurrent registrations
+    Re-registration keeps ``registered_at`` and renews the lease; ``credential_passthrough``
+    None keeps the agent's current choice (off for a new agent). Two concurrent registrations
     of one id leave exactly one row: the loser of the insert race updates the winner's row.
     """
     error = agent_id_error(agent_id)
@@ -91,6 +101,8 @@ def agent_register(
         "source": source,
         "node_id": node_id or _owning_node(agent_id=agent_id, current=existing),
     }
+    if credential_passthrough is not None:
+        fields["credential_passthrough"] = _check_passthrough(credential_passthrough)
     created = False
     with transaction.atomic():
         agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
@@ -124,8 +136,10 @@ def agent_update(
     card: dict[str, Any] | bytes | None = None,
     ttl_seconds: Any = None,
     max_concurrency: Any = None,
+    credential_passthrough: bool | None = None,
 ) -> Agent:
-    """Partially update an agent (PATCH): a new card, URL, TTL or concurrency cap."""
+    """Partially update an agent (PATCH): a new card, URL, TTL, concurrency cap or credential
+    passthrough."""
     with transaction.atomic():
         agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
         if agent is None:
@@ -137,6 +151,8 @@ def agent_update(
             agent.expires_at = timezone.now() + timedelta(seconds=agent.ttl_seconds)
         if max_concurrency is not None:
             agent.max_concurrency = _check_concurrency(max_concurrency)
+        if credential_passthrough is not None:
+            agent.credential_passthrough = _check_passthrough(credential_passthrough)
         if url is not None or card is not None:
             parsed = _resolve_card(
                 url=url if url is not None else agent.url,
@@ -150,6 +166,7 @@ def agent_update(
     return agent
 
 
+@tracing.traced("registry.deregister")
 def agent_deregister(*, actor: Actor, agent_id: str) -> None:
     """Remove an agent and its card history; its subscriber is torn down by the event."""
     with transaction.atomic():

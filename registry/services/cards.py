@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from config import tracing
 from registry.card_fetch import CardFetchError, fetch_card_bytes
-from registry.cards import CardError, ParsedCard, parse_card
+from registry.cards import CardError, ParsedCard, card_signature_check, parse_card
 from registry.models import Agent, CardVersion
 from registry.netcheck import UnsafeUrl, check_agent_url
 from registry.services.errors import InvalidInput
@@ -28,11 +29,12 @@ def _resolve_card(
         if not url:
             raise InvalidInput("either a url or a card is required")
         try:
-            card = fetch_card_bytes(url)
+            with tracing.span("registry.card_fetch", **{"url.full": url}):
+                card = fetch_card_bytes(url)
         except CardFetchError as exc:
             raise InvalidInput(str(exc)) from None
     try:
-        parsed = parse_card(card, url=url, strict=strict)
+        parsed = card_signature_check(parse_card(card, url=url, strict=strict))
     except CardError as exc:
         raise InvalidInput(str(exc)) from None
     if url is None:
@@ -51,6 +53,7 @@ def _apply_card(agent: Agent, parsed: ParsedCard) -> None:
     agent.card_raw = parsed.raw.decode("utf-8", errors="replace")
     agent.card_sha256 = parsed.sha256
     agent.card_shape = parsed.shape
+    agent.card_signature = parsed.signature.status if parsed.signature else ""
     agent.tags_index = _index(parsed.tags)
     agent.skills_index = _index(parsed.skill_ids + parsed.skill_names)
     agent.input_modes_index = _index(parsed.input_modes)
@@ -58,7 +61,13 @@ def _apply_card(agent: Agent, parsed: ParsedCard) -> None:
 
 
 def _record_card_version(agent: Agent, parsed: ParsedCard) -> None:
-    CardVersion.objects.get_or_create(
+    sig = parsed.signature
+    signature = {
+        "signature_status": sig.status if sig else "",
+        "signature_kid": sig.kid[:200] if sig else "",
+        "signature_detail": sig.detail[:300] if sig else "",
+    }
+    version, created = CardVersion.objects.get_or_create(
         agent=agent,
         sha256=parsed.sha256,
         defaults={
@@ -66,5 +75,9 @@ def _record_card_version(agent: Agent, parsed: ParsedCard) -> None:
             "card_raw": agent.card_raw,
             "endpoint": agent.url,
             "skill_ids": parsed.skill_ids,
+            **signature,
         },
     )
+    if not created and sig is not None and version.signature_status != sig.status:
+        # Same bytes, new verdict (a key rotated in or out): the history shows the latest.
+        CardVersion.objects.filter(pk=version.pk).update(**signature)

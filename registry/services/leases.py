@@ -12,6 +12,7 @@ from django.db import connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from config import tracing
 from registry import events
 from registry.models import Agent, Node
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
@@ -76,6 +77,7 @@ def _renew_lease(*, agent_id: str, now: datetime, owner_pk: object):
     return now, expires_at
 
 
+@tracing.traced("registry.heartbeat")
 def agent_heartbeat(*, actor: Actor, agent_id: str) -> HeartbeatResult:
     """Renew an active agent's lease by its TTL. An expired or unknown agent is not found.
 

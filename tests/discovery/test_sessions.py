@@ -72,17 +72,18 @@ def test_tree_builds_without_network(card_server, configure, cache, clock):
 
 @pytest.mark.django_db
 def test_adk_adapter(card_server, configure, cache, clock):
-    require_extra(
-        "google.adk", "pip install google-adk", installed_in_ci=False,
-        why_not="google-adk 2.x needs websockets<16 and opentelemetry-api<=1.44, 1.x the "
-        "a2a-sdk 0.x client (requirements/extras.txt)",
-    )
-    from discovery.adk import build_remote_agents
+    require_extra("google.adk", "pip install google-adk")
+    from discovery.adk import agent_card, build_remote_agents
 
     _publish_two_versions(card_server, configure, cache, clock)
     pin, _ = sessions.session_pin(session_id="s")
-    (remote,) = build_remote_agents(tree_factory.tree_for(pin.snapshot, base_url="http://gw"))
+    tree = tree_factory.tree_for(pin.snapshot, base_url="http://gw")
+    (remote,) = build_remote_agents(tree)
     assert remote.name == "agent_one" and remote.description == "The reviewed one."
+    # The cached A2A 0.3 card becomes an a2a-sdk 1.x card whose one interface is the gateway.
+    (spec,) = tree.agents
+    (iface,) = agent_card(spec.card).supported_interfaces
+    assert iface.url == spec.card["url"] and iface.url.startswith("http://gw/")
 
 
 def test_session_and_snapshot_api(live_server_url, api: httpx.Client, card_server, configure,
