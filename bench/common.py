@@ -152,6 +152,10 @@ class PlatformNode:
         self.data_dir = tmp / name
         self.data_dir.mkdir(parents=True, exist_ok=True)
         extra = {"A2A_DATA_DIR": str(self.data_dir), **(extra_env or {})}
+        # Loopback nodes: the host names they answer to, and /metrics readable by the bench.
+        extra.setdefault("ALLOWED_HOSTS", "127.0.0.1,localhost")
+        extra.setdefault("A2A_METRICS_REQUIRE_TOKEN", "false")
+        extra.setdefault("A2A_MAX_AGENTS_PER_CLIENT", "0")  # one registrar, 10,000 agents
         if database_url:
             extra["DATABASE_URL"] = database_url
             extra.setdefault("SECRET_KEY", "bench-secret-key")

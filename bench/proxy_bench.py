@@ -16,6 +16,9 @@ SSE) on core 1, a fast local agent answering a fixed JSON-RPC result. Arms:
                    OTLP/HTTP to a sink on the load core; compare with gateway-uvicorn (off)
   gateway-baseline (--baseline-ref REF) the uvicorn gateway built from git REF (e.g. the
                    commit before a feature): "compiled in but off" / "without it", same run
+  gateway-stats-on / gateway-stats-off (``--stats``): two more uvicorn gateways, one with
+                   per-agent statistics on and A2A_AUDIT=errors (the defaults), one with
+                   A2A_STATS=false and A2A_AUDIT=off: the console's cost on the hot path
 
 Figures: req/s, p50/p99 for 1 KiB ``message/send`` at c=1 and c=64 and 256 KiB at c=64; server
 CPU per request (all server-side processes of the arm); ratios; SSE first-event latency; how
@@ -293,6 +296,14 @@ def start_arms(tmp: Path, args, database_url: str | None = None
         arms.append(start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
                                   name="gateway-baseline",
                                   root=baseline_checkout(args.baseline_ref, tmp)))
+    if args.stats:
+        # The console's statistics and error audit on vs off, same server, same run.
+        variants = (("gateway-stats-on", {"A2A_STATS": "true", "A2A_AUDIT": "errors"}),
+                    ("gateway-stats-off", {"A2A_STATS": "false", "A2A_AUDIT": "off"}))
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            arms.extend(pool.map(
+                lambda v: start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
+                                        name=v[0], extra_env=v[1]), variants))
     if database_url:
         arms.extend(start_cross_node(tmp, args, upstream_url, procs, upstream, database_url))
     for arm in arms:
@@ -509,6 +520,17 @@ def ratios(summary: dict) -> list[dict]:
                          "value": ratio(get(scenario, "gateway-uvicorn"),
                                         get(scenario, "gateway-baseline")),
                          "target": ">= 0.97 (tracing compiled in but off)"})
+    if "gateway-stats-on" in summary.get("1KiB c=64", {}):
+        for scenario in summary:
+            rows.append({"figure": f"{scenario}: stats+audit(errors) on / off (req/s)",
+                         "value": ratio(get(scenario, "gateway-stats-on"),
+                                        get(scenario, "gateway-stats-off")),
+                         "target": ">= 0.95"})
+            cpu_on = get(scenario, "gateway-stats-on", "cpu_us_per_req")
+            cpu_off = get(scenario, "gateway-stats-off", "cpu_us_per_req")
+            rows.append({"figure": f"{scenario}: stats+audit(errors) on - off (server CPU us/req)",
+                         "value": round(cpu_on - cpu_off, 1) if cpu_on and cpu_off else None,
+                         "target": "reported (steadier than req/s on a busy machine)"})
     for scenario in ("1KiB c=1", "1KiB c=64"):
         rows.append({"figure": f"{scenario}: gateway-daphne / daphne-ceiling (req/s)",
                      "value": ratio(get(scenario, "gateway-daphne"),
@@ -568,6 +590,9 @@ def main() -> int:
     parser.add_argument("--sse-samples", type=int, help="SSE first-event samples per arm")
     parser.add_argument("--hold-seconds", type=int, default=120)
     parser.add_argument("--skip-gateway", action="store_true")
+    parser.add_argument("--stats", action="store_true",
+                        help="also gateways with the console's statistics + error audit on and "
+                             "off (A2A_STATS, A2A_AUDIT), side by side")
     parser.add_argument("--cross-node", action="store_true",
                         help="also two distributed nodes (PostgreSQL + Redis): single-node and "
                              "cross-node arms")

@@ -10,9 +10,10 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
+from config.edge import limit_body  # noqa: E402
 from config.node import lifespan_app  # noqa: E402
 from gateway.routing import http_application  # noqa: E402
 
 application = ProtocolTypeRouter(
-    {"http": http_application(django_asgi_app), "lifespan": lifespan_app}
+    {"http": limit_body(http_application(django_asgi_app)), "lifespan": lifespan_app}
 )

@@ -73,6 +73,7 @@ async def stop() -> None:
             await fn()
         except Exception:
             logger.exception("shutdown hook %r failed", fn)
+    logger.info("node stopped: %d shutdown hook(s) ran", len(_shutdown))
 
 
 async def lifespan_app(scope, receive, send) -> None:

@@ -40,14 +40,31 @@ if not SECRET_KEY:
         _key_file.chmod(0o600)
     SECRET_KEY = _key_file.read_text().strip()
 
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["*"])
+# Host names this node answers to. Never "*" by default outside DEBUG: Django's views and the
+# gateway's rewritten cards trust the Host header only when it is listed here.
+_LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS")
+if not ALLOWED_HOSTS:
+    if DEBUG:
+        ALLOWED_HOSTS = ["*"]
+    elif EMBEDDED:
+        # Embedded mode serves 127.0.0.1 by default (scripts/run.sh); "testserver" is Django's
+        # test client (distributed test runs name it in tests/environment.py).
+        ALLOWED_HOSTS = [*_LOOPBACK_HOSTS, "testserver"]
+    else:
+        raise ImproperlyConfigured(
+            "ALLOWED_HOSTS must be set in distributed mode (REDIS_URL set): the host names "
+            "clients use to reach this node, comma-separated, e.g. "
+            "ALLOWED_HOSTS=registry.example.com,127.0.0.1 ('*' accepts any Host header)."
+        )
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 # Proxies whose X-Forwarded-Proto / X-Forwarded-Host are believed (IPs). Empty: none.
 A2A_TRUSTED_PROXIES = env_list("A2A_TRUSTED_PROXIES")
 
 INSTALLED_APPS = [
     "daphne",
-    "django.contrib.admin",
+    # The admin with the operator dashboard as its index (console.site.ConsoleAdminSite).
+    "console.apps.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -57,11 +74,14 @@ INSTALLED_APPS = [
     "rest_framework_api_key",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "channels",
     "registry",
     "gateway",
     "discovery",
+    "config",  # the node's management commands (serve)
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -219,7 +239,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["registry.auth.IsAuthenticatedOrAnonymousAllowed"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.CappedLimitOffsetPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -231,6 +251,16 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Registry, gateway and discovery for A2A agents.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI and ReDoc served from the installed drf-spectacular-sidecar: no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"persistAuthorization": True},
+    # The /a2a gateway is raw ASGI (not a Django view): its paths are added to the document.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "console.schema.add_gateway_paths",
+    ],
 }
 
 # --- the platform ------------------------------------------------------------------------------
@@ -304,7 +334,30 @@ A2A_LOCAL_FAST_PATH = env_bool("A2A_LOCAL_FAST_PATH", True)
 # collection of a Django process costs ~60 ms of stalled requests. Off for test processes,
 # which start and stop many nodes.
 A2A_GC_FREEZE = env_bool("A2A_GC_FREEZE", True)
+# --- the node's edge (config/servers.py, config/edge.py) ---
+# Both servers: an incomplete request head is cut after this long, an idle kept-alive
+# connection after A2A_HTTP_KEEPALIVE_SECONDS; connections beyond the limit get 503 at once.
+A2A_HTTP_HEADER_TIMEOUT_SECONDS = env_float("A2A_HTTP_HEADER_TIMEOUT_SECONDS", 10, minimum=0.1)
+A2A_HTTP_KEEPALIVE_SECONDS = env_float("A2A_HTTP_KEEPALIVE_SECONDS", 5, minimum=0.1)
+A2A_HTTP_MAX_CONNECTIONS = env_int("A2A_HTTP_MAX_CONNECTIONS", 4096, minimum=1)
+# GET /metrics: open only in embedded mode unless a token is required; it then takes
+# A2A_METRICS_TOKEN (when set) or an admin-scope API token.
+A2A_METRICS_TOKEN = env_str("A2A_METRICS_TOKEN", "") or ""
+A2A_METRICS_REQUIRE_TOKEN = env_bool(
+    "A2A_METRICS_REQUIRE_TOKEN", bool(A2A_METRICS_TOKEN) or not EMBEDDED
+)
+# Quotas: agents one API client may own (0: no limit; admin clients are exempt), and the
+# largest page a list endpoint answers (/api/v1/agents ?limit, KubeMQ GET /agents ?limit).
+A2A_MAX_AGENTS_PER_CLIENT = env_int("A2A_MAX_AGENTS_PER_CLIENT", 1000, minimum=0)
+A2A_MAX_PAGE_SIZE = env_int("A2A_MAX_PAGE_SIZE", 500, minimum=1)
 DISCOVERY_CONFIG = env_str("DISCOVERY_CONFIG")
+# --- operator console (console/): per-agent statistics and the audit log ---
+A2A_STATS = env_bool("A2A_STATS", True)
+A2A_STATS_RETENTION_HOURS = env_float("A2A_STATS_RETENTION_HOURS", 48, minimum=0.1)
+A2A_STATS_FLUSH_SECONDS = env_float("A2A_STATS_FLUSH_SECONDS", 5, minimum=0.05)
+A2A_AUDIT = env_choice("A2A_AUDIT", "errors", ("off", "errors", "all"))
+A2A_AUDIT_RETENTION_HOURS = env_float("A2A_AUDIT_RETENTION_HOURS", 168, minimum=0.1)
+A2A_AUDIT_MAX_PENDING = env_int("A2A_AUDIT_MAX_PENDING", 10000, minimum=1)
 # --- discovery (discovery/) ---
 DISCOVERY_FETCH_TIMEOUT_SECONDS = env_float("DISCOVERY_FETCH_TIMEOUT_SECONDS", 5.0, minimum=0.01)
 DISCOVERY_CONNECT_TIMEOUT_SECONDS = env_float(

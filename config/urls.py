@@ -5,7 +5,11 @@ The /a2a/ gateway is not here: config.asgi routes it to a lean ASGI handler befo
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import (
+    SpectacularAPIView,
+    SpectacularRedocView,
+    SpectacularSwaggerView,
+)
 
 from config import views
 
@@ -14,7 +18,13 @@ urlpatterns = [
     path("api/v1/", include("registry.api.urls")),
     path("api/v1/", include("discovery.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # Swagger UI and ReDoc load their assets from this server (drf-spectacular-sidecar).
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path(
+        "api/redoc/",
+        SpectacularRedocView.as_view(url_name="schema", template_name="console/redoc.html"),
+        name="api-redoc",
+    ),
     path("healthz", views.healthz),
     path("readyz", views.readyz),
     path("", include("registry.kubemq_urls")),

@@ -1,11 +1,18 @@
 """Discovery in the Django admin: sources, allowlist, tag vocabulary and needs, the card cache
-(with "refresh now"), endpoint health, snapshots (agents, digest, pinned sessions), alerts.
-Changelists select or annotate what they show: query counts stay flat as rows grow."""
+(with "refresh now"), endpoint health, snapshots (agents, digest, pinned sessions, diff between
+two), alerts (acknowledge), the last cycles and "run discovery now".
+
+Rows the loop makes (cache entries, health, snapshots, alerts, cycles) offer no "Add"; a
+snapshot a session pins cannot be deleted. Changelists select or annotate what they show:
+query counts stay flat as rows grow."""
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.db.models import Count
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from discovery.models import (
@@ -14,6 +21,7 @@ from discovery.models import (
     CapabilityTag,
     CardCacheEntry,
     ConfiguredAgent,
+    CycleRun,
     DiscoveryPolicy,
     EndpointHealth,
     Need,
@@ -21,6 +29,13 @@ from discovery.models import (
     Snapshot,
     SourceFeed,
 )
+
+
+class SystemRowsAdmin(admin.ModelAdmin):
+    """Rows the discovery loop makes: nothing to add by hand."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
 
 
 @admin.register(AllowedHost)
@@ -72,7 +87,7 @@ class DiscoveryPolicyAdmin(admin.ModelAdmin):
 
 
 @admin.register(CardCacheEntry)
-class CardCacheEntryAdmin(admin.ModelAdmin):
+class CardCacheEntryAdmin(SystemRowsAdmin):
     list_display = ["card_url", "short_sha", "etag", "expires_at", "fetched_at", "changed_at",
                     "failures", "last_status", "last_error"]
     list_filter = ["last_status"]
@@ -99,7 +114,7 @@ class CardCacheEntryAdmin(admin.ModelAdmin):
 
 
 @admin.register(EndpointHealth)
-class EndpointHealthAdmin(admin.ModelAdmin):
+class EndpointHealthAdmin(SystemRowsAdmin):
     list_display = ["card_url", "state", "failure_streak", "success_streak", "changed_at"]
     list_filter = ["state"]
     search_fields = ["card_url"]
@@ -114,16 +129,92 @@ class SessionPinInline(admin.TabularInline):
     show_change_link = True
 
 
+def snapshot_diff(old: Snapshot, new: Snapshot) -> dict[str, list]:
+    """Agents added, removed and changed (card or description) from ``old`` to ``new``."""
+    before = {a["local_name"]: a for a in old.agents}
+    after = {a["local_name"]: a for a in new.agents}
+    changed = []
+    for name in sorted(before.keys() & after.keys()):
+        a, b = before[name], after[name]
+        what = [key for key in ("card_sha256", "description", "agent_id", "card_url")
+                if a.get(key) != b.get(key)]
+        if what:
+            changed.append({"local_name": name, "fields": what, "old": a, "new": b})
+    return {
+        "added": [after[n] for n in sorted(after.keys() - before.keys())],
+        "removed": [before[n] for n in sorted(before.keys() - after.keys())],
+        "changed": changed,
+    }
+
+
 @admin.register(Snapshot)
 class SnapshotAdmin(admin.ModelAdmin):
     list_display = ["version", "digest", "agent_count", "pinned_sessions", "created_at"]
-    readonly_fields = ["version", "digest", "created_at", "agent_count", "agent_table"]
+    readonly_fields = ["version", "digest", "created_at", "agent_count", "delete_note",
+                       "agent_table"]
     exclude = ["agents"]
     search_fields = ["digest"]
     inlines = [SessionPinInline]
+    actions = ["compare"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(pin_count=Count("pins"))
+
+    def get_urls(self):
+        return [
+            path("diff/", self.admin_site.admin_view(self.diff_view),
+                 name="discovery_snapshot_diff"),
+            *super().get_urls(),
+        ]
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        if obj is not None and obj.pins.exists():
+            return False  # a pinned session still calls through it (see delete_note)
+        return super().has_delete_permission(request, obj)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # bulk delete would bypass the pin check
+        return actions
+
+    @admin.display(description="delete")
+    def delete_note(self, obj: Snapshot) -> str:
+        pins = obj.pins.count()
+        if pins:
+            return (f"Cannot be deleted: {pins} session(s) pin this snapshot, and their agent "
+                    "trees are built from it. It is evicted by itself once no session pins it "
+                    "and a newer snapshot is current; end the sessions to release it sooner.")
+        return "No session pins it: it may be deleted (the loop evicts it when not current)."
+
+    @admin.action(description="Compare the two selected snapshots")
+    def compare(self, request, queryset):
+        versions = sorted(queryset.values_list("version", flat=True))
+        if len(versions) != 2:
+            self.message_user(request, "Select exactly two snapshots to compare.",
+                              messages.WARNING)
+            return None
+        return HttpResponseRedirect(
+            f"{reverse('admin:discovery_snapshot_diff')}?a={versions[0]}&b={versions[1]}")
+
+    def diff_view(self, request):
+        versions = list(Snapshot.objects.order_by("-version").values_list("version", flat=True)[
+            :200])
+        try:
+            a = int(request.GET.get("a") or (versions[1] if len(versions) > 1 else 0))
+            b = int(request.GET.get("b") or (versions[0] if versions else 0))
+        except ValueError:
+            a = b = 0
+        old = Snapshot.objects.filter(version=a).first()
+        new = Snapshot.objects.filter(version=b).first()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Compare snapshots", "opts": self.model._meta, "versions": versions,
+            "old": old, "new": new,
+            "diff": snapshot_diff(old, new) if old and new else None,
+            "error": None if (old and new) or not versions
+            else "Choose two existing snapshot versions.",
+        }
+        return TemplateResponse(request, "console/snapshot_diff.html", context)
 
     @admin.display(description="pinned sessions", ordering="pin_count")
     def pinned_sessions(self, obj: Snapshot) -> int:
@@ -149,7 +240,7 @@ class SnapshotAdmin(admin.ModelAdmin):
 
 
 @admin.register(SessionPin)
-class SessionPinAdmin(admin.ModelAdmin):
+class SessionPinAdmin(SystemRowsAdmin):
     list_display = ["session_id", "snapshot", "client_id", "created_at", "last_seen_at"]
     list_select_related = ["snapshot"]
     search_fields = ["session_id", "client_id"]
@@ -157,7 +248,7 @@ class SessionPinAdmin(admin.ModelAdmin):
 
 
 @admin.register(Alert)
-class AlertAdmin(admin.ModelAdmin):
+class AlertAdmin(SystemRowsAdmin):
     list_display = ["created_at", "kind", "subject", "message", "acknowledged"]
     list_filter = ["kind", "acknowledged"]
     search_fields = ["subject", "message"]
@@ -166,4 +257,57 @@ class AlertAdmin(admin.ModelAdmin):
 
     @admin.action(description="Acknowledge")
     def acknowledge(self, request, queryset) -> None:
-        queryset.update(acknowledged=True)
+        count = queryset.filter(acknowledged=False).update(acknowledged=True)
+        self.message_user(request, f"Acknowledged {count} alert(s).", messages.SUCCESS)
+
+
+@admin.register(CycleRun)
+class CycleRunAdmin(SystemRowsAdmin):
+    """The last discovery cycles and what each did; "Run discovery now" on top."""
+
+    list_display = ["started_at", "seconds_display", "fetched", "not_modified", "failed",
+                    "selected", "published", "version", "short_digest"]
+    list_filter = ["published"]
+    readonly_fields = ["started_at", "seconds", "fetched", "not_modified", "failed", "selected",
+                       "published", "version", "digest", "summary_text"]
+    exclude = ["summary"]
+    change_list_template = "console/cyclerun_change_list.html"
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def get_urls(self):
+        return [
+            path("run/", self.admin_site.admin_view(self.run_view),
+                 name="discovery_cyclerun_run"),
+            *super().get_urls(),
+        ]
+
+    @admin.display(description="took", ordering="seconds")
+    def seconds_display(self, obj: CycleRun) -> str:
+        return f"{obj.seconds:.2f} s"
+
+    @admin.display(description="digest")
+    def short_digest(self, obj: CycleRun) -> str:
+        return obj.digest[:12]
+
+    @admin.display(description="summary")
+    def summary_text(self, obj: CycleRun):
+        return format_html("<pre>{}</pre>", obj.summary)
+
+    def run_view(self, request):
+        """GET: a confirmation page; POST: run one cycle now, here, and show its summary.
+
+        Inline in both modes, so the operator sees the outcome at once; the cycle stays
+        single-flight (a cycle already running elsewhere makes this one report "skipped")."""
+        if request.method != "POST":
+            context = {**self.admin_site.each_context(request), "title": "Run discovery now",
+                       "opts": self.model._meta}
+            return TemplateResponse(request, "console/cyclerun_run.html", context)
+        from discovery.loop import run_cycle
+
+        report = run_cycle()
+        level = messages.SUCCESS if report.configured and not report.skipped \
+            else messages.WARNING
+        self.message_user(request, report.summary(), level)
+        return HttpResponseRedirect(reverse("admin:discovery_cyclerun_changelist"))

@@ -339,11 +339,32 @@ def run_cycle(
         _cycle(report, cache or default_cache(), progress, on_total)
     report.seconds = time.monotonic() - started
     metrics.CYCLE_SECONDS.observe(report.seconds)
+    _record_cycle(report)
     tracing.annotate(**{"discovery.cards_fetched": report.fetched,
                         "discovery.cards_failed": report.failed,
                         "discovery.selected": report.selected,
                         "discovery.snapshot_version": report.version})
     return report
+
+
+def _record_cycle(report: CycleReport) -> None:
+    """Keep the cycle's summary for the operator console (the last CycleRun.KEEP)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from discovery.models import CycleRun
+
+    CycleRun.objects.create(
+        started_at=timezone.now() - timedelta(seconds=report.seconds), seconds=report.seconds,
+        fetched=report.fetched, not_modified=report.not_modified, failed=report.failed,
+        selected=report.selected, published=report.published, version=report.version,
+        digest=report.digest or "", summary=report.summary(),
+    )
+    stale = CycleRun.objects.order_by("-started_at", "-id").values_list("pk", flat=True)[
+        CycleRun.KEEP:CycleRun.KEEP + 100]
+    if stale:
+        CycleRun.objects.filter(pk__in=list(stale)).delete()
 
 
 def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,

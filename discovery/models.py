@@ -302,3 +302,27 @@ class Alert(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.subject}"
+
+
+class CycleRun(models.Model):
+    """What one discovery cycle did (the last ``KEEP`` are kept), for the operator console."""
+
+    KEEP = 500
+
+    started_at = models.DateTimeField(default=timezone.now, db_index=True)
+    seconds = models.FloatField(default=0.0)
+    fetched = models.PositiveIntegerField(default=0, help_text="Cards fetched (HTTP 200).")
+    not_modified = models.PositiveIntegerField(default=0, help_text="Revalidated (HTTP 304).")
+    failed = models.PositiveIntegerField(default=0)
+    selected = models.PositiveIntegerField(default=0)
+    published = models.BooleanField(default=False, help_text="A new snapshot was published.")
+    version = models.PositiveBigIntegerField(null=True, blank=True)
+    digest = models.CharField(max_length=64, blank=True)
+    summary = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        verbose_name = "discovery cycle"
+
+    def __str__(self) -> str:
+        return f"cycle {self.started_at:%Y-%m-%d %H:%M:%S}"

@@ -5,7 +5,9 @@ Every endpoint URL in the card (``url``, ``supportedInterfaces[].url``,
 A2A client given the gateway URL keeps going through the gateway (A2A 1.x SDK clients follow
 ``supportedInterfaces``, so rewriting ``url`` alone would not do). The base URL is
 ``A2A_PUBLIC_BASE_URL`` when set, else the request's own scheme and Host (``X-Forwarded-Proto``
-/ ``X-Forwarded-Host`` believed only from ``A2A_TRUSTED_PROXIES``). ``ETag`` and
+/ ``X-Forwarded-Host`` believed only from ``A2A_TRUSTED_PROXIES``; a Host outside
+``ALLOWED_HOSTS`` is replaced by the server's address, and the answer carries ``Vary: Host``).
+The card is served from its stored bytes with key order kept on every database. ``ETag`` and
 ``Cache-Control`` are computed over the rewritten bytes, which are cached per card hash and
 base URL. Cards are public unless ``A2A_CARDS_REQUIRE_TOKEN`` is on.
 """
@@ -21,6 +23,7 @@ from typing import Any
 import orjson
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 
 from gateway import errors, metrics
 from gateway.headers import scan_request_headers
@@ -40,7 +43,9 @@ def _card_of(agent_id: str) -> tuple[str, dict[str, Any]] | None:
     agent = agent_get(agent_id=agent_id)
     if agent is None or not agent.is_routable:
         return None
-    return agent.card_sha256, agent.card
+    # From the stored bytes, not the JSON column: PostgreSQL's jsonb reorders keys, and
+    # clients may read meaning into order (the first securitySchemes entry, say).
+    return agent.card_sha256, orjson.loads(agent.card_raw)
 
 
 @lru_cache(maxsize=64)
@@ -78,10 +83,32 @@ def gateway_base_url(scope: dict[str, Any], host: str, forwarded_proto: str,
         fhost = forwarded_host.split(",")[0].strip()
         if fhost and _HOST_RE.match(fhost):
             host = fhost
-    if not host or not _HOST_RE.match(host):
+    if not host or not _HOST_RE.match(host) or not _host_allowed(host):
+        # A Host this node does not answer to is never written into a card.
         server = scope.get("server")
         host = f"{server[0]}:{server[1]}" if server else "localhost"
     return f"{scheme}://{host}"
+
+
+@lru_cache(maxsize=1024)
+def _host_allowed_in(host: str, allowed: tuple[str, ...]) -> bool:
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, list(allowed))
+
+
+def _host_allowed(host: str) -> bool:
+    """Whether ``host`` is in ``ALLOWED_HOSTS`` (Django's own rule, as its views apply it)."""
+    return _host_allowed_in(host.lower(), tuple(settings.ALLOWED_HOSTS))
+
+
+def vary_headers() -> list[tuple[bytes, bytes]]:
+    """``Vary`` for a card whose URLs come from the request (no ``A2A_PUBLIC_BASE_URL``), so a
+    shared cache never hands one Host's card to another."""
+    if settings.A2A_PUBLIC_BASE_URL:
+        return []
+    if settings.A2A_TRUSTED_PROXIES:
+        return [(b"vary", b"Host, X-Forwarded-Host, X-Forwarded-Proto")]
+    return [(b"vary", b"Host")]
 
 
 def render(card: dict[str, Any], sha: str, gateway_url: str) -> tuple[bytes, bytes]:
@@ -148,7 +175,7 @@ async def serve_card(node, scope: dict[str, Any], receive, send, agent_id: str) 
     cache_control = (b"private, max-age=300" if settings.A2A_CARDS_REQUIRE_TOKEN
                      else b"public, max-age=300")
     if_none_match = next((v for k, v in scope["headers"] if k == b"if-none-match"), None)
-    common = [(b"etag", etag), (b"cache-control", cache_control)]
+    common = [(b"etag", etag), (b"cache-control", cache_control), *vary_headers()]
     if if_none_match is not None and _etag_matches(if_none_match.decode("latin-1"), etag):
         metrics.count_card("not_modified")
         await send({"type": "http.response.start", "status": 304, "headers": common})

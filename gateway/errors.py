@@ -16,6 +16,7 @@ written) and carries it in the error reply; see ``gateway.subscriber.transport_e
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -75,7 +76,7 @@ def message_for(
     if kind in _PREFIX:
         return _PREFIX[kind] + (detail or kind.replace("_", " "))
     if kind == AGENT_NOT_FOUND:
-        return f"agent not found: {agent_id}"
+        return f"{detail}: {agent_id}" if detail else f"agent not found: {agent_id}"
     if kind == BUSY:
         return "server busy: concurrency limit reached"
     if kind == TIMEOUT:
@@ -85,6 +86,12 @@ def message_for(
     if kind == RESPONSE_TOO_LARGE:
         return "response too large"
     return detail or kind.replace("_", " ")
+
+
+def expired_detail(expired_at: float) -> str:
+    """The ``agent_not_found`` message for an agent whose lease ended (not one never seen)."""
+    stamp = datetime.fromtimestamp(expired_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"agent expired at {stamp}, re-register"
 
 
 def code_for(kind: str) -> int:

@@ -14,6 +14,10 @@ envelope and hands it to the agent's virtual subscriber: directly when it lives 
 (local fast path), else through the broker to the owning node. The reply is relayed as it
 comes: one JSON body, or SSE events as they arrive. Every reply carries ``X-A2A-Executed``; no
 database query, no Django.
+
+Before any of that, a body announced above ``A2A_MAX_REQUEST_BYTES`` is answered 413 unread,
+and a large (above 64 KiB) or chunked body is read only once the caller authenticates (else
+401); both close the connection, so the server stops reading the unread rest.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from console import recorder
 from gateway import envelope as env
 from gateway import errors, metrics, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
@@ -50,6 +55,9 @@ EXECUTED_TRUE = (b"x-a2a-executed", b"true")
 #: How long a Query sent through the broker may go without any sign of life from the
 #: subscriber (a reply or an ack) before the gateway answers `unreachable`.
 ACK_TIMEOUT_SECONDS = 3.0
+#: Bodies above this (or chunked) wait for authentication before they are read (the same
+#: threshold as Daphne's, config.servers.AUTH_FIRST_ABOVE_BYTES).
+AUTH_FIRST_ABOVE_BYTES = 64 * 1024
 _CARD_PATHS = (".well-known/agent-card.json", ".well-known/agent.json")
 _request_ids = itertools.count(1)
 _ORIGIN = ORIGIN[:12]  # request ids are unique per process and across nodes
@@ -97,15 +105,22 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     settings = node.settings
     headers = scan_request_headers(scope["headers"])
     cap = settings.A2A_MAX_REQUEST_BYTES
+    if headers.content_length is not None and headers.content_length > cap:
+        await _error(send, errors.REQUEST_TOO_LARGE, None, None,
+                     f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
+        return
+    # Authenticate before reading a large (or chunked) body: an unknown caller never gets to
+    # upload one. A small body is read first so a refusal can carry the caller's id.
+    if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
+            and not await _authenticated(node, headers.authorization, send, agent_id):
+        return
     try:
-        if headers.content_length is not None and headers.content_length > cap:
-            raise BodyTooLarge
         body = await read_body(receive, cap)
     except Disconnected:
         return
     except BodyTooLarge:
         await _error(send, errors.REQUEST_TOO_LARGE, None, None,
-                     f"request body larger than {cap} bytes")
+                     f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
         return
     try:
         payload = orjson.loads(body)
@@ -157,7 +172,9 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     else:
         await _remote_sync(node, query, exchange,
                            timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS)
-    metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(agent_id, exchange.outcome, seconds)
+    recorder.record(agent_id, caller, method, exchange, len(body), seconds)
     if trace is not None:
         trace.end(exchange.outcome)
 
@@ -211,7 +228,9 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive, s
         await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
     else:
         await _relay_stream(node, subscriber, env.query(body, tags), exchange, receive)
-    metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(agent_id, exchange.outcome, seconds)
+    recorder.record(agent_id, caller, "message/stream", exchange, 0, seconds)
     if trace is not None:
         trace.end(exchange.outcome)
 
@@ -237,9 +256,28 @@ async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeader
     if caller is None:
         return None
     if route is None:
-        await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id)
+        expired = node.table.expired_at(agent_id)
+        await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id,
+                     errors.expired_detail(expired) if expired is not None else "")
         return None
     return caller, route
+
+
+async def _authenticated(node: GatewayNode, authorization, send, agent_id: str) -> bool:
+    """Whether the caller authenticates (answered 401 if not), checked before the body is
+    read; ``_admit`` repeats it from the token cache with the request's id."""
+    try:
+        actor = await node.tokens.actor(authorization)
+    except AuthFailed as exc:
+        detail = str(exc)
+    else:
+        if actor is not None:
+            return True
+        detail = UNAUTHENTICATED_MESSAGE
+    # Connection: close, so the server stops reading (and discarding) the unread body.
+    await _error(send, errors.UNAUTHENTICATED, None, agent_id, detail,
+                 extra=[(b"www-authenticate", b'Bearer realm="a2a"'), (b"connection", b"close")])
+    return False
 
 
 async def _admit(node: GatewayNode, scope, send, authorization, rpc_id,
@@ -518,8 +556,9 @@ async def _discard(message: dict[str, Any]) -> None:
 class Exchange:
     """The caller's side of one request: turns reply messages into the ASGI response."""
 
+    # status / nbytes: what the caller got (HTTP status, response bytes), for the console.
     __slots__ = ("send", "rpc_id", "agent_id", "profile", "started", "done", "sse", "outcome",
-                 "mapped")
+                 "mapped", "status", "nbytes")
 
     def __init__(self, send, rpc_id: Any, agent_id: str, profile: str = "a2a") -> None:
         self.send = send
@@ -531,6 +570,8 @@ class Exchange:
         self.sse = False
         self.outcome = "unknown"
         self.mapped = False  # the agent's error status was answered as a JSON-RPC error
+        self.status = 0
+        self.nbytes = 0
 
     async def deliver(self, message: dict[str, Any]) -> None:
         kind = message["k"]
@@ -557,6 +598,8 @@ class Exchange:
             if not more and status not in (204, 304):
                 headers.append((b"content-length", str(len(body)).encode()))
             self.started = True
+            self.status = status
+            self.nbytes = len(body)
             if message["sse"]:
                 # Events answer any method (the agent's Content-Type decides): the caller's
                 # send must wait while its connection is full, on Daphne too.
@@ -569,6 +612,7 @@ class Exchange:
             self.done = not more
         elif kind == env.CHUNK:
             more = message["more"]
+            self.nbytes += len(message["body"])
             await send({"type": "http.response.body", "body": message["body"],
                         "more_body": more})
             self.done = not more
@@ -613,6 +657,7 @@ class Exchange:
         if self.outcome in ("unknown", "ok", "agent_error"):
             self.outcome = kind
         if not self.started:
+            self.status = errors.http_status_for(kind)
             extra = [(b"x-a2a-agent-status", str(status).encode())] if status else []
             await _error(self.send, kind, self.rpc_id, self.agent_id, detail, extra=extra,
                          status=status, executed=executed)

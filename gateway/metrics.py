@@ -27,6 +27,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gateway import access
+
 #: Method names counted as themselves: A2A 0.3, A2A 1.0, and KubeMQ's tasks/send.
 KNOWN_METHODS = frozenset({
     # A2A 0.3 (JSON-RPC method names)
@@ -186,6 +188,9 @@ async def metrics_app(scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": 405,
                     "headers": [(b"allow", b"GET, HEAD"), (b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
+        return
+    if not await access.metrics_allowed(scope):
+        await access.refuse(send)
         return
     body = generate_latest(REGISTRY)
     await send({

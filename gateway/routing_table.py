@@ -12,11 +12,15 @@ import time
 from gateway.conf import NodeSettings
 from registry.events import AgentEvent, AgentRoute
 
+#: How many recently expired agent ids the table remembers (to say "expired", not "not found").
+MAX_EXPIRED_REMEMBERED = 10_000
+
 
 class RoutingTable:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
         self._routes: dict[str, AgentRoute] = {}
+        self._expired: dict[str, float] = {}  # agent id -> when it expired (insertion order)
         # Agents an event touched since the last resync began: the resync's (older) database
         # read must not undo them.
         self._touched: set[str] = set()
@@ -52,7 +56,23 @@ class RoutingTable:
             self._routes[event.agent_id] = event.route
         elif event.kind in ("deregistered", "expired"):
             self._routes.pop(event.agent_id, None)
+        self._expired.pop(event.agent_id, None)
+        if event.kind == "expired":
+            # An agent of a dead node expires before its lease ends: then "now".
+            when = min(previous.expires_at, time.time()) if previous else time.time()
+            if len(self._expired) >= MAX_EXPIRED_REMEMBERED:
+                del self._expired[next(iter(self._expired))]
+            self._expired[event.agent_id] = when
         return previous
+
+    def expired_at(self, agent_id: str) -> float | None:
+        """When a recently expired agent's lease ended (epoch seconds), else None."""
+        when = self._expired.get(agent_id)
+        if when is None:
+            route = self._routes.get(agent_id)
+            if route is not None and route.expires_at + self._grace() < time.time():
+                when = route.expires_at
+        return when
 
     def begin_resync(self) -> None:
         self._touched = set()

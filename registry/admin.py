@@ -1,31 +1,51 @@
 """The management UI: agents, their card history, API clients and nodes in the Django admin.
 
-Every write goes through :mod:`registry.services` with the staff user as the actor, so the admin
-publishes the same registry events as the APIs (routing tables and subscribers follow it).
-Changelists select what they show in a fixed number of queries, whatever the row count.
+Every write goes through :mod:`registry.services` (or ``console.services``, which composes
+them) with the staff user as the actor, so the admin publishes the same registry events and
+audit records as the APIs. Changelists select what they show in a fixed number of queries,
+whatever the row count: the agent list's traffic columns are subqueries over the console's
+per-minute statistics.
+
+The agent page adds: health badge, traffic over the statistics window with a chart, the
+gateway URL with curl and a2a-sdk snippets, card history with a diff between two versions,
+and actions (refresh the card now, send a test message, extend the TTL, deregister).
+"Add agent" is "Register by URL": the card is fetched and validated exactly as the API does.
 """
 
 from __future__ import annotations
 
+import difflib
+from datetime import timedelta
 from typing import Any
 
 import orjson
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.db.models import Count, IntegerField, OuterRef, Subquery
+from django.db.models import Count, IntegerField, Max, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.safestring import mark_safe
 from django.utils.text import slugify
 from rest_framework_api_key.models import APIKey
 
-from registry import services
+from console import services as console_services
+from console.charts import bar_chart
+from console.models import AgentMinute, ClientUsage
+from console.selectors import EXPIRING_SECONDS, agent_stats
+from console.templatetags.console import ago_html
+from registry import events, services
 from registry.ids import agent_id_error
 from registry.models import Agent, ApiClient, CardVersion, Node
 from registry.permissions import ALL_SCOPES, Actor, PermissionDenied, staff_actor
+
+#: The agent list's traffic columns cover this many minutes.
+LIST_WINDOW_MINUTES = 15
 
 # The platform's tokens are ApiClient rows; the library's own APIKey model is unused, and
 # listing it next to "API clients" would only mislead an operator.
@@ -101,12 +121,92 @@ class AgentChangeForm(forms.ModelForm):
         fields = ("ttl_seconds", "max_concurrency")
 
 
+class RegisterByUrlForm(forms.Form):
+    """Register an agent from its URL: the card is fetched from its well-known path."""
+
+    agent_id = forms.CharField(
+        max_length=63, help_text="Lowercase letters, digits and hyphens (2 to 63).")
+    url = forms.CharField(
+        max_length=2048, label="URL",
+        help_text="The agent's A2A endpoint; its card is read at /.well-known/agent-card.json.")
+    ttl_seconds = forms.IntegerField(
+        required=False, min_value=1, max_value=settings.A2A_MAX_TTL_SECONDS, label="TTL seconds",
+        help_text=f"Empty: {settings.A2A_DEFAULT_TTL_SECONDS}.")
+    max_concurrency = forms.IntegerField(
+        required=False, min_value=1, max_value=100_000,
+        help_text=f"Empty: {settings.A2A_AGENT_MAX_CONCURRENCY}.")
+
+
+class TestMessageForm(forms.Form):
+    text = forms.CharField(max_length=4000, initial="ping from the admin console",
+                           widget=forms.TextInput(attrs={"size": 60}))
+
+
+def health(agent: Agent, *, unreachable: bool = False, now=None) -> tuple[str, str]:
+    """The agent's health badge: (css class, label)."""
+    now = now or timezone.now()
+    if agent.status != Agent.Status.ACTIVE or agent.expires_at <= now:
+        return "expired", "expired"
+    if unreachable:
+        return "unreachable", "unreachable"
+    if agent.expires_at <= now + timedelta(seconds=EXPIRING_SECONDS):
+        return "expiring", "expiring"
+    return "active", "active"
+
+
+def gateway_base(request: HttpRequest) -> str:
+    return settings.A2A_PUBLIC_BASE_URL or request.build_absolute_uri("/").rstrip("/")
+
+
+def snippets(gateway_url: str) -> dict[str, str]:
+    """Copy-ready ways to call the agent through the gateway."""
+    curl = (
+        f"curl -s -X POST {gateway_url} \\\n"
+        '  -H "Authorization: Bearer $TOKEN" -H "Content-Type: application/json" \\\n'
+        """  -d '{"jsonrpc":"2.0","id":1,"method":"message/send","params":{"message":"""
+        """{"kind":"message","role":"user","messageId":"m1","parts":[{"kind":"text","""
+        """"text":"hi"}]}}}'"""
+    )
+    sdk = f"""import asyncio, os
+
+import httpx
+from a2a.client import ClientConfig, ClientFactory
+from a2a.helpers import new_text_message
+from a2a.types import Role, SendMessageRequest
+
+
+async def main() -> None:
+    headers = {{"Authorization": f"Bearer {{os.environ['TOKEN']}}"}}
+    async with httpx.AsyncClient(headers=headers, timeout=60) as http:
+        client = await ClientFactory(ClientConfig(httpx_client=http)).create_from_url(
+            "{gateway_url}")
+        request = SendMessageRequest(message=new_text_message("hi", role=Role.ROLE_USER))
+        async for event in client.send_message(request):
+            print(event)
+        await client.close()
+
+asyncio.run(main())"""
+    return {"curl": curl, "sdk": sdk}
+
+
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
     form = AgentChangeForm
+    change_form_template = "console/agent_change_form.html"
+    # One line per column: other features add theirs here.
     list_display = (
-        "agent_id", "name", "status_display", "node_id", "last_seen", "expires_at",
-        "skill_tags", "max_concurrency", "owner_display", "source",
+        "agent_id",
+        "name",
+        "status_display",
+        "seen",
+        "expires",
+        "requests_15m",
+        "errors_15m",
+        "node_id",
+        "skill_tags",
+        "max_concurrency",
+        "owner_display",
+        "source",
     )
     list_select_related = ("owner",)
     list_filter = ("status", "source", "node_id")
@@ -117,35 +217,67 @@ class AgentAdmin(admin.ModelAdmin):
     inlines = (CardVersionInline,)
     readonly_fields = (
         "agent_id", "name", "description", "url", "status_display", "source", "owner_display",
-        "node_id", "registered_at", "last_seen", "expires_at", "skill_tags", "card_shape",
+        "node_id", "registered_at", "seen", "expires", "skill_tags", "card_shape",
         "card_sha256", "raw_card_link", "card_pretty",
     )
     fieldsets = (
         (None, {"fields": ("agent_id", "name", "description", "url", "source", "owner_display")}),
         ("Lease", {"fields": (
             "status_display", "ttl_seconds", "max_concurrency", "node_id", "registered_at",
-            "last_seen", "expires_at",
+            "seen", "expires",
         )}),
         ("Card", {"fields": (
             "skill_tags", "card_shape", "card_sha256", "raw_card_link", "card_pretty",
         )}),
     )
 
-    def has_add_permission(self, request) -> bool:
-        return False  # agents register themselves (REST API, KubeMQ API, discovery)
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)  # deletes bypass services; "deregister" does not
-        return actions
+    def get_queryset(self, request):
+        since = timezone.now() - timedelta(minutes=LIST_WINDOW_MINUTES)
+        window = AgentMinute.objects.filter(
+            agent_id=OuterRef("agent_id"), minute__gte=since.replace(second=0, microsecond=0)
+        ).order_by()
+        per_agent = window.values("agent_id")
+        return super().get_queryset(request).annotate(
+            _requests=Subquery(per_agent.annotate(n=Sum("requests")).values("n"),
+                               output_field=IntegerField()),
+            _errors=Subquery(
+                per_agent.annotate(n=Sum("errors_executed") + Sum("errors_not_executed"))
+                .values("n"), output_field=IntegerField()),
+            _last_outcome=Subquery(
+                window.filter(last_call_at__isnull=False).order_by("-last_call_at")
+                .values("last_outcome")[:1]),
+        )
 
     # -- columns --
 
-    @admin.display(description="status", ordering="status")
-    def status_display(self, agent: Agent) -> str:
-        if agent.status == Agent.Status.ACTIVE and not agent.is_routable:
-            return "expired (lease lapsed)"
-        return agent.status
+    @admin.display(description="health", ordering="status")
+    def status_display(self, agent: Agent):
+        css, label = health(agent, unreachable=getattr(agent, "_last_outcome", "") ==
+                            "unreachable")
+        titles = {
+            "active": "routable: heartbeats arrive within the TTL",
+            "expiring": f"the lease ends within {EXPIRING_SECONDS} s unless a heartbeat comes",
+            "expired": "not routable: the lease lapsed or the agent expired",
+            "unreachable": "routable, but its last call failed: the agent could not be reached",
+        }
+        return format_html('<span class="badge badge-{}" title="{}">{}</span>', css,
+                           titles[css], label)
+
+    @admin.display(description="last seen", ordering="last_seen")
+    def seen(self, agent: Agent):
+        return ago_html(agent.last_seen)
+
+    @admin.display(description="expires", ordering="expires_at")
+    def expires(self, agent: Agent):
+        return ago_html(agent.expires_at)
+
+    @admin.display(description=f"requests ({LIST_WINDOW_MINUTES} min)", ordering="_requests")
+    def requests_15m(self, agent: Agent) -> int:
+        return getattr(agent, "_requests", None) or 0
+
+    @admin.display(description=f"errors ({LIST_WINDOW_MINUTES} min)", ordering="_errors")
+    def errors_15m(self, agent: Agent) -> int:
+        return getattr(agent, "_errors", None) or 0
 
     @admin.display(description="skill tags")
     def skill_tags(self, agent: Agent) -> str:
@@ -163,6 +295,148 @@ class AgentAdmin(admin.ModelAdmin):
     def raw_card_link(self, agent: Agent):
         url = reverse("agent-card", kwargs={"agent_id": agent.agent_id})
         return format_html('<a href="{}">{}</a>', url, url)
+
+    # -- pages --
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("id/<str:agent_id>/", view(self.by_id_view), name="registry_agent_by_id"),
+            path("<path:object_id>/refresh-card/", view(self.refresh_card_view),
+                 name="registry_agent_refresh_card"),
+            path("<path:object_id>/extend-ttl/", view(self.extend_ttl_view),
+                 name="registry_agent_extend_ttl"),
+            path("<path:object_id>/test-message/", view(self.test_message_view),
+                 name="registry_agent_test_message"),
+            path("<path:object_id>/card-diff/", view(self.card_diff_view),
+                 name="registry_agent_card_diff"),
+            *super().get_urls(),
+        ]
+
+    def _agent(self, request, object_id: str) -> Agent:
+        return get_object_or_404(self.get_queryset(request), pk=object_id)
+
+    def _back(self, agent: Agent) -> HttpResponseRedirect:
+        return HttpResponseRedirect(reverse("admin:registry_agent_change", args=[agent.pk]))
+
+    def by_id_view(self, request, agent_id: str):
+        agent = get_object_or_404(Agent, agent_id=agent_id)
+        return self._back(agent)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        agent = Agent.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        context = dict(extra_context or {})
+        if agent is not None:
+            hours = settings.A2A_STATS_RETENTION_HOURS
+            now = timezone.now()
+            recent = agent_stats(agent_id=agent.agent_id,
+                                 since=now - timedelta(minutes=LIST_WINDOW_MINUTES))
+            step = 1 if hours <= 2 else (10 if hours <= 24 else 30)
+            window = agent_stats(agent_id=agent.agent_id, since=now - timedelta(hours=hours),
+                                 with_series=True, step_minutes=step)
+            url = f"{gateway_base(request)}/a2a/{agent.agent_id}/"
+            context.update({
+                "recent": recent, "window": window, "window_hours": hours,
+                "list_window": LIST_WINDOW_MINUTES,
+                "chart": bar_chart(window.series, title=f"requests per {step} min"),
+                "step_minutes": step,
+                "gateway_url": url, "snippets": snippets(url),
+                "card_versions": list(agent.card_versions.order_by("-created_at", "-id")
+                                      .values("id", "sha256", "created_at")),
+            })
+        return super().change_view(request, object_id, form_url, context)
+
+    def add_view(self, request, form_url="", extra_context=None):
+        """"Add agent" registers one by URL, exactly as ``POST /api/v1/agents`` would."""
+        if not self.has_add_permission(request):
+            return super().add_view(request, form_url, extra_context)
+        form = RegisterByUrlForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                agent, created = services.agent_register(
+                    actor=_actor(request), agent_id=data["agent_id"], url=data["url"],
+                    ttl_seconds=data["ttl_seconds"], max_concurrency=data["max_concurrency"],
+                    source=Agent.Source.ADMIN,
+                )
+            except services.InvalidInput as exc:
+                message = str(exc)
+                field = "agent_id" if "agent_id" in message else "url"
+                form.add_error(field, message)
+            except PermissionDenied as exc:
+                form.add_error(None, str(exc))
+            else:
+                verb = "Registered" if created else "Re-registered"
+                self.message_user(request, f"{verb} {agent.agent_id} ({agent.name}).",
+                                  messages.SUCCESS)
+                return self._back(agent)
+        context = {
+            **self.admin_site.each_context(request), "title": "Register an agent by URL",
+            "opts": self.model._meta, "form": form, "add": True,
+        }
+        return TemplateResponse(request, "console/agent_register.html", context)
+
+    def refresh_card_view(self, request, object_id: str):
+        agent = self._agent(request, object_id)
+        if request.method != "POST" or not self.has_change_permission(request, agent):
+            return self._back(agent)
+        try:
+            agent, changed = console_services.agent_refresh_card(
+                actor=_actor(request), agent_id=agent.agent_id)
+        except (services.RegistryError, PermissionDenied) as exc:
+            self.message_user(request, f"Card not refreshed: {exc}", messages.ERROR)
+        else:
+            what = f"a new card, {agent.card_sha256[:12]}" if changed else "unchanged"
+            self.message_user(request, f"Card refreshed: {what}.", messages.SUCCESS)
+        return self._back(agent)
+
+    def extend_ttl_view(self, request, object_id: str):
+        agent = self._agent(request, object_id)
+        if request.method == "POST" and self.has_change_permission(request, agent):
+            services.agents_extend_ttl(agent_ids=[agent.agent_id])
+            _audit_extend(request, [agent.agent_id])
+            self.message_user(request, f"Extended the lease of {agent.agent_id} by its TTL "
+                              f"({agent.ttl_seconds} s).", messages.SUCCESS)
+        return self._back(agent)
+
+    def test_message_view(self, request, object_id: str):
+        agent = self._agent(request, object_id)
+        form = TestMessageForm(request.POST or None)
+        reply = None
+        if request.method == "POST" and form.is_valid():
+            reply = console_services.agent_test_message(
+                agent_id=agent.agent_id, text=form.cleaned_data["text"])
+        context = {
+            **self.admin_site.each_context(request), "title": f"Test message to {agent}",
+            "opts": self.model._meta, "original": agent, "form": form, "reply": reply,
+            "gateway_url": f"{gateway_base(request)}/a2a/{agent.agent_id}/",
+        }
+        return TemplateResponse(request, "console/agent_test_message.html", context)
+
+    def card_diff_view(self, request, object_id: str):
+        agent = self._agent(request, object_id)
+        versions = {v.pk: v for v in agent.card_versions.all()}
+        try:
+            a, b = versions[int(request.GET["a"])], versions[int(request.GET["b"])]
+        except (KeyError, ValueError):
+            ordered = sorted(versions.values(), key=lambda v: (v.created_at, v.pk))
+            a, b = (ordered[-2], ordered[-1]) if len(ordered) > 1 else (None, None)
+        table = None
+        if a is not None and b is not None:
+            old = _pretty_json(a.card_raw, a.card).splitlines()
+            new = _pretty_json(b.card_raw, b.card).splitlines()
+            # HtmlDiff escapes the card text itself.
+            table = mark_safe(difflib.HtmlDiff(wrapcolumn=80).make_table(  # noqa: S308
+                old, new, fromdesc=f"{a.sha256[:12]} ({a.created_at:%Y-%m-%d %H:%M:%S})",
+                todesc=f"{b.sha256[:12]} ({b.created_at:%Y-%m-%d %H:%M:%S})",
+                context=True, numlines=3))
+        context = {
+            **self.admin_site.each_context(request), "title": f"Card changes of {agent}",
+            "opts": self.model._meta, "original": agent, "table": table, "a": a, "b": b,
+            "versions": sorted(versions.values(), key=lambda v: (v.created_at, v.pk),
+                               reverse=True),
+        }
+        return TemplateResponse(request, "console/agent_card_diff.html", context)
 
     # -- writes, all through services --
 
@@ -197,6 +471,11 @@ class AgentAdmin(admin.ModelAdmin):
             done += 1
         return done
 
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # deletes bypass services; "deregister" does not
+        return actions
+
     @admin.action(description="Deregister selected agents", permissions=["delete"])
     def deregister(self, request, queryset) -> None:
         done = self._deregister_ids(request, list(queryset.values_list("agent_id", flat=True)))
@@ -207,10 +486,16 @@ class AgentAdmin(admin.ModelAdmin):
         permissions=["change"],
     )
     def extend_ttl(self, request, queryset) -> None:
-        count = services.agents_extend_ttl(
-            agent_ids=list(queryset.values_list("agent_id", flat=True))
-        )
+        ids = list(queryset.values_list("agent_id", flat=True))
+        count = services.agents_extend_ttl(agent_ids=ids)
+        _audit_extend(request, ids)
         self.message_user(request, f"Extended the lease of {count} agent(s).", messages.SUCCESS)
+
+
+def _audit_extend(request, agent_ids: list[str]) -> None:
+    for agent_id in agent_ids:
+        events.audit(events.AuditRecord(action="agent.lease_extended",
+                                        actor=_actor(request).client_id, agent_id=agent_id))
 
 
 # --- API clients ------------------------------------------------------------------------------
@@ -275,15 +560,18 @@ class ApiClientAdmin(admin.ModelAdmin):
     form = ApiClientForm
     list_display = (
         "client_id", "name", "scopes_display", "allowed_agents_display", "prefix", "created",
-        "expiry_date", "_has_expired", "revoked", "agent_count",
+        "last_used", "expiry_date", "_has_expired", "revoked", "agent_count",
     )
     list_filter = ("revoked", "created")
     search_fields = ("client_id", "name", "prefix")
     ordering = ("client_id",)
-    actions = ("revoke",)
+    actions = ("rotate", "revoke")
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(_agent_count=Count("agents"))
+        last_used = (ClientUsage.objects.filter(client_id=OuterRef("client_id")).order_by()
+                     .values("client_id").annotate(t=Max("last_used_at")).values("t"))
+        return super().get_queryset(request).annotate(
+            _agent_count=Count("agents"), _last_used=Subquery(last_used))
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
@@ -328,17 +616,22 @@ class ApiClientAdmin(admin.ModelAdmin):
     def agent_count(self, client: ApiClient) -> int:
         return client._agent_count
 
+    @admin.display(description="last gateway call", ordering="_last_used")
+    def last_used(self, client: ApiClient):
+        return ago_html(getattr(client, "_last_used", None))
+
     def save_model(self, request, obj: ApiClient, form, change: bool) -> None:
         data = form.cleaned_data
         if change:
             editable = ("name", "scopes", "allowed_agents", "revoked", "expiry_date")
             changed = {name: data[name] for name in form.changed_data if name in editable}
             if changed:
-                services.api_client_update(client_id=obj.client_id, **changed)
+                services.api_client_update(client_id=obj.client_id, actor=_actor(request),
+                                           **changed)
             return
         created, token = services.api_client_create(
             name=data["name"], scopes=data["scopes"], allowed_agents=data["allowed_agents"],
-            client_id=data.get("client_id") or None,
+            client_id=data.get("client_id") or None, actor=_actor(request),
         )
         if data.get("expiry_date"):
             created = services.api_client_update(
@@ -361,8 +654,23 @@ class ApiClientAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset) -> None:
         ids = list(queryset.filter(revoked=False).values_list("client_id", flat=True))
         for client_id in ids:
-            services.api_client_update(client_id=client_id, revoked=True)
+            console_services.client_revoke(client_id=client_id, actor=_actor(request))
         self.message_user(request, f"Revoked {len(ids)} client(s).", messages.SUCCESS)
+
+    @admin.action(description="Rotate the token of selected clients (old tokens stop working)",
+                  permissions=["change"])
+    def rotate(self, request, queryset) -> None:
+        ids = list(queryset.filter(revoked=False).values_list("client_id", flat=True))
+        for client_id in ids:
+            token = console_services.client_rotate(client_id=client_id, actor=_actor(request))
+            self.message_user(
+                request,
+                f"The new token of {client_id} is: {token} — copy it now: it is stored hashed "
+                "and will not be shown again. The old token is revoked.",
+                messages.WARNING,
+            )
+        if not ids:
+            self.message_user(request, "Revoked clients cannot be rotated.", messages.ERROR)
 
 
 # --- nodes -------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ No Django signals: a reader finds every producer and consumer by searching for t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from django.db import transaction
@@ -85,3 +86,44 @@ def dispatch(event: AgentEvent) -> None:
 def publish(event: AgentEvent) -> None:
     """Deliver ``event`` once the current transaction commits (at once outside one)."""
     transaction.on_commit(lambda: dispatch(event))
+
+
+# --- the audit hook: who changed what in the registry (the console keeps the log) ------------
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """A registry change and its actor: ``agent.registered``, ``agent.card_changed``,
+    ``agent.updated``, ``agent.deregistered``, ``client.created``, ``client.rotated``,
+    ``client.revoked``."""
+
+    action: str
+    actor: str
+    agent_id: str = ""
+    client_id: str = ""
+    details: dict = field(default_factory=dict)
+    at: float = field(default_factory=time.time)
+
+
+_audit_subscribers: list[Callable[[AuditRecord], None]] = []
+
+
+def subscribe_audit(fn: Callable[[AuditRecord], None]) -> None:
+    """Call ``fn`` with every audit record of this process (once per function)."""
+    if fn not in _audit_subscribers:
+        _audit_subscribers.append(fn)
+
+
+def audit(record: AuditRecord) -> None:
+    """Hand ``record`` to the audit subscribers once the current transaction commits."""
+    if not _audit_subscribers:
+        return
+
+    def deliver() -> None:
+        for fn in list(_audit_subscribers):
+            try:
+                fn(record)
+            except Exception:
+                logger.exception("registry audit subscriber %r failed", fn)
+
+    transaction.on_commit(deliver)

@@ -5,7 +5,8 @@ Shapes and status codes follow the KubeMQ A2A connector's public docs (kubemq-io
 
 * ``POST /agents/register``: the body *is* the card (``agent_id``, ``name``, ``url`` required);
   200 with the card enriched with ``registered_at`` / ``last_seen`` (new or re-registered alike).
-* ``GET /agents`` (``skill_tags`` = any of the comma-separated tags, ``limit``): a JSON array.
+* ``GET /agents`` (``skill_tags`` = any of the comma-separated tags, ``limit``): a JSON array
+  of at most ``A2A_MAX_PAGE_SIZE`` agents, those the reader may see (registry.visibility).
 * ``GET /agents/{id}``: the enriched card; 404 ``{"error": "agent not found"}``.
 * ``POST /agents/deregister`` ``{"agent_id"}`` and ``DELETE /agents/{id}``: 200; unknown: 404.
 * ``POST /agents/heartbeat`` ``{"agent_id"}``: 200 ``{agent_id, last_seen}``; unknown: **400**
@@ -33,7 +34,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry import selectors, services
+from registry import selectors, services, visibility
 from registry.api.exceptions import exception_handler as api_exception_handler
 from registry.auth import (
     UNAUTHENTICATED_MESSAGE,
@@ -62,22 +63,24 @@ def kubemq_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def enriched_card(agent: Agent) -> dict[str, Any]:
+def enriched_card(agent: Agent, request=None) -> dict[str, Any]:
     """The card as registered (key order kept) plus ``agent_id``, ``registered_at``, ``last_seen``.
 
     Agents registered through /api/v1 with an A2A card get their ``agent_id`` and endpoint
-    ``url`` added, so KubeMQ clients can read every listed agent the same way.
+    ``url`` added, so KubeMQ clients can read every listed agent the same way. A reader that is
+    neither the owner nor an admin gets the caller's view: endpoints at the gateway.
     """
-    try:
-        card = orjson.loads(agent.card_raw)
-    except orjson.JSONDecodeError:
-        card = agent.card
+    if request is None or visibility.sees_internals(request_actor(request), agent):
+        card, url = visibility.stored_card(agent), agent.url
+    else:
+        base = visibility.base_url(request)
+        card = visibility.caller_card(agent, base)
+        url = visibility.gateway_url(base, agent.agent_id)
     out: dict[str, Any] = {"agent_id": agent.agent_id}
-    if isinstance(card, dict):
-        out.update(card)
+    out.update(card)
     out["agent_id"] = agent.agent_id
     if not isinstance(out.get("url"), str) or not out.get("url"):
-        out["url"] = agent.url
+        out["url"] = url
     out["registered_at"] = kubemq_time(agent.registered_at)
     out["last_seen"] = kubemq_time(agent.last_seen)
     return out
@@ -251,10 +254,12 @@ class AgentCollectionView(KubeMQView):
     def get(self, request):
         tags = _parse_tags(request.query_params.get("skill_tags", ""))
         limit = _parse_limit(request.query_params.get("limit"))
-        agents = selectors.agent_list(tags_any=tags, status="active")
-        if limit is not None:
-            agents = agents[:limit]
-        return Response([enriched_card(agent) for agent in agents])
+        # Never more than one page (A2A_MAX_PAGE_SIZE), whatever limit asks for.
+        limit = min(limit or settings.A2A_MAX_PAGE_SIZE, settings.A2A_MAX_PAGE_SIZE)
+        agents = visibility.agents_visible(
+            selectors.agent_list(tags_any=tags, status="active"), request_actor(request)
+        )[:limit]
+        return Response([enriched_card(agent, request) for agent in agents])
 
 
 @extend_schema(tags=["kubemq"])
@@ -279,7 +284,10 @@ class AgentItemView(KubeMQView):
 
     @extend_schema(operation_id="kubemq_agent_get", responses={200: OpenApiTypes.OBJECT})
     def get(self, request, segment: str):
-        return Response(enriched_card(_routable_agent(_valid_id(segment))))
+        agent = _routable_agent(_valid_id(segment))
+        if not visibility.may_see(request_actor(request), agent):
+            raise services.AgentNotFound(agent.agent_id)
+        return Response(enriched_card(agent, request))
 
     @extend_schema(operation_id="kubemq_agent_deregister", responses={200: OpenApiTypes.OBJECT})
     def delete(self, request, segment: str):

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.core.signals import setting_changed
 
 from registry.permissions import Actor, anonymous_actor
 from registry.selectors import actor_from_token
@@ -122,3 +124,16 @@ def shared_token_cache() -> TokenCache:
     if _shared is None:
         _shared = TokenCache(lifetime_seconds=settings.A2A_AUTH_CACHE_SECONDS)
     return _shared
+
+
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    """A test changed ``A2A_AUTH_CACHE_SECONDS`` (pytest-django's ``settings`` fixture): the
+    process's cache takes the new lifetime at once and forgets what it believed under the old
+    one, as running nodes take changed gateway settings (``gateway.conf``). Nothing else
+    changes settings at run time."""
+    if setting == "A2A_AUTH_CACHE_SECONDS" and _shared is not None:
+        _shared.lifetime_seconds = settings.A2A_AUTH_CACHE_SECONDS
+        _shared.clear()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="registry.token_cache")

@@ -91,3 +91,10 @@ def recorded_events():
     unsubscribe = events.subscribe(seen.append)
     yield seen
     unsubscribe()
+
+
+@pytest.fixture(autouse=True)
+def _open_metrics(settings):
+    """Tests of other features read /metrics without a token in both CI modes; the token gate
+    itself (on by default in distributed mode) is tested in tests/gateway/test_exposure.py."""
+    settings.A2A_METRICS_REQUIRE_TOKEN = False

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _env(data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "NODE_ID")}
+           if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "NODE_ID",
+                        "ALLOWED_HOSTS")}
     env.update({"A2A_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", **extra})
     return env
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from registry import visibility
+from registry.auth import request_actor
 from registry.models import Agent
 
 
@@ -77,6 +79,20 @@ class AgentOutput(serializers.ModelSerializer):
 
     def get_owner(self, agent: Agent) -> str | None:
         return agent.owner.client_id if agent.owner_id and agent.owner else None
+
+    def to_representation(self, agent: Agent):
+        data = super().to_representation(agent)
+        request = self.context.get("request")
+        if request is None or visibility.sees_internals(request_actor(request), agent):
+            data["card"] = visibility.stored_card(agent)  # key order as registered
+            return data
+        # A caller, not the owner: the gateway's view of the agent, no internal address.
+        base = visibility.base_url(request)
+        data["url"] = visibility.gateway_url(base, agent.agent_id)
+        data["card"] = visibility.caller_card(agent, base)
+        data["node_id"] = ""
+        data["owner"] = None
+        return data
 
 
 class HeartbeatOutput(serializers.Serializer):

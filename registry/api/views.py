@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import django_filters
+import orjson
 from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from registry import selectors, services
+from registry import selectors, services, visibility
+from registry.api.parsers import RawJSONParser, raw_member
 from registry.api.serializers import (
     AgentOutput,
     AgentRegisterInput,
@@ -30,6 +34,29 @@ def v1_heartbeat(*, actor, agent_id: str) -> tuple[int, dict]:
     except PermissionDenied as exc:
         return 403, {"error": str(exc)}
     return 200, dict(HeartbeatOutput(beat).data)
+
+
+def require_json_body(request) -> None:
+    """Refuse a body sent without a Content-Type: DRF would read it as empty and answer
+    "agent_id: This field is required", which hides the real mistake."""
+    has_body = request.META.get("CONTENT_LENGTH") not in (None, "", "0") or (
+        "HTTP_TRANSFER_ENCODING" in request.META
+    )
+    if has_body and not request.content_type:
+        raise exceptions.UnsupportedMediaType(
+            "",
+            detail="the request body was sent without a Content-Type header: "
+            "send Content-Type: application/json",
+        )
+
+
+def _with_raw_card(request, validated: dict) -> dict:
+    """The card as the bytes the client sent (stored byte-exact), not re-serialized."""
+    if isinstance(validated.get("card"), dict):
+        raw = raw_member(request, "card")
+        if raw is not None:
+            return {**validated, "card": raw}
+    return validated
 
 
 class AgentFilter(django_filters.FilterSet):
@@ -53,20 +80,22 @@ class AgentFilter(django_filters.FilterSet):
 class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Agents: register (POST), list, read, update (PATCH), deregister (DELETE)."""
 
+    parser_classes = [RawJSONParser]
     lookup_field = "agent_id"
     lookup_value_regex = "[^/]+"
     serializer_class = AgentOutput
     filterset_class = AgentFilter
 
     def get_queryset(self):
-        return selectors.agent_list()
+        return visibility.agents_visible(selectors.agent_list(), request_actor(self.request))
 
     @extend_schema(request=AgentRegisterInput, responses={200: AgentOutput, 201: AgentOutput})
     def create(self, request):
+        require_json_body(request)
         data = AgentRegisterInput(data=request.data)
         data.is_valid(raise_exception=True)
         agent, created = services.agent_register(
-            actor=request_actor(request), **data.validated_data
+            actor=request_actor(request), **_with_raw_card(request, data.validated_data)
         )
         return Response(
             AgentOutput(agent).data,
@@ -75,10 +104,13 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     @extend_schema(request=AgentUpdateInput, responses=AgentOutput)
     def partial_update(self, request, agent_id: str):
+        require_json_body(request)
         data = AgentUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
         agent = services.agent_update(
-            actor=request_actor(request), agent_id=agent_id, **data.validated_data
+            actor=request_actor(request),
+            agent_id=agent_id,
+            **_with_raw_card(request, data.validated_data),
         )
         return Response(AgentOutput(agent).data)
 
@@ -98,8 +130,16 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @action(detail=True, methods=["get"])
     def card(self, request, agent_id: str):
         agent = selectors.agent_get(agent_id=agent_id)
-        if agent is None:
+        actor = request_actor(request)
+        if agent is None or not visibility.may_see(actor, agent):
             raise services.AgentNotFound(agent_id)
-        response = HttpResponse(agent.card_raw.encode(), content_type="application/json")
-        response["ETag"] = f'"{agent.card_sha256}"'
+        if visibility.sees_internals(actor, agent):
+            # The owner's card as registered, byte-exact (signatures intact).
+            response = HttpResponse(agent.card_raw.encode(), content_type="application/json")
+            response["ETag"] = f'"{agent.card_sha256}"'
+            return response
+        body = orjson.dumps(visibility.caller_card(agent, visibility.base_url(request)))
+        response = HttpResponse(body, content_type="application/json")
+        response["ETag"] = f'"{hashlib.sha256(body).hexdigest()[:32]}"'
+        response["Vary"] = "Authorization, Host"
         return response

@@ -14,6 +14,7 @@ from registry import events
 from registry.ids import agent_id_error
 from registry.models import Agent
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
+from registry.quotas import check_agent_quota
 from registry.selectors import agent_route
 from registry.services.cards import _apply_card, _record_card_version, _resolve_card
 from registry.services.errors import AgentNotFound, InvalidInput
@@ -90,6 +91,9 @@ def agent_register(
     concurrency = _check_concurrency(max_concurrency)
     existing = Agent.objects.filter(agent_id=agent_id).first()
     _authorize_register(actor, agent_id, existing)
+    if existing is None:
+        check_agent_quota(actor)
+    old_sha = existing.card_sha256 if existing is not None else None
     parsed = _resolve_card(url=url, card=card, strict=strict)
     now = timezone.now()
     fields = {
@@ -125,6 +129,15 @@ def agent_register(
             agent.save()
         _record_card_version(agent, parsed)
         _publish("registered" if created else "updated", agent)
+        if created or old_sha != parsed.sha256:  # a plain renewal is not a change
+            events.audit(
+                events.AuditRecord(
+                    action="agent.registered" if created else "agent.card_changed",
+                    actor=actor.client_id,
+                    agent_id=agent_id,
+                    details={"url": agent.url, "card_sha256": parsed.sha256, "source": source},
+                )
+            )
     return agent, created
 
 
@@ -163,6 +176,18 @@ def agent_update(
             _record_card_version(agent, parsed)
         agent.save()
         _publish("updated", agent)
+        events.audit(
+            events.AuditRecord(
+                action="agent.updated",
+                actor=actor.client_id,
+                agent_id=agent_id,
+                details={
+                    "ttl_seconds": ttl_seconds,
+                    "max_concurrency": max_concurrency,
+                    "card_sha256": agent.card_sha256,
+                },
+            )
+        )
     return agent
 
 
@@ -177,3 +202,8 @@ def agent_deregister(*, actor: Actor, agent_id: str) -> None:
             raise PermissionDenied(f"this client may not deregister {agent_id}")
         agent.delete()
         events.publish(events.AgentEvent(kind="deregistered", agent_id=agent_id))
+        events.audit(
+            events.AuditRecord(
+                action="agent.deregistered", actor=actor.client_id, agent_id=agent_id
+            )
+        )

@@ -6,9 +6,10 @@ from typing import Any
 
 from django.db import transaction
 
+from registry import events
 from registry.ids import agent_id_error
 from registry.models import ApiClient
-from registry.permissions import ALL_SCOPES
+from registry.permissions import ALL_SCOPES, Actor
 from registry.services.errors import InvalidInput
 
 _UNSET: Any = object()
@@ -35,6 +36,7 @@ def api_client_create(
     scopes: list[str],
     allowed_agents: list[str] | None = None,
     client_id: str | None = None,
+    actor: Actor | None = None,
 ) -> tuple[ApiClient, str]:
     """Create an API client; returns it and its token (the only time the token is seen)."""
     from django.utils.text import slugify
@@ -46,12 +48,21 @@ def api_client_create(
         raise InvalidInput("name must contain letters or digits")
     if ApiClient.objects.filter(client_id=cid).exists():
         raise InvalidInput(f"a client named {cid!r} exists already")
-    return ApiClient.objects.create_key(
+    created = ApiClient.objects.create_key(
         name=name[:50],
         client_id=cid,
         scopes=checked_scopes,
         allowed_agents=allowed,
     )
+    events.audit(
+        events.AuditRecord(
+            action="client.created",
+            actor=actor.client_id if actor else "system",
+            client_id=cid,
+            details={"scopes": created[0].scopes, "allowed_agents": allowed},
+        )
+    )
+    return created
 
 
 def api_client_update(
@@ -62,6 +73,7 @@ def api_client_update(
     allowed_agents: list[str] | None = None,
     revoked: bool | None = None,
     expiry_date: Any = _UNSET,
+    actor: Actor | None = None,
 ) -> ApiClient:
     """Change a client's name, scopes, allowed agents or expiry, or revoke it (for good).
 
@@ -94,4 +106,12 @@ def api_client_update(
             fields.append("expiry_date")
         if fields:
             client.save(update_fields=fields)
+            events.audit(
+                events.AuditRecord(
+                    action="client.revoked" if "revoked" in fields else "client.updated",
+                    actor=actor.client_id if actor else "system",
+                    client_id=client_id,
+                    details={"fields": fields},
+                )
+            )
     return client

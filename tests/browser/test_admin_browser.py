@@ -87,7 +87,7 @@ def test_operator_manages_agents_in_the_admin(live_server_url: str):
             page.fill("#id_username", "operator")
             page.fill("#id_password", PASSWORD)
             page.click("input[type=submit]")
-            expect(page.locator("#content h1")).to_have_text("Site administration")
+            expect(page.locator("#content h1")).to_have_text("Dashboard")
 
             # The agent list: every agent with its status, tags and node.
             page.goto(f"{live_server_url}/admin/registry/agent/")

@@ -97,15 +97,60 @@ def test_base_url_setting_and_trusted_proxies(live_server_url, settings):
                      headers={"X-Forwarded-Host": "gw.example.com"}).json()
     assert body["url"] == f"{live_server_url}/a2a/proxied/"
     settings.A2A_TRUSTED_PROXIES = ["127.0.0.0/8"]
+    # A forwarded host is believed only when this node answers to it (ALLOWED_HOSTS).
     body = httpx.get(card_url(live_server_url, "proxied"), headers=forwarded).json()
-    assert body["url"] == "https://gw.example.com/a2a/proxied/"
+    assert body["url"] == f"https://{live_server_url.split('//')[1]}/a2a/proxied/"
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "gw.example.com"]
+    r = httpx.get(card_url(live_server_url, "proxied"), headers=forwarded)
+    assert r.json()["url"] == "https://gw.example.com/a2a/proxied/"
+    assert r.headers["vary"] == "Host, X-Forwarded-Host, X-Forwarded-Proto"
     # a hostile Host never lands in the card
     r = httpx.get(card_url(live_server_url, "proxied"),
                   headers={"Host": 'evil"host<script>', "X-Forwarded-Host": "a b"})
     assert r.status_code == 200 and "<script>" not in r.text
     settings.A2A_PUBLIC_BASE_URL = "https://public.example.org"
-    body = httpx.get(card_url(live_server_url, "proxied"), headers=forwarded).json()
-    assert set(all_urls(body)) == {"https://public.example.org/a2a/proxied/"}
+    r = httpx.get(card_url(live_server_url, "proxied"), headers=forwarded)
+    assert set(all_urls(r.json())) == {"https://public.example.org/a2a/proxied/"}
+    assert "vary" not in r.headers  # the same card for every Host
+
+
+def test_host_outside_allowed_hosts_never_reaches_a_cacheable_card(live_server_url):
+    services.agent_register(actor=SYSTEM, agent_id="hosted", card=CARD_10)
+    port = live_server_url.rsplit(":", 1)[1]
+    r = httpx.get(card_url(live_server_url, "hosted"), headers={"Host": "attacker.example"})
+    assert r.status_code == 200
+    assert r.headers["cache-control"].startswith("public") and r.headers["vary"] == "Host"
+    assert "attacker.example" not in r.text
+    assert set(all_urls(r.json())) == {f"http://127.0.0.1:{port}/a2a/hosted/"}
+    r = httpx.get(card_url(live_server_url, "hosted"), headers={"Host": f"localhost:{port}"})
+    assert set(all_urls(r.json())) == {f"http://localhost:{port}/a2a/hosted/"}
+
+
+# Key order a client may read meaning into (the first security scheme); PostgreSQL's jsonb
+# would answer oauth2 before bearerAuth (shorter keys first) and reorder the top level too.
+ORDERED_CARD = (
+    b'{"name": "Ordered", "url": "http://127.0.0.1:9/agent", "version": "1.0.0",\n'
+    b' "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"},\n'
+    b'   "oauth2": {"type": "oauth2", "flows": {}}},\n'
+    b' "security": [{"bearerAuth": []}], "skills": [], "capabilities": {},\n'
+    b' "defaultInputModes": ["text/plain"], "defaultOutputModes": ["text/plain"],\n'
+    b' "description": "Keys in a deliberate order."}'
+)
+
+
+def test_card_served_from_stored_bytes_with_key_order_kept(live_server_url, admin_token):
+    """On SQLite and on PostgreSQL (the suite's distributed run): the gateway's card keeps the
+    registered key order with only URLs rewritten; the API's card is the registered bytes."""
+    services.agent_register(actor=SYSTEM, agent_id="ordered", card=ORDERED_CARD)
+    original = orjson.loads(ORDERED_CARD)
+    r = httpx.get(card_url(live_server_url, "ordered"))
+    served = orjson.loads(r.content)
+    assert list(served) == list(original)
+    assert list(served["securitySchemes"]) == ["bearerAuth", "oauth2"]
+    assert served == {**original, "url": f"{live_server_url}/a2a/ordered/"}
+    raw = httpx.get(f"{live_server_url}/api/v1/agents/ordered/card",
+                    headers={"Authorization": f"Bearer {admin_token}"})
+    assert raw.content == ORDERED_CARD
 
 
 def test_card_errors_and_token_setting(live_server_url, settings):

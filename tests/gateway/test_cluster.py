@@ -61,7 +61,8 @@ def node_b(live_server_url, redis_url, postgres_url):
     node_id = f"node-b-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(NODE_ID=node_id, DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL,
-               SECRET_KEY="cluster-test", LOG_LEVEL="WARNING")
+               SECRET_KEY="cluster-test", LOG_LEVEL="WARNING",
+               ALLOWED_HOSTS="127.0.0.1,localhost")
     process = subprocess.Popen(
         [sys.executable, "manage.py", "serve", "--server", "uvicorn", "--port", str(port),
          "--no-periodic"],

@@ -59,8 +59,12 @@ def test_agent_changelist_shows_what_an_operator_needs(admin_client):
     )
     html = admin_client.get(AGENTS_URL).content.decode()
     for text in ("agent-000", "Echo Agent", "node-0", "echo, t0", "owner-0", "100",
-                 "expired (lease lapsed)", "Last seen", "Expires at", "Max concurrency"):
+                 'class="badge badge-expired"', 'class="badge badge-active"', "Last seen",
+                 "Expires", "Max concurrency", "Requests (15 min)", "Errors (15 min)"):
         assert text in html, text
+    # Relative times with the exact time on hover.
+    assert re.search(r'<time class="console-ago" datetime="[^"]+" title="\d{4}-\d\d-\d\d '
+                     r'\d\d:\d\d:\d\d UTC">\d+ s ago</time>', html)
     assert "delete_selected" not in html
     assert 'value="extend_ttl"' in html and 'value="deregister"' in html
 
@@ -172,8 +176,24 @@ def test_deregister_action_and_delete_button_go_through_the_service(
         ("deregistered", "agent-001"), ("deregistered", "agent-002")]
 
 
-def test_agents_cannot_be_added_in_the_admin(admin_client):
-    assert admin_client.get(reverse("admin:registry_agent_add")).status_code == 403
+def test_add_agent_is_register_by_url_with_inline_errors(admin_client):
+    add = reverse("admin:registry_agent_add")
+    page = admin_client.get(add).content.decode()
+    assert "Register an agent by URL" in page and 'name="url"' in page
+    cases = [
+        ({"agent_id": "Bad_Id", "url": "http://127.0.0.1:9/"}, "invalid agent_id"),
+        ({"agent_id": "meta", "url": "http://169.254.169.254/"}, "url:"),
+        ({"agent_id": "ok-agent", "url": "ftp://example.com/"}, "http or https"),
+        ({"agent_id": "ok-agent", "url": "http://127.0.0.1:9/"}, "card"),  # nothing listens
+        ({"agent_id": "ok-agent", "url": "http://127.0.0.1:9/", "ttl_seconds": "0"},
+         "greater than or equal to 1"),
+    ]
+    for data, error in cases:
+        r = admin_client.post(add, data)
+        html = r.content.decode()
+        assert r.status_code == 200 and error in html, (data, html[-3000:])
+        assert 'class="errorlist' in html
+    assert not Agent.objects.exists()
 
 
 # --- API clients -----------------------------------------------------------------------------

@@ -1,19 +1,26 @@
 """``manage.py discover --once``: one full discovery cycle with a progress bar and a summary.
-Without ``--once`` it runs a cycle every ``--interval`` seconds until interrupted."""
+Without ``--once`` it runs a cycle every ``--interval`` seconds until interrupted. What to find
+comes from the admin's discovery rows and from the file named by ``DISCOVERY_CONFIG``."""
 
 from __future__ import annotations
 
 import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from discovery.loop import run_cycle
 
 
 class Command(BaseCommand):
-    help = "Run the discovery loop: sources, resolver, card cache, matcher, health, snapshot."
+    help = (
+        "Run the discovery loop: sources, resolver, card cache, matcher, health, snapshot. "
+        "It reads the discovery rows edited in the admin and the configuration file named by "
+        "the DISCOVERY_CONFIG environment variable (JSON or YAML; e.g. "
+        "DISCOVERY_CONFIG=discovery.json manage.py discover --once). --once exits non-zero "
+        "when that file is unreadable or malformed."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--once", action="store_true", help="run one cycle and exit")
@@ -21,7 +28,7 @@ class Command(BaseCommand):
                             help="seconds between cycles (default DISCOVERY_INTERVAL_SECONDS)")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    def _cycle(self, show_progress: bool) -> None:
+    def _cycle(self, show_progress: bool) -> str | None:
         bar: tqdm | None = None
 
         def on_total(total: int) -> None:
@@ -40,11 +47,14 @@ class Command(BaseCommand):
             if bar is not None:
                 bar.close()
         self.stdout.write(report.summary())
+        return report.config_error
 
     def handle(self, *args, **options) -> None:
         show = not options["no_progress"]
         if options["once"]:
-            self._cycle(show)
+            config_error = self._cycle(show)
+            if config_error:
+                raise CommandError(f"DISCOVERY_CONFIG {config_error}")
             return
         interval = options["interval"] or settings.DISCOVERY_INTERVAL_SECONDS
         while True:

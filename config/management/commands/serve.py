@@ -1,0 +1,235 @@
+"""python manage.py serve [--host H] [--port P] [--server uvicorn|daphne]: run one node.
+
+A node is one server process: the ASGI application (gateway, API, admin), the Subscriber
+Manager, and in embedded mode the periodic jobs. Both servers get the same connection and body
+limits (:mod:`config.servers`) and the same startup and shutdown hooks (:mod:`config.node`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from config import node
+from config.servers import PortInUse, ServerLimits, bind_socket
+
+logger = logging.getLogger(__name__)
+
+SERVERS = ("daphne", "uvicorn")
+#: Daphne, the Channels server, as the design names it. Both servers refuse an over-cap or
+#: unauthenticated upload before reading it (config.servers); uvicorn is about twice as fast.
+DEFAULT_SERVER = "daphne"
+
+
+def _bootstrap_admin_client(stdout) -> None:
+    """On the first start of an empty embedded database, create an admin client once."""
+    from registry import services
+    from registry.models import ApiClient
+
+    if not settings.EMBEDDED or ApiClient.objects.exists():
+        return
+    client, token = services.api_client_create(name="bootstrap-admin", scopes=["admin"])
+    stdout.write(
+        "\nCreated the bootstrap admin API client (shown once; store it now):\n"
+        f"  Authorization: Bearer {token}\n"
+        "Create more with: python manage.py create_client NAME --scopes register,call\n"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    """A driver error on one line (psycopg's span several), so the cause is the last line."""
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _check_database() -> None:
+    """Fail fast, naming the cause, when the database is missing or not migrated."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    where = connection.settings_dict.get("NAME")
+    if connection.vendor == "postgresql":
+        # A direct connection with a short timeout: the pool would retry for its whole timeout.
+        import psycopg
+
+        params = connection.get_connection_params()
+        params.pop("pool", None)
+        params["connect_timeout"] = 5
+        host = params.get("host") or "localhost"
+        where = f"{host}:{params.get('port') or 5432}/{params.get('dbname')}"
+        try:
+            psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}).close()
+        except Exception as exc:
+            raise CommandError(f"database not reachable ({where}): {_one_line(exc)}") from None
+    try:
+        executor = MigrationExecutor(connection)
+        pending = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except Exception as exc:
+        raise CommandError(f"database not reachable ({where}): {_one_line(exc)}") from None
+    finally:
+        connection.close()
+    if pending:
+        raise CommandError("database has unapplied migrations: run manage.py migrate first")
+
+
+class Command(BaseCommand):
+    help = (
+        "Serve one node: the ASGI app (gateway, API, admin), the Subscriber Manager, and in "
+        "embedded mode the periodic jobs. Refuses to start when the port is taken or the "
+        "database is unreachable or not migrated."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument(
+            "--host",
+            default="127.0.0.1",
+            help="address to listen on (default: %(default)s; 0.0.0.0 for all)",
+        )
+        parser.add_argument(
+            "--port", type=int, default=8000, help="TCP port to listen on (default: %(default)s)"
+        )
+        parser.add_argument(
+            "--server",
+            choices=SERVERS,
+            default=DEFAULT_SERVER,
+            help="ASGI server (default: %(default)s, the Channels server; uvicorn runs "
+            "uvloop + httptools and is about twice as fast)",
+        )
+        parser.add_argument(
+            "--no-periodic",
+            action="store_true",
+            help="do not run the periodic jobs in-process (embedded mode runs them by default)",
+        )
+
+    def handle(self, *args, host: str, port: int, server: str, no_periodic: bool, **options):
+        if not 0 <= port <= 65535:
+            raise CommandError(f"--port must be between 0 and 65535, not {port}")
+        _check_database()
+        try:
+            sock = bind_socket(host, port)
+        except PortInUse as exc:
+            raise CommandError(f"{exc}: stop the other server or pick another --port") from None
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        port = sock.getsockname()[1]
+        if not os.environ.get("NODE_ID"):
+            import socket
+
+            node.serve_as(f"{socket.gethostname()}:{port}")
+        _bootstrap_admin_client(self.stdout)
+        # The servers' threads open their own connections; do not hold this one open.
+        from django.db import connection
+
+        connection.close()
+        periodic = settings.EMBEDDED and not no_periodic
+        if periodic:
+            node.on_startup(_start_periodic)
+            node.on_shutdown(_stop_periodic)
+        mode = "embedded" if settings.EMBEDDED else "distributed"
+        self.stdout.write(
+            f"Node {node.node_id()} ({mode}) serving on http://{host}:{port}/ with {server}"
+            f"{' and in-process periodic jobs' if periodic else ''}. Ctrl-C stops it."
+        )
+        self.stdout.flush()
+        if host not in _LOOPBACK and not os.environ.get("ALLOWED_HOSTS") and not settings.DEBUG:
+            self.stderr.write(
+                f"warning: listening on {host}, but ALLOWED_HOSTS is the embedded default "
+                f"({', '.join(settings.ALLOWED_HOSTS)}): requests naming another host get 400. "
+                "Set ALLOWED_HOSTS to the host names clients use."
+            )
+        limits = ServerLimits.from_settings()
+        if server == "uvicorn":
+            run_uvicorn(sock, limits)
+        else:
+            run_daphne(sock, limits)
+
+
+def run_uvicorn(sock, limits: ServerLimits) -> None:
+    import uvicorn
+
+    from config.asgi import application
+    from config.servers import uvicorn_protocol
+
+    config = uvicorn.Config(
+        application,
+        loop="uvloop",
+        http=uvicorn_protocol(limits),
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=max(1, round(limits.keepalive)),
+        timeout_graceful_shutdown=5,
+        # X-Forwarded-* are believed only from A2A_TRUSTED_PROXIES (gateway.cards), not
+        # from whatever uvicorn's own default (127.0.0.1) trusts.
+        proxy_headers=False,
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def run_daphne(sock, limits: ServerLimits) -> None:
+    import daphne.server
+    from daphne.server import Server
+    from twisted.internet import defer, reactor
+    from twisted.internet.endpoints import AdoptedStreamServerEndpoint
+
+    from config.asgi import application
+    from config.servers import daphne_factory_class
+
+    # Server.run() builds its HTTP factory and its endpoints from these module attributes:
+    # the limited factory, and the socket bound (and checked) before "serving" was printed.
+    daphne.server.HTTPFactory = daphne_factory_class(limits)
+    parse_endpoint = daphne.server.serverFromString
+
+    def endpoint(reactor_, description: str):
+        if description == _BOUND_SOCKET:
+            # The endpoint closes the descriptor it adopts: give it a duplicate.
+            return AdoptedStreamServerEndpoint(reactor_, os.dup(sock.fileno()), sock.family)
+        return parse_endpoint(reactor_, description)
+
+    daphne.server.serverFromString = endpoint
+
+    def ready() -> None:
+        asyncio.get_event_loop().create_task(node.start())
+
+    server = Server(
+        application=application,
+        endpoints=[_BOUND_SOCKET],
+        ready_callable=ready,
+        http_timeout=None,
+        websocket_timeout=None,
+        application_close_timeout=10,
+        verbosity=0,
+    )
+
+    # Daphne has no lifespan protocol: stop the node's hooks when the reactor stops. Twisted
+    # waits for a Deferred returned by a "before shutdown" trigger (not for an asyncio Future),
+    # so SIGTERM finishes the node's shutdown before the process exits.
+    def stop_node():
+        return defer.Deferred.fromFuture(asyncio.ensure_future(node.stop()))
+
+    reactor.addSystemEventTrigger("before", "shutdown", stop_node)
+    server.run()
+    sock.close()
+    if not server.listening_addresses:
+        raise CommandError("daphne could not listen on the bound socket")
+
+
+_BOUND_SOCKET = "bound-socket"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+_periodic_tasks: list[asyncio.Task] = []
+
+
+async def _start_periodic() -> None:
+    from config.periodic import start_periodic_tasks
+
+    _periodic_tasks.extend(start_periodic_tasks())
+
+
+async def _stop_periodic() -> None:
+    for task in _periodic_tasks:
+        task.cancel()
+    _periodic_tasks.clear()

@@ -1,0 +1,386 @@
+"""The two HTTP servers a node runs under, with the same connection and body limits.
+
+Both uvicorn (httptools) and Daphne (Twisted) are configured here by ``manage.py serve``:
+
+- **Body caps before reading**: a request announcing a ``Content-Length`` above its route's cap
+  (``A2A_MAX_REQUEST_BYTES`` under ``/a2a/``, ``A2A_MAX_API_BODY_BYTES`` elsewhere) is answered
+  413 as soon as its headers are in, without waiting for a byte of the body; a chunked body is
+  cut at the cap. Under uvicorn the gateway and :mod:`config.edge` enforce this (uvicorn hands
+  the body over as it arrives, with backpressure); Daphne's Twisted channel would spool the
+  whole body to disk before the application runs, so its request class enforces it instead.
+- **Header timeout** (``A2A_HTTP_HEADER_TIMEOUT_SECONDS``): a connection that has not sent a
+  complete request head this long after connecting, or after starting its next request, is
+  answered 408 and closed, however slowly it drips bytes (idle timers reset on every byte).
+- **Keep-alive timeout** (``A2A_HTTP_KEEPALIVE_SECONDS``): an idle connection between requests
+  is closed after this long, and so is one whose request body stops arriving for this long.
+- **Connection limit** (``A2A_HTTP_MAX_CONNECTIONS``): connections beyond it are answered 503
+  and closed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from dataclasses import dataclass
+
+import orjson
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    header_timeout: float
+    keepalive: float
+    max_connections: int
+    a2a_body_bytes: int
+    api_body_bytes: int
+
+    @classmethod
+    def from_settings(cls) -> ServerLimits:
+        return cls(
+            header_timeout=settings.A2A_HTTP_HEADER_TIMEOUT_SECONDS,
+            keepalive=settings.A2A_HTTP_KEEPALIVE_SECONDS,
+            max_connections=settings.A2A_HTTP_MAX_CONNECTIONS,
+            a2a_body_bytes=settings.A2A_MAX_REQUEST_BYTES,
+            api_body_bytes=settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+        )
+
+    def body_cap(self, path: bytes | str) -> int:
+        prefix = b"/a2a/" if isinstance(path, bytes) else "/a2a/"
+        return self.a2a_body_bytes if path.startswith(prefix) else self.api_body_bytes
+
+
+#: Under Daphne, gateway bodies above this (or chunked) wait for authentication before they are
+#: read. Smaller ones arrive with their headers anyway (one socket read), so the hot path of
+#: small calls skips the extra step; the gateway authenticates them before parsing.
+AUTH_FIRST_ABOVE_BYTES = 64 * 1024
+
+
+class PortInUse(Exception):
+    """The port is taken by another process."""
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, bound before anything says "serving".
+
+    Binding here (not inside the server) turns a busy port into one clear error at once, and
+    hands both servers the same socket.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(f"port {port} is in use on {host}") from None
+        raise
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _raw_response(status: int, reason: str, body: bytes, *, a2a: bool) -> bytes:
+    headers = [
+        f"HTTP/1.1 {status} {reason}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+    ]
+    if a2a:
+        headers.append("X-A2A-Executed: false")
+    return ("\r\n".join(headers) + "\r\n\r\n").encode() + body
+
+
+def too_large_response(path: bytes, cap: int) -> bytes:
+    """The 413 answer for an over-cap body, in the route's error shape."""
+    detail = f"request body larger than {cap} bytes"
+    if path.startswith(b"/a2a/"):
+        from gateway import errors
+
+        body = errors.error_body(errors.REQUEST_TOO_LARGE, agent_id=None, detail=detail)
+        return _raw_response(413, "Content Too Large", body, a2a=True)
+    body = orjson.dumps({"error": f"request body too large: the limit is {cap} bytes"})
+    return _raw_response(413, "Content Too Large", body, a2a=False)
+
+
+async def unauthenticated_response(path: bytes, authorization: str | None) -> bytes | None:
+    """The gateway's 401 for a caller that does not authenticate, or None if it does."""
+    from gateway import errors, runtime
+    from registry.auth import UNAUTHENTICATED_MESSAGE
+    from registry.token_cache import AuthFailed, shared_token_cache
+
+    # The running node's token cache (the process's one cache unless the node was given its
+    # own), the same the gateway's handler authenticates with.
+    node = runtime.current_node()
+    tokens = node.tokens if node is not None else shared_token_cache()
+    try:
+        actor = await tokens.actor(authorization)
+    except AuthFailed as exc:
+        detail = str(exc)
+    else:
+        if actor is not None:
+            return None
+        detail = UNAUTHENTICATED_MESSAGE
+    agent_id = path[5:].split(b"/", 1)[0].decode("latin-1")
+    body = errors.error_body(errors.UNAUTHENTICATED, agent_id=agent_id, detail=detail)
+    response = _raw_response(401, "Unauthorized", body, a2a=True)
+    return response.replace(b"\r\n\r\n", b'\r\nWWW-Authenticate: Bearer realm="a2a"\r\n\r\n', 1)
+
+
+TIMEOUT_RESPONSE = _raw_response(
+    408, "Request Timeout", b'{"error": "request headers not received in time"}', a2a=False
+)
+BUSY_RESPONSE = _raw_response(
+    503, "Service Unavailable", b'{"error": "too many connections"}', a2a=False
+)
+
+
+# --- uvicorn -----------------------------------------------------------------------------------
+
+
+def uvicorn_protocol(limits: ServerLimits):
+    """uvicorn's httptools protocol with a header deadline, a body idle timeout and a connection
+    limit."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    sweeping: set = set()  # the loop whose sweeper runs (one per server process)
+
+    async def sweep(connections: set) -> None:
+        """Close connections whose request body stopped arriving (uvicorn has no timer there;
+        Twisted's idle timer does the same under Daphne). One pass a second, no per-request
+        timer on the hot path."""
+        while True:
+            await asyncio.sleep(min(1.0, limits.keepalive))
+            now = asyncio.get_running_loop().time()
+            for protocol in list(connections):
+                cycle = protocol.cycle
+                if (
+                    cycle is not None
+                    and cycle.more_body
+                    and not cycle.response_complete
+                    and now - protocol.last_data > limits.keepalive
+                    and not protocol.transport.is_closing()
+                ):
+                    protocol.transport.close()
+
+    class LimitedHttpToolsProtocol(HttpToolsProtocol):
+        _head_deadline = None
+        last_data = 0.0
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                transport.write(BUSY_RESPONSE)
+                transport.close()
+                return
+            if self.loop not in sweeping:
+                sweeping.add(self.loop)
+                self.loop.create_task(sweep(self.connections))
+            self._arm_head_deadline()
+
+        def _arm_head_deadline(self) -> None:
+            self._head_deadline = self.loop.call_later(limits.header_timeout, self._head_late)
+
+        def _head_late(self) -> None:
+            self._head_deadline = None
+            if not self.transport.is_closing():
+                self.transport.write(TIMEOUT_RESPONSE)
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            self.last_data = self.loop.time()
+            # The first bytes of a next request on a kept-alive connection start its deadline.
+            if self._head_deadline is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm_head_deadline()
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+            super().connection_lost(exc)
+
+    return LimitedHttpToolsProtocol
+
+
+# --- Daphne (Twisted) --------------------------------------------------------------------------
+
+
+def daphne_factory_class(limits: ServerLimits):
+    """Daphne's HTTP factory with body caps, a header deadline, keep-alive and a connection
+    limit. ``daphne.server.Server.run`` builds its factory from the module attribute this
+    replaces (see :func:`run_daphne`)."""
+    from daphne.http_protocol import HTTPFactory, WebRequest
+    from twisted.web import http
+
+    class LimitedWebRequest(WebRequest):
+        _refused = False
+        _processing = False
+        _auth_pending = False
+        _expect_continue = False
+
+        def gotLength(self, length) -> None:  # noqa: N802 (Twisted's name)
+            channel = self.channel
+            channel.edge_head_complete()
+            path = self._edge_path = channel._path or b"/"
+            self._edge_version = channel._version
+            self._cap = limits.body_cap(path)
+            self._size = 0
+            if length is not None and length > self._cap:
+                self._refuse(too_large_response(path, self._cap))
+                return
+            super().gotLength(length)
+            if (
+                (length is None or length > AUTH_FIRST_ABOVE_BYTES)
+                and channel._command == b"POST"
+                and path.startswith(b"/a2a/")
+            ):
+                self._authenticate_first()
+
+        def _authenticate_first(self) -> None:
+            """Stop reading until the caller is authenticated: an unknown caller gets 401
+            without its body being read (what the gateway does itself under uvicorn)."""
+            self._auth_pending = True
+            self._expect_continue = bool(self.requestHeaders.getRawHeaders(b"expect"))
+            self.requestHeaders.removeHeader(b"expect")  # no 100-continue before the answer
+            self.channel._networkProducer.pauseProducing()
+            authorization = self.requestHeaders.getRawHeaders(b"authorization", [None])[0]
+            asyncio.ensure_future(self._authenticated(authorization))
+
+        async def _authenticated(self, authorization: bytes | None) -> None:
+            try:
+                refusal = await unauthenticated_response(
+                    self._edge_path, authorization.decode("latin-1") if authorization else None
+                )
+            except Exception:  # e.g. the database is down: let the gateway answer it
+                logger.exception("authenticating before the body failed")
+                refusal = None
+            self._auth_pending = False
+            if self._refused or self._processing or getattr(self, "_disconnected", False):
+                return  # the whole body had arrived: the gateway answers it itself
+            if refusal is not None:
+                self._refuse(refusal)
+                return
+            if self._expect_continue and self._edge_version == b"HTTP/1.1":
+                self.channel.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.channel._networkProducer.resumeProducing()
+
+        def handleContentChunk(self, data: bytes) -> None:  # noqa: N802
+            if self._refused:
+                return
+            self._size += len(data)
+            if self._size > self._cap:
+                self._refuse(too_large_response(self._edge_path, self._cap))
+                return
+            super().handleContentChunk(data)
+
+        def _refuse(self, response: bytes) -> None:
+            # Answer now and read nothing more: no 100-continue, no body, no application.
+            self._refused = True
+            self.requestHeaders.removeHeader(b"expect")
+            self.content = _Discard()
+            transport = self.channel.transport
+            transport.write(response)
+            transport.loseConnection()
+
+        def process(self):
+            if self._refused:
+                return None
+            self._processing = True
+            return super().process()
+
+    class LimitedChannel(http.HTTPChannel):
+        _head_deadline = None
+
+        def connectionMade(self) -> None:  # noqa: N802
+            super().connectionMade()
+            self._arm_head_deadline()
+
+        def _arm_head_deadline(self) -> None:
+            self._head_deadline = self.callLater(limits.header_timeout, self._head_late)
+
+        def _head_late(self) -> None:
+            self._head_deadline = None
+            if not self._handlingRequest and self.transport is not None:
+                self.transport.write(TIMEOUT_RESPONSE)
+                self.transport.loseConnection()
+
+        def lineReceived(self, line: bytes) -> None:  # noqa: N802
+            if self._head_deadline is None and not self._handlingRequest:
+                self._arm_head_deadline()
+            super().lineReceived(line)
+
+        def edge_head_complete(self) -> None:
+            if self._head_deadline is not None:
+                if self._head_deadline.active():
+                    self._head_deadline.cancel()
+                self._head_deadline = None
+
+        def connectionLost(self, reason) -> None:  # noqa: N802
+            self.edge_head_complete()
+            self.factory.edge_connections -= 1
+            super().connectionLost(reason)
+
+    class LimitedFactory(HTTPFactory):
+        def __init__(self, server) -> None:
+            super().__init__(server)
+            # Twisted's idle timer: armed while reading a request and between requests, paused
+            # while the application answers (so long streams are not cut).
+            self.timeOut = limits.keepalive
+            self.edge_connections = 0
+
+        def protocol(self):
+            return http._GenericHTTPChannelProtocol(LimitedChannel())
+
+        def buildProtocol(self, addr):  # noqa: N802
+            if self.edge_connections >= limits.max_connections:
+                return _Refuser()
+            protocol = super().buildProtocol(addr)
+            protocol.requestFactory = LimitedWebRequest
+            self.edge_connections += 1
+            return protocol
+
+    return LimitedFactory
+
+
+class _Discard:
+    """A request content sink that keeps nothing (a refused request's body)."""
+
+    def write(self, data: bytes) -> None:
+        return None
+
+    def seek(self, *args) -> int:
+        return 0
+
+    def read(self, *args) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        return None
+
+
+def _refuser_class():
+    from twisted.internet.protocol import Protocol
+
+    class Refuser(Protocol):
+        def connectionMade(self) -> None:  # noqa: N802
+            self.transport.write(BUSY_RESPONSE)
+            self.transport.loseConnection()
+
+    return Refuser
+
+
+def _Refuser():  # noqa: N802
+    return _refuser_class()()

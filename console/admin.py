@@ -1,0 +1,103 @@
+"""The audit logs in the admin (read-only), and django-celery-beat hidden in embedded mode
+(nothing reads its schedule there: the in-process runner uses CELERY_BEAT_SCHEDULE)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import admin
+
+from console.models import CallRecord, RegistryChange
+
+
+class TextFilter(admin.SimpleListFilter):
+    """A filter typed as text (exact match), for columns with too many values to list."""
+
+    template = "console/text_filter.html"
+    field = ""
+
+    def lookups(self, request, model_admin):
+        return ()
+
+    def has_output(self) -> bool:
+        return True
+
+    def queryset(self, request, queryset):
+        value = (self.value() or "").strip()
+        return queryset.filter(**{self.field: value}) if value else queryset
+
+    def choices(self, changelist):
+        # The other active filters, kept as hidden inputs when this one is submitted.
+        params = changelist.get_filters_params()
+        params.pop(self.parameter_name, None)
+        yield {"value": self.value() or "", "params": params}
+
+
+class AgentFilter(TextFilter):
+    title, parameter_name, field = "agent id", "agent_id", "agent_id"
+
+
+class CallerFilter(TextFilter):
+    title, parameter_name, field = "caller", "caller", "caller"
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the system writes: no add, no edit, no delete (retention purges them)."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(CallRecord)
+class CallRecordAdmin(ReadOnlyAdmin):
+    list_display = (
+        "at",
+        "caller",
+        "agent_id",
+        "method",
+        "outcome",
+        "executed",
+        "http_status",
+        "latency_ms_display",
+        "request_bytes",
+        "response_bytes",
+        "node_id",
+    )
+    list_filter = ("outcome", "executed", "at", AgentFilter, CallerFilter)
+    search_fields = ("agent_id", "caller", "method")
+    date_hierarchy = "at"
+    list_per_page = 100
+    show_full_result_count = False
+
+    @admin.display(description="latency", ordering="latency_ms")
+    def latency_ms_display(self, row: CallRecord) -> str:
+        return f"{row.latency_ms:.1f} ms"
+
+
+@admin.register(RegistryChange)
+class RegistryChangeAdmin(ReadOnlyAdmin):
+    list_display = ("at", "action", "actor", "agent_id", "client_id", "details")
+    list_filter = ("action", "at", AgentFilter)
+    search_fields = ("agent_id", "client_id", "actor")
+    date_hierarchy = "at"
+    list_per_page = 100
+    show_full_result_count = False
+
+
+if settings.EMBEDDED:
+    from django_celery_beat import models as beat
+
+    for _model in (
+        beat.PeriodicTask,
+        beat.IntervalSchedule,
+        beat.CrontabSchedule,
+        beat.SolarSchedule,
+        beat.ClockedSchedule,
+    ):
+        if admin.site.is_registered(_model):
+            admin.site.unregister(_model)

@@ -1,0 +1,31 @@
+"""The operator console: the admin's dashboard, per-agent traffic statistics and the audit log.
+
+``ConsoleAdminConfig`` replaces ``django.contrib.admin`` in ``INSTALLED_APPS`` so the default
+admin site is :class:`console.site.ConsoleAdminSite` (the dashboard is its index).
+``ConsoleConfig.ready`` wires the recorder's flush job into the node's lifecycle and subscribes
+to the registry's audit hook.
+"""
+
+from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
+
+
+class ConsoleAdminConfig(admin_apps.AdminConfig):
+    default = False
+    default_site = "console.site.ConsoleAdminSite"
+
+
+class ConsoleConfig(AppConfig):
+    default = True
+    name = "console"
+    verbose_name = "Operations"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from config import node
+        from console import audit, flusher, schema  # noqa: F401  (schema: auth extension)
+        from registry import events
+
+        events.subscribe_audit(audit.on_registry_audit)
+        node.on_startup(flusher.start)
+        node.on_shutdown(flusher.stop)

@@ -1,0 +1,59 @@
+"""The registry audit log: who registered, changed or deregistered an agent, who created,
+rotated or revoked a token.
+
+Registry services announce each change through ``registry.events.audit`` (after commit). In a
+serving node the record joins the flusher's next batch; in a process without one (a Celery
+worker, a management command) it is written at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from registry.events import AuditRecord
+
+logger = logging.getLogger(__name__)
+
+#: Records waiting for the flusher (bounded: at most ``MAX_PENDING``; beyond, written at once).
+pending: list[AuditRecord] = []
+MAX_PENDING = 10_000
+buffered = False  # set by the flusher while it runs in this process
+
+
+def _row(record: AuditRecord):
+    from console.models import RegistryChange
+
+    return RegistryChange(
+        at=datetime.fromtimestamp(record.at, UTC),
+        action=record.action,
+        actor=record.actor,
+        agent_id=record.agent_id,
+        client_id=record.client_id,
+        details=record.details,
+    )
+
+
+def write(records: list[AuditRecord]) -> None:
+    from console.models import RegistryChange
+
+    if records:
+        RegistryChange.objects.bulk_create([_row(r) for r in records])
+
+
+def on_registry_audit(record: AuditRecord) -> None:
+    """The registry's audit hook: buffer for the flusher, or write now."""
+    if buffered and len(pending) < MAX_PENDING:
+        pending.append(record)
+        return
+    try:
+        write([record])
+    except Exception:  # an audit failure must not break the change it records
+        logger.exception("could not write the registry audit record %s", record.action)
+
+
+def take() -> list[AuditRecord]:
+    """Everything pending, for the flusher's batch."""
+    batch = pending[:]
+    del pending[: len(batch)]
+    return batch

@@ -1,0 +1,257 @@
+"""OpenAPI additions: the bearer-token security scheme (so Swagger UI's "Authorize" works) and
+the /a2a gateway paths, which are raw ASGI and invisible to drf-spectacular's view walk."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "registry.auth.TokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API client's token: `manage.py create_client NAME --scopes ...`.",
+        }
+
+
+_ERROR_KINDS = [
+    "parse_error",
+    "invalid_request",
+    "agent_not_found",
+    "busy",
+    "unreachable",
+    "timeout",
+    "upstream_unavailable",
+    "response_too_large",
+    "unauthenticated",
+    "forbidden",
+    "rate_limited",
+    "request_too_large",
+]
+
+_AGENT_ID = {
+    "name": "agent_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{1,62}$"},
+    "description": "The registered agent's id.",
+}
+
+_EXECUTED = {
+    "X-A2A-Executed": {
+        "description": "`false` promises the agent never received the request (safe to retry).",
+        "schema": {"type": "string", "enum": ["true", "false"]},
+    }
+}
+
+
+def _gateway_paths() -> dict[str, Any]:
+    rpc_request = {
+        "type": "object",
+        "required": ["jsonrpc", "method"],
+        "properties": {
+            "jsonrpc": {"type": "string", "enum": ["2.0"]},
+            "id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+            "method": {"type": "string", "example": "message/send"},
+            "params": {"type": "object"},
+        },
+        "example": {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "message/send",
+            "params": {
+                "message": {
+                    "role": "user",
+                    "messageId": "m1",
+                    "parts": [{"kind": "text", "text": "hi"}],
+                }
+            },
+        },
+    }
+    rpc_error = {
+        "type": "object",
+        "properties": {
+            "jsonrpc": {"type": "string"},
+            "id": {},
+            "error": {
+                "type": "object",
+                "properties": {
+                    "code": {"type": "integer"},
+                    "message": {"type": "string"},
+                    "data": {
+                        "type": "object",
+                        "properties": {
+                            "executed": {"type": "boolean"},
+                            "retryable": {"type": "boolean"},
+                            "kind": {"type": "string", "enum": _ERROR_KINDS},
+                            "agent_id": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+    }
+    security = [{"bearerAuth": []}, {}]
+    post = {
+        "operationId": "gateway_call",
+        "tags": ["gateway"],
+        "summary": "Call an agent: one A2A JSON-RPC 2.0 request, relayed unchanged",
+        "description": (
+            "Sync methods answer the agent's JSON-RPC response; streaming methods "
+            "(`message/stream`, `tasks/resubscribe`, `SendStreamingMessage`, `SubscribeToTask`) "
+            "answer `text/event-stream`. Errors the gateway makes itself are JSON-RPC errors "
+            "with `error.data.kind` (HTTP 200; 401/403/413/429 for auth, rights, size, rate)."
+        ),
+        "parameters": [_AGENT_ID],
+        "security": security,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": rpc_request}}},
+        "responses": {
+            "200": {
+                "description": "The agent's reply (or a gateway JSON-RPC error)",
+                "headers": {
+                    **_EXECUTED,
+                    "X-A2A-Agent-Status": {
+                        "description": "The agent's HTTP status",
+                        "schema": {"type": "string"},
+                    },
+                },
+                "content": {
+                    "application/json": {"schema": {"oneOf": [{"type": "object"}, rpc_error]}},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            },
+            "401": {
+                "description": "No or bad token",
+                "content": {"application/json": {"schema": rpc_error}},
+            },
+            "403": {
+                "description": "This client may not call the agent",
+                "content": {"application/json": {"schema": rpc_error}},
+            },
+            "413": {"description": "Request too large"},
+            "429": {"description": "Rate limited"},
+        },
+    }
+    stream = {
+        "operationId": "gateway_stream",
+        "tags": ["gateway"],
+        "summary": "KubeMQ server-push stream: the agent gets message/stream with empty params",
+        "parameters": [_AGENT_ID],
+        "security": security,
+        "responses": {
+            "200": {
+                "description": "Server-sent events relayed from the agent",
+                "headers": _EXECUTED,
+                "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            }
+        },
+    }
+    card = {
+        "operationId": "gateway_agent_card",
+        "tags": ["gateway"],
+        "summary": "The agent's card with every endpoint URL rewritten to this gateway",
+        "parameters": [_AGENT_ID],
+        "security": [{}, {"bearerAuth": []}],
+        "responses": {
+            "200": {
+                "description": "The rewritten A2A agent card (ETag, Cache-Control)",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+            "404": {"description": "No such agent"},
+        },
+    }
+    return {
+        "/a2a/{agent_id}": {"post": post},
+        "/a2a/{agent_id}/stream": {"get": stream},
+        "/a2a/{agent_id}/.well-known/agent-card.json": {"get": card},
+    }
+
+
+def _kubemq_paths(paths: dict[str, Any]) -> None:
+    """Spell out the KubeMQ-compatible actions that share the ``/agents/{segment}`` route."""
+    generic = paths.pop("/agents/{segment}/", None) or paths.pop("/agents/{segment}", None)
+    if generic is None:
+        return
+    obj = {"application/json": {"schema": {"type": "object"}}}
+    security = generic.get("post", {}).get("security", [{"bearerAuth": []}])
+
+    def action(op_id: str, summary: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "post": {
+                "operationId": op_id,
+                "tags": ["kubemq"],
+                "summary": summary,
+                "security": security,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": body}},
+                },
+                "responses": {
+                    "200": {"description": "KubeMQ-shaped JSON", "content": obj},
+                    "400": {"description": "Bad input", "content": obj},
+                    "404": {"description": "Agent not found", "content": obj},
+                },
+            }
+        }
+
+    agent_ref = {
+        "type": "object",
+        "required": ["agent_id"],
+        "properties": {"agent_id": {"type": "string"}},
+    }
+    paths["/agents/register"] = action(
+        "kubemq_register",
+        "Register an agent: the body is its card (KubeMQ-style or A2A)",
+        {
+            "type": "object",
+            "required": ["agent_id", "name", "url"],
+            "properties": {
+                "agent_id": {"type": "string"},
+                "name": {"type": "string"},
+                "url": {"type": "string"},
+                "skills": {"type": "array", "items": {}},
+                "ttl_seconds": {"type": "integer"},
+            },
+            "additionalProperties": True,
+        },
+    )
+    paths["/agents/deregister"] = action("kubemq_deregister", "Deregister an agent", agent_ref)
+    paths["/agents/heartbeat"] = action("kubemq_heartbeat", "Renew an agent's TTL", agent_ref)
+    item = {k: v for k, v in generic.items() if k in ("get", "delete")}
+    for op in item.values():
+        op["parameters"] = [dict(_AGENT_ID)]
+        op["summary"] = (
+            "Read one agent (enriched card)" if op is item.get("get") else "Deregister one agent"
+        )
+    paths["/agents/{agent_id}"] = item
+    listing = paths.get("/agents/", {}).get("get")
+    if listing is not None:
+        listing["parameters"] = [
+            {
+                "name": "skill_tags",
+                "in": "query",
+                "schema": {"type": "string"},
+                "description": "Comma-separated tags: agents with any of them.",
+            },
+            {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+        ]
+
+
+def add_gateway_paths(result: dict[str, Any], generator, request, public) -> dict[str, Any]:
+    """drf-spectacular post-processing hook: add the gateway's paths, spell out the KubeMQ
+    actions, and make sure the bearer scheme is declared."""
+    _kubemq_paths(result.setdefault("paths", {}))
+    result["paths"].update(_gateway_paths())
+    components = result.setdefault("components", {})
+    components.setdefault("securitySchemes", {}).setdefault(
+        "bearerAuth", {"type": "http", "scheme": "bearer"}
+    )
+    tags = result.setdefault("tags", [])
+    tags.append({"name": "gateway", "description": "The /a2a JSON-RPC gateway (raw ASGI)."})
+    return result

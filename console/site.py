@@ -1,0 +1,30 @@
+"""The admin site with the operator dashboard as its index page."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import admin
+from django.template.response import TemplateResponse
+
+
+class ConsoleAdminSite(admin.AdminSite):
+    site_header = "A2A registry console"
+    site_title = "A2A registry console"
+    index_title = "Dashboard"
+    index_template = "console/dashboard.html"
+
+    def index(self, request, extra_context=None) -> TemplateResponse:
+        from console import recorder
+        from console.charts import bar_chart
+        from console.selectors import dashboard
+
+        data = dashboard()
+        context = {
+            "dash": data,
+            "chart": bar_chart(data["series"]),
+            "audit_mode": settings.A2A_AUDIT,
+            "stats_on": settings.A2A_STATS,
+            "dropped": dict(recorder.dropped),
+            **(extra_context or {}),
+        }
+        return super().index(request, context)

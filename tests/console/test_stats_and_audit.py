@@ -1,0 +1,241 @@
+"""Per-agent statistics and the call audit log, checked against the calls actually made
+through the real gateway (uvicorn, real a2a-sdk agent, a raw failing agent, a dead port)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import orjson
+import pytest
+from django.db import connections
+from django.db.models import Sum
+
+from console import flusher, recorder
+from console.histogram import BUCKETS, bucket_of, percentile_ms
+from console.models import AgentMinute, CallRecord, ClientUsage
+from console.selectors import agent_stats, dashboard
+from tests.servers import free_port, serve_app
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def rpc(text: str, method: str = "message/send") -> bytes:
+    return orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": {
+        "message": {"kind": "message", "role": "user", "messageId": "m1",
+                    "parts": [{"kind": "text", "text": text}]}}})
+
+
+async def failing_agent(scope, receive, send) -> None:
+    """Answers every POST with a plain-text 500 (an application error: executed)."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 500,
+                "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"boom"})
+
+
+def db(fn):
+    """ORM work in a worker thread (its own connection), like the server's."""
+    def run():
+        try:
+            return fn()
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
+
+
+def wait_for(predicate, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = db(predicate)
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def fast_flush(settings):
+    settings.A2A_STATS_FLUSH_SECONDS = 0.2
+    recorder.reset()
+    yield settings
+    recorder.reset()
+
+
+def test_statistics_and_audit_match_the_calls_made(fast_flush, live_server_url, echo_agent,
+                                                   register_agent, api, caller):
+    # The defaults: statistics on, A2A_AUDIT=errors.
+    ok = register_agent(echo_agent)
+    with serve_app(failing_agent, lifespan="off") as bad:
+        card = dict(echo_agent.card_document, url=f"{bad.url}/")
+        r = api.post("/api/v1/agents", json={"agent_id": "failing-agent", "url": f"{bad.url}/",
+                                             "card": card})
+        assert r.status_code == 201, r.text
+        dead_url = f"http://127.0.0.1:{free_port()}/"
+        r = api.post("/api/v1/agents", json={"agent_id": "dead-agent", "url": dead_url,
+                                             "card": dict(card, url=dead_url)})
+        assert r.status_code == 201, r.text
+
+        sent_ok, got_ok = 0, 0
+        with httpx.Client(base_url=live_server_url, headers=caller.auth, timeout=30) as http:
+            for i in range(7):
+                body = rpc(f"hello {i}")
+                response = http.post(f"/a2a/{ok.agent_id}", content=body,
+                                     headers={"Content-Type": "application/json"})
+                assert response.status_code == 200 and response.headers["x-a2a-executed"] == "true"
+                sent_ok += len(body)
+                got_ok += len(response.content)
+            for _ in range(3):
+                response = http.post("/a2a/failing-agent", content=rpc("x"),
+                                     headers={"Content-Type": "application/json"})
+                assert response.status_code == 500
+                assert response.headers["x-a2a-executed"] == "true"
+            for _ in range(2):
+                response = http.post("/a2a/dead-agent", content=rpc("x"),
+                                     headers={"Content-Type": "application/json"})
+                assert response.json()["error"]["data"]["kind"] == "unreachable"
+                assert response.headers["x-a2a-executed"] == "false"
+
+    def totals(agent_id):
+        return AgentMinute.objects.filter(agent_id=agent_id).aggregate(
+            requests=Sum("requests"), exec_=Sum("errors_executed"),
+            noexec=Sum("errors_not_executed"), bytes_in=Sum("bytes_in"),
+            bytes_out=Sum("bytes_out"))
+
+    assert wait_for(lambda: totals("dead-agent")["requests"] == 2
+                    and CallRecord.objects.count() == 5)
+    ok_totals = db(lambda: totals(ok.agent_id))
+    assert ok_totals == {"requests": 7, "exec_": 0, "noexec": 0, "bytes_in": sent_ok,
+                         "bytes_out": got_ok}
+    assert db(lambda: totals("failing-agent"))["requests"] == 3
+    assert db(lambda: totals("failing-agent"))["exec_"] == 3
+    assert db(lambda: totals("dead-agent"))["noexec"] == 2
+
+    # Audit "errors": exactly the five failed calls, metadata only, with the caller's id.
+    rows = db(lambda: list(CallRecord.objects.order_by("at").values(
+        "caller", "agent_id", "method", "outcome", "executed", "http_status", "request_bytes",
+        "response_bytes", "latency_ms")))
+    assert [(r["agent_id"], r["outcome"], r["executed"], r["http_status"]) for r in rows] == (
+        [("failing-agent", "agent_error", True, 500)] * 3
+        + [("dead-agent", "unreachable", False, 200)] * 2)
+    assert {r["caller"] for r in rows} == {caller.client_id}
+    assert {r["method"] for r in rows} == {"message/send"}
+    assert all(r["request_bytes"] == len(rpc("x")) and r["latency_ms"] > 0 for r in rows)
+    assert rows[0]["response_bytes"] == len(b"boom")
+
+    # The selectors the admin shows: p50/p95 from the summed histogram, last outcome.
+    stats = db(lambda: agent_stats(agent_id=ok.agent_id, since=_minutes_ago(30)))
+    assert stats.requests == 7 and stats.p50_ms is not None and stats.p95_ms >= stats.p50_ms
+    dead = db(lambda: agent_stats(agent_id="dead-agent", since=_minutes_ago(30)))
+    assert dead.last_outcome == "unreachable"
+    dash = db(dashboard)
+    assert dash["series"].total_requests == 12 and dash["series"].total_errors == 5
+    assert [row["agent_id"] for row in dash["top_traffic"]][0] == ok.agent_id
+    assert [row["agent_id"] for row in dash["top_errors"]] == ["failing-agent", "dead-agent"]
+    assert db(lambda: ClientUsage.objects.filter(client_id=caller.client_id).exists())
+
+
+def _minutes_ago(minutes: int):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return timezone.now() - timedelta(minutes=minutes)
+
+
+def test_audit_all_keeps_every_call_and_off_keeps_none(fast_flush, live_server_url,
+                                                       echo_agent, register_agent, caller):
+    recorder.configure(stats_on=True, audit="all", cap=100)  # A2A_AUDIT=all, read at start
+    ok = register_agent(echo_agent)
+    with httpx.Client(base_url=live_server_url, headers=caller.auth, timeout=30) as http:
+        for i in range(4):
+            assert http.post(f"/a2a/{ok.agent_id}", content=rpc(f"hi {i}"),
+                             headers={"Content-Type": "application/json"}).status_code == 200
+    assert wait_for(lambda: CallRecord.objects.filter(outcome="ok").count() == 4)
+    recorder.configure(stats_on=False, audit="off", cap=10)  # what the settings select
+    with httpx.Client(base_url=live_server_url, headers=caller.auth, timeout=30) as http:
+        http.post(f"/a2a/{ok.agent_id}", content=rpc("quiet"),
+                  headers={"Content-Type": "application/json"})
+    time.sleep(0.6)
+    assert db(lambda: CallRecord.objects.count()) == 4
+    assert db(lambda: AgentMinute.objects.aggregate(n=Sum("requests"))["n"]) == 4
+    assert not recorder.stats or all(c[0] <= 4 for c in recorder.stats.values())
+
+
+def test_pending_audit_rows_are_capped_and_drops_counted(settings, live_server_url,
+                                                         register_agent, echo_agent, caller):
+    """The bound on memory, against a running node: with the flush held off, the node keeps at
+    most A2A_AUDIT_MAX_PENDING audit rows and counts the rest as dropped."""
+    settings.A2A_STATS_FLUSH_SECONDS = 3600  # no flush during the test
+    settings.A2A_AUDIT_MAX_PENDING = 3
+    recorder.reset()
+    recorder.configure(stats_on=True, audit="all", cap=3)
+    ok = register_agent(echo_agent)
+    with httpx.Client(base_url=live_server_url, headers=caller.auth, timeout=30) as http:
+        for i in range(7):
+            http.post(f"/a2a/{ok.agent_id}", content=rpc(f"hi {i}"),
+                      headers={"Content-Type": "application/json"})
+    # The handler records a request just after its last byte went out: the caller may see the
+    # 7th reply before the 7th record lands (a busy machine), so wait for all 7 to be counted.
+    wait_for(lambda: sum(c[0] for c in list(recorder.stats.values())) == 7)
+    assert len(recorder.audit) == 3 and recorder.dropped["audit"] == 4
+    assert recorder.stats and sum(c[0] for c in recorder.stats.values()) == 7
+    db(lambda: flusher.write_batch(flusher.take_batch(), "test-node"))
+    assert db(lambda: CallRecord.objects.count()) == 3
+    assert db(lambda: AgentMinute.objects.get(agent_id=ok.agent_id).requests) == 7
+    recorder.reset()
+
+
+def test_flush_is_idempotent_and_sums_across_nodes(db):
+    """Each node upserts its own absolute row; the admin sums the nodes."""
+    class Done:
+        outcome, started, status, nbytes = "ok", True, 200, 10
+
+    recorder.reset()
+    recorder.configure(stats_on=True, audit="off", cap=10)
+    for _ in range(5):
+        recorder.record("agent-a", "c1", "message/send", Done, 100, 0.004)
+    batch = flusher.take_batch()
+    flusher.write_batch(batch, "node-1")
+    flusher.write_batch(batch, "node-1")  # a repeated flush changes nothing
+    flusher.write_batch(batch, "node-2")
+    assert AgentMinute.objects.count() == 2
+    stats = agent_stats(agent_id="agent-a", since=_minutes_ago(5))
+    assert (stats.requests, stats.bytes_in, stats.bytes_out) == (10, 1000, 100)
+    assert 2.8 < stats.p50_ms < 5.7  # 4 ms falls in the (2.8, 5.7] ms buckets' middle
+    recorder.reset()
+
+
+def test_histogram_percentiles():
+    hist = [0] * BUCKETS
+    for seconds in [0.001] * 90 + [0.100] * 10:
+        hist[bucket_of(seconds)] += 1
+    assert 0.7 < percentile_ms(hist, 0.5) < 1.45
+    assert 0.7 < percentile_ms(hist, 0.9) < 1.45
+    assert 70 < percentile_ms(hist, 0.95) < 145
+    assert percentile_ms([0] * BUCKETS, 0.5) is None
+    assert bucket_of(10_000) == BUCKETS - 1
+
+
+def test_open_streams_are_counted_per_minute(fast_flush, live_server_url, echo_agent_factory,
+                                             register_agent, caller):
+    """A stream held open across a flush shows as the minute's stream high-water mark."""
+    slow = echo_agent_factory(step_delay=0.6)  # 4 steps: the stream stays open ~2.4 s
+    agent = register_agent(slow)
+    body = rpc("task: stream please", method="message/stream")  # "task" streams 4 steps
+    with httpx.Client(base_url=live_server_url, headers=caller.auth, timeout=30) as http:
+        with http.stream("POST", f"/a2a/{agent.agent_id}", content=body,
+                         headers={"Content-Type": "application/json",
+                                  "Accept": "text/event-stream"}) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            assert wait_for(lambda: AgentMinute.objects.filter(
+                agent_id=agent.agent_id, streams_max__gte=1).exists(), timeout=5)
+            events = sum(1 for line in response.iter_lines() if line.startswith("data:"))
+    assert events >= 2
+    assert wait_for(lambda: AgentMinute.objects.filter(agent_id=agent.agent_id)
+                    .aggregate(n=Sum("requests"))["n"] == 1)
