@@ -1,4 +1,10 @@
-"""The Celery app. Distributed mode uses Redis as broker; embedded mode runs tasks in-process."""
+"""The Celery app. Distributed mode uses Redis as broker; embedded mode runs tasks in-process.
+
+Beat's scheduler (``config.beat.ResilientDatabaseScheduler``) survives database and broker
+outages; see that module.
+"""
+
+from __future__ import annotations
 
 import os
 

@@ -1,8 +1,16 @@
-"""Embedded mode's stand-in for Celery beat: runs the beat schedule's tasks in-process.
+"""Periodic jobs run by the serving node itself: the beat schedule's tasks, in-process.
 
-The same task functions and intervals as ``CELERY_BEAT_SCHEDULE`` (which beat uses in
-distributed mode); each run happens in a worker thread so the event loop never blocks, and one
-entry never overlaps itself.
+Embedded mode: every ``CELERY_BEAT_SCHEDULE`` entry (this is embedded mode's Celery beat).
+
+Distributed mode: the entries named in ``A2A_NODE_PERIODIC_TASKS`` (agent expiry by default) run
+on every serving node under a cluster-wide Redis lock taken for 90 % of the interval and never
+released early, so about one node runs each per interval, whichever nodes are alive. Expiry and
+node-death recovery thus need no single beat process; beat may run them as well (they are
+idempotent). While Redis is unreachable a node runs them without the lock: duplicated work beats
+none.
+
+Each run happens in a worker thread so the event loop never blocks, and an entry never overlaps
+itself.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 logger = logging.getLogger(__name__)
+
+LOCK_PREFIX = "periodic:"
 
 
 def _interval_seconds(schedule) -> float:
@@ -34,27 +44,65 @@ def _run_task(task_name: str) -> None:
     app.tasks[task_name].apply(throw=True)
 
 
-async def _loop(name: str, task_name: str, interval: float) -> None:
+def _claim(name: str, interval: float) -> bool:
+    """Whether this node runs ``name`` this interval (the cluster-wide lock is ours)."""
+    from discovery.locks import default_locks
+
+    try:
+        return bool(default_locks().acquire_many([LOCK_PREFIX + name], ttl=interval * 0.9))
+    except Exception as exc:  # Redis down: run anyway, the jobs are idempotent
+        logger.warning("periodic %s: lock unavailable (%s), running without it", name, exc)
+        return True
+
+
+def _run_claimed(name: str, task_name: str, interval: float) -> None:
+    if _claim(name, interval):
+        _run_task(task_name)
+
+
+async def _loop(name: str, task_name: str, interval: float, locked: bool) -> None:
     while True:
         try:
-            await database_sync_to_async(_run_task, thread_sensitive=False)(task_name)
+            if locked:
+                await database_sync_to_async(_run_claimed, thread_sensitive=False)(
+                    name, task_name, interval
+                )
+            else:
+                await database_sync_to_async(_run_task, thread_sensitive=False)(task_name)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            logger.exception("periodic task %s (%s) failed", name, task_name)
+        except Exception as exc:
+            logger.warning(
+                "periodic task %s (%s) failed: %s: %s", name, task_name, type(exc).__name__, exc
+            )
         await asyncio.sleep(interval)
 
 
-def start_periodic_tasks() -> list[asyncio.Task]:
-    """Start one asyncio task per beat entry on the running loop; cancel them to stop."""
+def start_periodic_tasks(*, distributed: bool | None = None) -> list[asyncio.Task]:
+    """Start one asyncio task per entry on the running loop; cancel them to stop.
+
+    ``distributed`` (default: not ``settings.EMBEDDED``): only ``A2A_NODE_PERIODIC_TASKS``,
+    under the cluster-wide lock."""
     from config.celery import app
 
+    if distributed is None:
+        distributed = not settings.EMBEDDED
     app.loader.import_default_modules()
+    wanted = set(settings.A2A_NODE_PERIODIC_TASKS) if distributed else None
     tasks = []
     for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+        if wanted is not None and name not in wanted:
+            continue
         interval = _interval_seconds(entry["schedule"])
-        tasks.append(asyncio.get_running_loop().create_task(
-            _loop(name, entry["task"], interval), name=f"periodic:{name}"
-        ))
-        logger.info("embedded scheduler: %s every %.1fs", entry["task"], interval)
+        tasks.append(
+            asyncio.get_running_loop().create_task(
+                _loop(name, entry["task"], interval, distributed), name=f"periodic:{name}"
+            )
+        )
+        logger.info(
+            "node scheduler: %s every %.1fs%s",
+            entry["task"],
+            interval,
+            " under a cluster-wide lock" if distributed else "",
+        )
     return tasks

@@ -85,6 +85,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: database outages answer a JSON 503 at once (config.outage).
+    "config.outage.DatabaseOutageMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -116,19 +118,30 @@ TEMPLATES = [
     }
 ]
 
+# Short waits on an unreachable database, so every surface answers (a 503) within 2 s and the
+# node notices the database is back within about a second (config.outage). libpq counts the
+# connect timeout in whole seconds, 2 at least.
+A2A_DB_CONNECT_TIMEOUT_SECONDS = env_int("A2A_DB_CONNECT_TIMEOUT_SECONDS", 2, minimum=2)
+A2A_DB_POOL_TIMEOUT_SECONDS = env_float("A2A_DB_POOL_TIMEOUT_SECONDS", 1.5, minimum=0.1)
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
     DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_bool(
-        "A2A_DB_POOL", True
-    ):
-        # A psycopg pool per process: under ASGI each request may use another thread, and
-        # opening a PostgreSQL connection per request costs more than the request itself.
-        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 1,
-            "max_size": env_int("A2A_DB_POOL_MAX", 20, minimum=1),
-            "timeout": 10,
-        }
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        _options = DATABASES["default"].setdefault("OPTIONS", {})
+        _options.setdefault("connect_timeout", A2A_DB_CONNECT_TIMEOUT_SECONDS)
+        if env_bool("A2A_DB_POOL", True):
+            # A psycopg pool per process: under ASGI each request may use another thread, and
+            # opening a PostgreSQL connection per request costs more than the request itself.
+            _options["pool"] = {
+                "min_size": 1,
+                "max_size": env_int("A2A_DB_POOL_MAX", 20, minimum=1),
+                "timeout": A2A_DB_POOL_TIMEOUT_SECONDS,
+                # psycopg_pool backs off exponentially while it cannot connect (1, 2, 4, 8,
+                # 16 s...), which kept a node failing 18 s after its database came back. Give
+                # up on an attempt after a few seconds instead: the next request that needs a
+                # connection starts a fresh one at once.
+                "reconnect_timeout": A2A_DB_CONNECT_TIMEOUT_SECONDS + 0.5,
+            }
 else:
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -213,10 +226,14 @@ CELERY_TASK_ALWAYS_EAGER = EMBEDDED
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Survives database and broker outages (config/beat.py).
+CELERY_BEAT_SCHEDULER = "config.beat:ResilientDatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
 A2A_EXPIRY_INTERVAL_SECONDS = env_float("A2A_EXPIRY_INTERVAL_SECONDS", 5.0, minimum=0.1)
 DISCOVERY_INTERVAL_SECONDS = env_float("DISCOVERY_INTERVAL_SECONDS", 60.0, minimum=1)
+# Beat entries every serving node runs itself in distributed mode, under a cluster-wide lock
+# (config.periodic): expiry and node-death recovery need no single beat process. Empty: beat only.
+A2A_NODE_PERIODIC_TASKS = env_list("A2A_NODE_PERIODIC_TASKS", ["registry-expire-agents"])
 # Every entry expires within its interval so a backlog never piles up (STYLE.md rule 10).
 CELERY_BEAT_SCHEDULE = {
     "registry-expire-agents": {
@@ -260,6 +277,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "console.schema.add_gateway_paths",
+        "config.schema.document_errors",  # the error answers of every operation
     ],
 }
 
@@ -325,6 +343,11 @@ OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "") or "a2a-registry"
 A2A_RATE_LIMIT_PER_SECOND = env_float("A2A_RATE_LIMIT_PER_SECOND", 0)  # 0: off
 A2A_RATE_LIMIT_BURST = env_int("A2A_RATE_LIMIT_BURST", 0)
 A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
+# Verified tokens keep working this long after their last successful check while the database
+# cannot be reached (revocations are honoured again as soon as it answers).
+A2A_AUTH_STALE_SECONDS = env_float("A2A_AUTH_STALE_SECONDS", 300)
+A2A_AUTH_LOOKUP_TIMEOUT_SECONDS = env_float("A2A_AUTH_LOOKUP_TIMEOUT_SECONDS", 1.0, minimum=0.05)
+A2A_AUTH_LOOKUP_THREADS = env_int("A2A_AUTH_LOOKUP_THREADS", 4, minimum=1)
 A2A_ROUTING_RESYNC_SECONDS = env_float("A2A_ROUTING_RESYNC_SECONDS", 30, minimum=1)
 A2A_NODE_HEARTBEAT_SECONDS = env_float("A2A_NODE_HEARTBEAT_SECONDS", 10, minimum=1)
 # Hand a Query straight to the subscriber when it lives in the receiving process (no broker

@@ -29,3 +29,7 @@ urlpatterns = [
     path("readyz", views.readyz),
     path("", include("registry.kubemq_urls")),
 ]
+
+# JSON for unexpected errors; a database outage anywhere in the stack answers 503 (config.outage).
+handler500 = "config.views.server_error"
+handler404 = "config.views.not_found"

@@ -1,43 +1,98 @@
-"""Process health (/healthz) and readiness (/readyz: database and broker reachable)."""
+"""Process health (/healthz), readiness (/readyz: each dependency, short timeouts) and the JSON
+answer to unexpected errors (``handler500``)."""
 
 from __future__ import annotations
 
 import asyncio
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
-from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
-from django.db import connection
+from django.conf import settings
+from django.db import close_old_connections, connection
 from django.http import JsonResponse
+
+from config import outage
+
+#: /readyz answers within about this long whatever its dependencies do.
+CHECK_TIMEOUT_SECONDS = 1.5
+# Database checks get a thread of their own: a hung check never holds up the default pool
+# (where heartbeats and the node's jobs run) nor a second /readyz.
+_db_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="a2a-readyz")
 
 
 async def healthz(request):
     return JsonResponse({"status": "ok"})
 
 
-def _db_ok() -> str | None:
+def _db_check() -> None:
+    close_old_connections()
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
-        return None
-    except Exception as exc:  # any driver error means not ready
-        return f"{type(exc).__name__}: {exc}"[:300]
     finally:
         connection.close()
 
 
-async def _broker_ok() -> str | None:
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"unreachable: no answer within {CHECK_TIMEOUT_SECONDS}s"
+    return f"unreachable: {type(exc).__name__}: {exc}"[:300]
+
+
+async def _database() -> str:
+    try:
+        await asyncio.wait_for(
+            asyncio.get_running_loop().run_in_executor(_db_checks, _db_check),
+            timeout=CHECK_TIMEOUT_SECONDS,
+        )
+    except Exception as exc:  # any driver error or the timeout means not ready
+        outage.breaker.trip(exc)
+        outage.breaker.ensure_probe()
+        return _describe(exc)
+    return "ok"
+
+
+async def _broker() -> str:
     layer = get_channel_layer()
     try:
-        await asyncio.wait_for(layer.send("_AGENTS_.readyz", {"type": "readyz"}), timeout=2)
-        return None
+        await asyncio.wait_for(
+            layer.send("_AGENTS_.readyz", {"type": "readyz"}), timeout=CHECK_TIMEOUT_SECONDS
+        )
     except Exception as exc:  # connection refused, timeout, layer misconfigured
-        return f"{type(exc).__name__}: {exc}"[:300]
+        return _describe(exc)
+    return "ok"
 
 
 async def readyz(request):
-    db_error = await sync_to_async(_db_ok, thread_sensitive=False)()
-    broker_error = await _broker_ok()
-    checks = {"database": db_error or "ok", "broker": broker_error or "ok"}
-    ready = not db_error and not broker_error
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks},
-                        status=200 if ready else 503)
+    """``{"status": "ok"|"unavailable", "checks": {"database": ..., "broker": ...}}``: 200 when
+    every dependency answers, else 503 naming the one that is down (checks run concurrently)."""
+    database, broker = await asyncio.gather(_database(), _broker())
+    checks = {"database": database, "broker": broker}
+    ready = database == "ok" and broker == "ok"
+    response = JsonResponse(
+        {
+            "status": "ok" if ready else "unavailable",
+            "checks": checks,
+            "mode": "embedded" if settings.EMBEDDED else "distributed",
+        },
+        status=200 if ready else 503,
+    )
+    if not ready:
+        response["Retry-After"] = str(outage.RETRY_AFTER_SECONDS)
+    return response
+
+
+def server_error(request):
+    """``handler500``: a database outage anywhere in the stack answers the outage 503; anything
+    else a JSON 500 without details (the traceback goes to the log, never to the client)."""
+    exc = sys.exc_info()[1]
+    if outage.is_database_outage(exc):
+        outage.breaker.trip(exc)
+        return outage.json_response()
+    return JsonResponse({"error": "internal server error"}, status=500)
+
+
+def not_found(request, exception=None):
+    """``handler404``: JSON like every other answer of the API (never Django's HTML page)."""
+    return JsonResponse({"error": "not found"}, status=404)

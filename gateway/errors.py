@@ -40,6 +40,8 @@ UNAUTHENTICATED = "unauthenticated"
 FORBIDDEN = "forbidden"
 RATE_LIMITED = "rate_limited"
 REQUEST_TOO_LARGE = "request_too_large"
+# The caller's token cannot be checked now (database unreachable, token never verified): 503.
+AUTH_UNAVAILABLE = "auth_unavailable"
 
 # kind: (code in profile "a2a", code in profile "kubemq", retryable, HTTP status)
 # The a2a profile keeps gateway codes outside A2A's own -32001..-32009 (TaskNotFound, ...);
@@ -59,6 +61,7 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     FORBIDDEN: (-32057, -32600, False, 403),
     RATE_LIMITED: (-32058, -32603, True, 429),
     REQUEST_TOO_LARGE: (-32059, -32600, False, 413),
+    AUTH_UNAVAILABLE: (-32061, -32603, True, 503),
 }
 
 _PREFIX = {

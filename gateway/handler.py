@@ -42,7 +42,7 @@ from gateway.replicator import ORIGIN
 from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
-from registry.token_cache import AuthFailed
+from registry.token_cache import AuthFailed, AuthUnavailable
 
 if TYPE_CHECKING:
     from gateway.runtime import GatewayNode
@@ -282,15 +282,28 @@ async def _authenticated(node: GatewayNode, authorization, send, agent_id: str) 
 
 async def _admit(node: GatewayNode, scope, send, authorization, rpc_id,
                  agent_id) -> str | None:
-    """Authenticate, authorize and rate-limit: the caller's client id, or None once the
-    refusal has been answered."""
+    """Rate-limit by address (calls refused earlier), authenticate, authorize and rate-limit
+    by caller: the caller's client id, or None once the refusal has been answered."""
+    limiter = node.limiter
+    client = scope.get("client")
+    address = client[0] if client else "-"
+    if limiter.address_blocked(address) and not node.tokens.verified(authorization):
+        await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
+                     extra=[(b"retry-after", b"1")])
+        return None
     try:
         actor = await node.tokens.actor(authorization)
+    except AuthUnavailable as exc:
+        await _error(send, errors.AUTH_UNAVAILABLE, rpc_id, agent_id, str(exc),
+                     extra=[(b"retry-after", b"1")])
+        return None
     except AuthFailed as exc:
+        limiter.charge_refused(address)
         await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, str(exc),
                      extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
         return None
     if actor is None:
+        limiter.charge_refused(address)
         await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id,
                      UNAUTHENTICATED_MESSAGE,
                      extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
@@ -299,12 +312,8 @@ async def _admit(node: GatewayNode, scope, send, authorization, rpc_id,
         await _error(send, errors.FORBIDDEN, rpc_id, agent_id,
                      f"this client may not call {agent_id}")
         return None
-    if not actor.is_anonymous:
-        key = actor.client_id
-    else:
-        client = scope.get("client")
-        key = f"anonymous:{client[0] if client else '-'}"
-    if not node.limiter.allow(key):
+    key = actor.client_id if not actor.is_anonymous else f"anonymous:{address}"
+    if not limiter.allow(key):
         await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
                      extra=[(b"retry-after", b"1")])
         return None
@@ -370,6 +379,7 @@ async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> b
 
 
 _DISCONNECT: dict[str, Any] = {"k": "disconnect"}
+_REVOKED: dict[str, Any] = {"k": "revoked"}
 
 
 async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) -> None:
@@ -416,6 +426,9 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
 
     loop = asyncio.get_running_loop()
     watcher = loop.create_task(watch())
+    # A client revoked while its stream is open: the stream ends within the cache delay.
+    unwatch = node.tokens.watch_client(tags.get(env.TAG_CALLER, ""),
+                                       lambda: buffer.push(_REVOKED))
     guard = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
     acked = not remote
     try:
@@ -440,6 +453,14 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                 await _end_stalled(exchange, stall,
                                    f"more than {window} bytes buffered for the caller")
                 return
+            if message is _REVOKED:
+                await stop()
+                try:  # a terminal error event, if the caller's connection takes one
+                    async with asyncio.timeout(min(max(stall, 1.0), 5.0)):
+                        await exchange.fail(errors.UNAUTHENTICATED, "token revoked")
+                except TimeoutError:
+                    pass
+                return
             acked = True
             try:
                 async with asyncio.timeout(stall):
@@ -455,6 +476,7 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
         if exchange.mapped:  # answered already; the rest of the agent's body is not wanted
             await stop()
     finally:
+        unwatch()
         watcher.cancel()
         if not stopped and not (exchange.done and not exchange.mapped):
             # Left early (the server cancelled this task: Daphne does after a disconnect): a

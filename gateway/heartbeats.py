@@ -8,7 +8,9 @@ uses), one ``UPDATE ... RETURNING`` in a worker thread, the same status and body
 the DRF views (:func:`registry.api.views.v1_heartbeat`,
 :func:`registry.kubemq_api.kubemq_heartbeat`). Requests with a session cookie and no token
 (staff in a browser) go to Django. A body over ``A2A_MAX_CARD_BYTES`` is answered 413 without
-reading further (a heartbeat carries at most an agent id). An edge handler like ``/a2a``, so
+reading further (a heartbeat carries at most an agent id). While the database is down (or a
+token cannot be checked) the answer is the JSON 503 with ``Retry-After`` every surface gives
+(config.outage). An edge handler like ``/a2a``, so
 it lives with the other ASGI entry points (gateway.routing); the registry knows no ASGI.
 """
 
@@ -22,12 +24,13 @@ import orjson
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from config import outage
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from registry.api.views import v1_heartbeat
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.kubemq_api import kubemq_heartbeat
 from registry.permissions import Actor
-from registry.token_cache import AuthFailed, shared_token_cache
+from registry.token_cache import AuthFailed, AuthUnavailable, shared_token_cache
 
 _V1_PATH = re.compile(r"^/api/v1/agents/([^/]+)/heartbeat/?\Z")
 _KUBEMQ_PATH = "/agents/heartbeat"
@@ -74,6 +77,9 @@ async def _answer(kind: str, agent_id: str | None, authorization: str | None, re
     extra: list[tuple[bytes, bytes]] = []
     try:
         actor: Actor | None = await shared_token_cache().actor(authorization)
+    except AuthUnavailable:
+        status, payload, actor = 503, outage.payload(), None
+        extra.append((b"retry-after", str(outage.RETRY_AFTER_SECONDS).encode()))
     except AuthFailed as exc:
         status, payload = 401, {"error": str(exc)}
         extra.append((b"www-authenticate", b'Bearer realm="api"'))
@@ -83,12 +89,21 @@ async def _answer(kind: str, agent_id: str | None, authorization: str | None, re
             status, payload = 401, {"error": UNAUTHENTICATED_MESSAGE}
             extra.append((b"www-authenticate", b'Bearer realm="api"'))
     if actor is not None:
-        if kind == "v1":
-            status, payload = await database_sync_to_async(
-                v1_heartbeat, thread_sensitive=False)(actor=actor, agent_id=agent_id)
-        else:
-            status, payload = await database_sync_to_async(
-                kubemq_heartbeat, thread_sensitive=False)(actor=actor, body=body)
+        fn, kwargs = (v1_heartbeat, {"agent_id": agent_id}) if kind == "v1" \
+            else (kubemq_heartbeat, {"body": body})
+        try:
+            if outage.breaker.is_open:  # the database is down: answer at once (config.outage)
+                outage.breaker.ensure_probe()
+                raise outage.DatabaseUnavailable
+            status, payload = await database_sync_to_async(fn, thread_sensitive=False)(
+                actor=actor, **kwargs
+            )
+        except Exception as exc:
+            if not outage.is_database_outage(exc):
+                raise
+            outage.breaker.trip(exc)
+            status, payload = 503, outage.payload()
+            extra.append((b"retry-after", str(outage.RETRY_AFTER_SECONDS).encode()))
     await _json(send, status, payload, extra)
 
 

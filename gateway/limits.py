@@ -23,15 +23,24 @@ def request_timeout(payload: dict[str, Any], settings: NodeSettings) -> float:
         if isinstance(configuration, dict):
             value = configuration.get("timeout")
             if (
-                isinstance(value, (int, float)) and not isinstance(value, bool)
-                and value > 0 and value == value  # not NaN
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and value > 0
+                and value == value  # not NaN
             ):
                 return min(float(value), settings.A2A_MAX_TIMEOUT_SECONDS)
     return min(float(settings.A2A_DEFAULT_TIMEOUT_SECONDS), settings.A2A_MAX_TIMEOUT_SECONDS)
 
 
 class RateLimiter:
-    """Token buckets per caller: ``rate`` tokens per second, ``burst`` deep. Rate 0: off.
+    """Token buckets: ``rate`` tokens per second, ``burst`` deep. Rate 0: off.
+
+    Authenticated callers are limited per client id (:meth:`allow`). Calls that fail
+    authentication are charged to the client's address (:meth:`charge_refused`), and an address
+    whose allowance is used up is refused with 429 *before* authentication
+    (:meth:`address_blocked`, unless the caller's token was verified recently): token-less and
+    bad-token floods are rate limited too and cost no token lookup, while good callers sharing
+    that address (behind a NAT or a proxy) keep their own per-client buckets.
 
     In memory, per node: a cluster of N nodes admits up to N times the rate, which is what a
     per-node limiter can promise without a shared store on the hot path.
@@ -44,19 +53,42 @@ class RateLimiter:
         self.settings = settings
         self.clock = clock  # injectable: tests move time by hand
         self._buckets: dict[str, list[float]] = {}
+        self._refused: dict[str, list[float]] = {}  # client address -> bucket of refused calls
 
     def allow(self, caller: str) -> bool:
         settings = self.settings
         rate = settings.A2A_RATE_LIMIT_PER_SECOND
         if rate <= 0:
             return True
-        burst = float(settings.A2A_RATE_LIMIT_BURST or max(1.0, rate))
-        now = self.clock()
-        bucket = self._buckets.get(caller)
+        return self._take(self._buckets, caller, rate)
+
+    def address_blocked(self, address: str) -> bool:
+        """Whether ``address`` has used up its allowance of refused calls (checked before
+        authentication; charges nothing)."""
+        bucket = self._refused.get(address)
         if bucket is None:
-            if len(self._buckets) >= self.MAX_CALLERS:
-                self._buckets.clear()
-            bucket = self._buckets[caller] = [burst, now]
+            return False
+        settings = self.settings
+        rate = settings.A2A_RATE_LIMIT_PER_SECOND
+        if rate <= 0:
+            return False
+        burst = float(settings.A2A_RATE_LIMIT_BURST or max(1.0, rate))
+        return min(burst, bucket[0] + (self.clock() - bucket[1]) * rate) < 1.0
+
+    def charge_refused(self, address: str) -> None:
+        """Charge one refused (unauthenticated) call to ``address``."""
+        rate = self.settings.A2A_RATE_LIMIT_PER_SECOND
+        if rate > 0:
+            self._take(self._refused, address, rate)
+
+    def _take(self, buckets: dict[str, list[float]], key: str, rate: float) -> bool:
+        burst = float(self.settings.A2A_RATE_LIMIT_BURST or max(1.0, rate))
+        now = self.clock()
+        bucket = buckets.get(key)
+        if bucket is None:
+            if len(buckets) >= self.MAX_CALLERS:
+                buckets.clear()
+            bucket = buckets[key] = [burst, now]
         tokens = min(burst, bucket[0] + (now - bucket[1]) * rate)
         bucket[1] = now
         if tokens < 1.0:

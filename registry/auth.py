@@ -2,20 +2,41 @@
 
 Tokens resolve through the process's one token cache (registry.token_cache), as on the
 heartbeat fast path and the gateway: a revoked token stops working after the same delay.
+
+Tokens are djangorestframework-api-key keys: ``<8-character prefix>.<32-character secret>``,
+letters and digits (``PLATFORM_TOKEN_RE``). A header in any other shape is not one of this
+platform's tokens: it costs no database lookup, and with anonymous access on it is ignored (the
+caller is anonymous), as KubeMQ without gateway auth ignores credentials meant for someone
+else.
 """
 
 from __future__ import annotations
 
+from django.conf import settings
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
+from config import outage
 from registry.permissions import Actor, anonymous_actor, staff_actor
-from registry.token_cache import AuthFailed, bearer_token, shared_token_cache
+from registry.token_cache import (
+    PLATFORM_TOKEN_RE,
+    AuthFailed,
+    bearer_token,
+    is_platform_token,
+    shared_token_cache,
+)
 
 #: What every surface answers (with 401) to a request that carries no credentials.
 UNAUTHENTICATED_MESSAGE = "authentication required: send Authorization: Bearer <token>"
 
-
-__all__ = ["UNAUTHENTICATED_MESSAGE", "TokenAuthentication", "bearer_token", "request_actor"]
+__all__ = [
+    "PLATFORM_TOKEN_RE",
+    "UNAUTHENTICATED_MESSAGE",
+    "TokenAuthentication",
+    "bearer_token",
+    "is_platform_token",
+    "request_actor",
+]
 
 
 class TokenAuthentication(authentication.BaseAuthentication):
@@ -23,13 +44,24 @@ class TokenAuthentication(authentication.BaseAuthentication):
         header = request.META.get("HTTP_AUTHORIZATION")
         if not header:
             return None
+        token = bearer_token(header)
+        if not is_platform_token(token):
+            if settings.A2A_ALLOW_ANONYMOUS:
+                return None  # not ours: ignored, the caller is anonymous
+            if token is None:
+                raise exceptions.AuthenticationFailed("Authorization must be 'Bearer <token>'")
+            raise exceptions.AuthenticationFailed("invalid or revoked token")
+        if outage.breaker.is_open:
+            # The database is known to be down: answer 503 now instead of waiting out the
+            # pool timeout (requests queued for the sync thread while it tripped).
+            raise outage.DatabaseUnavailable("database unavailable")
         try:
             actor = shared_token_cache().actor_sync(header)
         except AuthFailed as exc:
             raise exceptions.AuthenticationFailed(str(exc)) from None
         if actor is None:
             raise exceptions.AuthenticationFailed("invalid or revoked token")
-        return (actor, bearer_token(header))
+        return (actor, token)
 
     def authenticate_header(self, request) -> str:
         return 'Bearer realm="api"'
@@ -50,3 +82,17 @@ class IsAuthenticatedOrAnonymousAllowed(permissions.BasePermission):
 
     def has_permission(self, request, view) -> bool:
         return request_actor(request) is not None
+
+
+class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Documents :class:`TokenAuthentication` in the OpenAPI schema (HTTP bearer)."""
+
+    target_class = "registry.auth.TokenAuthentication"
+    name = "bearerAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API client token: Authorization: Bearer <prefix>.<secret>",
+        }

@@ -248,7 +248,7 @@ class KubeMQView(APIView):
 class AgentCollectionView(KubeMQView):
     @extend_schema(
         operation_id="kubemq_agents_list",
-        responses={200: OpenApiTypes.OBJECT},
+        responses={200: {"type": "array", "items": {"type": "object"}}},  # a JSON array
         description="Registered agents as enriched cards; skill_tags: any of the tags.",
     )
     def get(self, request):

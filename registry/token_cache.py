@@ -1,31 +1,57 @@
-"""Who is calling: bearer tokens resolved to an Actor, cached in memory for a short TTL.
+"""Who is calling: bearer tokens resolved to an Actor, cached in memory, usable without the
+database.
 
-The database lookup (``registry.selectors.actor_from_token``) runs in a worker thread only on a
-cache miss; concurrent misses for one token share one lookup. Unknown tokens are cached too
-(for the same short time), so a client hammering with a bad token costs no database load.
-
-A cache is given its lifetime (:class:`TokenCache`). A process has one,
-:func:`shared_token_cache` (lifetime ``A2A_AUTH_CACHE_SECONDS``), used by every surface -- DRF
-(``registry.auth``), the heartbeat fast path and the gateway -- so a revoked token stops
-working after the same delay everywhere.
+* A cache is given its lifetime (:class:`TokenCache`). A process has one,
+  :func:`shared_token_cache` (lifetime ``A2A_AUTH_CACHE_SECONDS``), used by every surface --
+  DRF (``registry.auth``, through :meth:`TokenCache.actor_sync`), the heartbeat fast path and
+  the gateway -- so a revoked token stops working after the same delay everywhere.
+* A hit costs one dict lookup keyed by the header as sent. Entries are fresh for the lifetime;
+  then the next call looks the token up again.
+* The call path does not need the database: a lookup that fails (database down, pool exhausted,
+  slower than the lookup timeout, ``A2A_AUTH_LOOKUP_TIMEOUT_SECONDS``) falls back to the last
+  verified answer for up to the stale window (``A2A_AUTH_STALE_SECONDS``) after it was
+  verified. Once a lookup has failed, nobody waits for the database again for
+  :attr:`TokenCache.RETRY_SECONDS`: verified tokens are served at once, unknown ones get
+  :class:`AuthUnavailable` at once. Revocations are honoured as soon as a lookup succeeds
+  again.
+* Lookups are single-flight per token (concurrent misses share one, and share its failure: no
+  waiter retries on its own) and run on a small executor of their own, so they never queue
+  behind heartbeats or /readyz in the default thread pool; the number in flight is bounded.
+* Unknown tokens are cached apart (bounded, oldest evicted first), so a flood of bad tokens never
+  pushes verified ones out and a repeated bad token costs no lookup. Credentials that are not in
+  this platform's token format cost no lookup at all (and with anonymous access on are ignored).
+* :meth:`TokenCache.watch_client` lets a long-lived stream learn, within the cache delay, that
+  its client was revoked.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.core.signals import setting_changed
+from django.db import close_old_connections
+from django.db.models import Q
+from django.utils import timezone
 
-from registry.permissions import Actor, anonymous_actor
+from registry.models import ApiClient
+from registry.permissions import ANONYMOUS_ID, Actor, anonymous_actor
 from registry.selectors import actor_from_token
 
+logger = logging.getLogger(__name__)
 
-class AuthFailed(Exception):
-    """The Authorization header is malformed or names an unknown, revoked or expired token."""
+INVALID_TOKEN = "invalid or revoked token"
+BAD_HEADER = "Authorization must be 'Bearer <token>'"
+UNAVAILABLE = "authentication unavailable: the token cannot be checked right now; retry shortly"
+#: The shape of every token ``create_client`` and the admin issue (KeyGenerator's defaults):
+#: ``<8-character prefix>.<32-character secret>``, letters and digits.
+PLATFORM_TOKEN_RE = re.compile(r"[A-Za-z0-9]{8}\.[A-Za-z0-9]{32}")
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -38,102 +64,364 @@ def bearer_token(header: str | None) -> str | None:
     return token.strip()
 
 
+def is_platform_token(token: str | None) -> bool:
+    """Whether ``token`` has the shape of this platform's tokens (it may still be unknown)."""
+    return token is not None and PLATFORM_TOKEN_RE.fullmatch(token) is not None
+
+
+def platform_token(header: str | None) -> str | None:
+    """The platform token an Authorization header carries, or None when it carries none (no
+    header, another scheme, or a credential in another format, e.g. an agent's own key)."""
+    token = bearer_token(header)
+    return token if is_platform_token(token) else None
+
+
+class AuthFailed(Exception):
+    """The Authorization header is malformed or names an unknown, revoked or expired token."""
+
+
+class AuthUnavailable(AuthFailed):
+    """The token could not be checked (database unreachable) and no verified answer is on hand.
+
+    A subclass of :class:`AuthFailed` so a surface that knows nothing better refuses the call;
+    the gateway and the heartbeat fast path answer it as retryable (503, Retry-After)."""
+
+
+class _LookupFailed(Exception):
+    """Internal: the database did not answer the lookup in time."""
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+_inflight = 0  # lookups submitted and not finished (timed-out threads included)
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(
+                max_workers=settings.A2A_AUTH_LOOKUP_THREADS, thread_name_prefix="a2a-auth"
+            )
+        return _executor
+
+
 def _lookup(token: str) -> Actor | None:
-    return actor_from_token(token=token)
+    """On the lookup executor: a connection of this thread's own, closed after use."""
+    close_old_connections()
+    try:
+        return actor_from_token(token=token)
+    finally:
+        close_old_connections()
+
+
+def _usable_client_ids(client_ids: list[str]) -> set[str]:
+    """The clients among ``client_ids`` that still exist, are not revoked and not expired."""
+    close_old_connections()
+    try:
+        return set(
+            ApiClient.objects.filter(revoked=False, client_id__in=client_ids)
+            .filter(Q(expiry_date__isnull=True) | Q(expiry_date__gt=timezone.now()))
+            .values_list("client_id", flat=True)
+        )
+    finally:
+        close_old_connections()
+
+
+async def _in_pool(fn: Callable, timeout: float, *args):
+    """Run ``fn`` on the lookup executor within ``timeout`` seconds; :class:`_LookupFailed`
+    when the database fails, is too slow, or too many lookups are already in flight."""
+    global _inflight
+    pool = _pool()
+    if _inflight >= pool._max_workers * 4:
+        raise _LookupFailed("too many token lookups in flight")
+    _inflight += 1
+    loop = asyncio.get_running_loop()
+    work = loop.run_in_executor(pool, fn, *args)
+
+    def finished(_future) -> None:
+        global _inflight
+        _inflight -= 1
+
+    work.add_done_callback(finished)
+    try:
+        # shield: a timed-out lookup keeps its slot until its thread really ends
+        return await asyncio.wait_for(asyncio.shield(work), timeout)
+    except asyncio.CancelledError:
+        raise
+    except TimeoutError:
+        raise _LookupFailed("token lookup timed out") from None
+    except Exception as exc:  # the driver's errors: refused, pool timeout, broken connection
+        raise _LookupFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _put(table: dict, key, value, cap: int) -> None:
+    """Insert as the newest entry, evicting the oldest tenth when the table is full."""
+    table.pop(key, None)
+    if len(table) >= cap:
+        for _ in range(max(1, cap // 10)):
+            try:
+                table.pop(next(iter(table)), None)
+            except (StopIteration, RuntimeError):  # emptied by another thread (DRF's)
+                break
+    table[key] = value
+
+
+def _noop() -> None:
+    return None
 
 
 class TokenCache:
     MAX_ENTRIES = 50_000
+    #: Unknown tokens remembered (they cost no lookup while remembered).
+    MAX_UNKNOWN = 10_000
+    #: After a failed lookup, how long no call waits for the database again.
+    RETRY_SECONDS = 1.0
 
-    def __init__(self, *, lifetime_seconds: float) -> None:
+    def __init__(
+        self,
+        *,
+        lifetime_seconds: float,
+        stale_seconds: float = 0.0,
+        lookup_timeout_seconds: float = 1.0,
+    ) -> None:
         """``lifetime_seconds``: how long a resolved token (known or not) is believed; a
-        revoked token keeps working that long."""
-        self.lifetime_seconds = lifetime_seconds
-        self._entries: dict[str, tuple[Actor | None, float]] = {}
+        revoked token keeps working that long. ``stale_seconds``: how long after its last
+        successful check a verified token is still served while the database cannot be reached
+        (0: only within its lifetime). ``lookup_timeout_seconds``: how long a lookup may take
+        before it counts as failed."""
+        self.configure(
+            lifetime_seconds=lifetime_seconds,
+            stale_seconds=stale_seconds,
+            lookup_timeout_seconds=lookup_timeout_seconds,
+        )
+        # header -> (actor, fresh until, usable-while-the-database-is-down until)
+        self._entries: dict[str, tuple[Actor, float, float]] = {}
+        self._unknown: dict[str, float] = {}  # header -> fresh until
         self._pending: dict[str, asyncio.Future] = {}
+        self._down_until = 0.0
+        self._watchers: dict[str, set[Callable[[], None]]] = {}
+        self._watch_task: asyncio.Task | None = None
+
+    def configure(
+        self, *, lifetime_seconds: float, stale_seconds: float, lookup_timeout_seconds: float
+    ) -> None:
+        """Set the cache's times (at construction; tests that change a setting call it again
+        through :func:`shared_token_cache`'s ``setting_changed`` receiver)."""
+        self.lifetime_seconds = lifetime_seconds
+        self.stale_seconds = stale_seconds
+        self.lookup_timeout_seconds = lookup_timeout_seconds
 
     def clear(self) -> None:
         self._entries.clear()
+        self._unknown.clear()
+
+    @property
+    def database_down(self) -> bool:
+        """Whether the last lookup failed less than :attr:`RETRY_SECONDS` ago."""
+        return time.monotonic() < self._down_until
+
+    def verified(self, authorization: str | None) -> bool:
+        """Whether this header names a client token verified recently (no lookup): such a caller
+        is not refused with the flood of refused calls from its address."""
+        entry = self._entries.get(authorization) if authorization else None
+        return entry is not None and entry[2] > time.monotonic() and not entry[0].is_anonymous
 
     async def actor(self, authorization: str | None) -> Actor | None:
         """The caller's actor; None when there is no Authorization header and anonymous access
-        is off. Raises :class:`AuthFailed` for a bad header or token."""
+        is off. Raises :class:`AuthFailed` for a bad header or token, and its subclass
+        :class:`AuthUnavailable` when the token cannot be checked now."""
         if not authorization:
             return anonymous_actor()
-        # Keyed by the header as sent: a hit costs one dict lookup, no parsing.
         entry = self._entries.get(authorization)
-        if entry is not None and entry[1] > time.monotonic():
-            actor = entry[0]
-        else:
-            token = bearer_token(authorization)
-            if token is None:
-                raise AuthFailed("Authorization must be 'Bearer <token>'")
-            actor = await self._resolve(authorization, token)
+        now = time.monotonic()
+        if entry is not None and entry[1] > now:
+            return entry[0]
+        return await self._miss(authorization, entry, now)
+
+    async def _miss(self, key: str, entry, now: float) -> Actor:
+        unknown_until = self._unknown.get(key)
+        if unknown_until is not None and unknown_until > now:
+            raise AuthFailed(INVALID_TOKEN)
+        token = bearer_token(key)
+        if not is_platform_token(token):
+            anonymous = anonymous_actor()
+            if anonymous is not None:
+                # Not one of ours (an agent's own key, a foreign scheme): ignored, as KubeMQ
+                # without gateway auth ignores it. Never forwarded either (gateway.headers).
+                fresh = now + self.lifetime_seconds
+                _put(self._entries, key, (anonymous, fresh, fresh), self.MAX_ENTRIES)
+                return anonymous
+            raise AuthFailed(BAD_HEADER if token is None else INVALID_TOKEN)
+        stale = entry[0] if entry is not None and entry[2] > now else None
+        if now < self._down_until:
+            if stale is not None:
+                return stale
+            raise AuthUnavailable(UNAVAILABLE)
+        try:
+            actor = await self._shared_lookup(key, token)
+        except _LookupFailed:
+            if stale is not None:
+                return stale
+            raise AuthUnavailable(UNAVAILABLE) from None
         if actor is None:
-            raise AuthFailed("invalid or revoked token")
+            raise AuthFailed(INVALID_TOKEN)
         return actor
 
-    async def _resolve(self, key: str, token: str) -> Actor | None:
+    async def _shared_lookup(self, key: str, token: str) -> Actor | None:
+        loop = asyncio.get_running_loop()
         pending = self._pending.get(key)
-        if pending is not None:
-            try:
-                return await asyncio.shield(pending)
-            except asyncio.CancelledError:
-                if not pending.cancelled():
-                    raise  # this request itself was cancelled
-            # the shared lookup failed or was cancelled: look up on our own below
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._pending[key] = future
+        if pending is None or pending.get_loop() is not loop:
+            pending = loop.create_future()
+            # Retrieve the outcome even when every waiter went away (no "never retrieved").
+            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._pending[key] = pending
+            loop.create_task(self._lookup_into(key, token, pending))
+        return await asyncio.shield(pending)
+
+    async def _lookup_into(self, key: str, token: str, future: asyncio.Future) -> None:
         try:
-            actor = await database_sync_to_async(_lookup, thread_sensitive=False)(token)
-        except BaseException:
-            future.cancel()  # waiters retry on their own
+            actor = await _in_pool(_lookup, self.lookup_timeout_seconds, token)
+        except _LookupFailed as exc:
+            self._failed(exc)
+            future.set_exception(exc)
+            return
+        except BaseException as exc:
+            future.set_exception(_LookupFailed(repr(exc)))
             raise
         finally:
             if self._pending.get(key) is future:
                 del self._pending[key]
-        if len(self._entries) >= self.MAX_ENTRIES:
-            self._entries.clear()
-        self._entries[key] = (actor, time.monotonic() + self.lifetime_seconds)
+        self._down_until = 0.0
+        self._remember(key, actor)
         future.set_result(actor)
-        return actor
+
+    def _failed(self, exc: Exception) -> None:
+        if not self.database_down:
+            logger.warning("token lookup failed, serving verified tokens from memory: %s", exc)
+        self._down_until = time.monotonic() + self.RETRY_SECONDS
+
+    def _remember(self, key: str, actor: Actor | None) -> None:
+        now = time.monotonic()
+        fresh = now + self.lifetime_seconds
+        if actor is None:
+            self._entries.pop(key, None)  # revoked: its verified entry must not serve any more
+            _put(self._unknown, key, fresh, self.MAX_UNKNOWN)
+            return
+        self._unknown.pop(key, None)
+        usable = now + max(self.lifetime_seconds, self.stale_seconds)
+        _put(self._entries, key, (actor, fresh, usable), self.MAX_ENTRIES)
 
     def actor_sync(self, authorization: str) -> Actor | None:
         """:meth:`actor` for synchronous callers (DRF, in a worker thread): the same entries,
-        the lookup on a miss done in the calling thread. None for an unknown token; raises
-        :class:`AuthFailed` for a malformed header."""
+        the lookup on a miss done in the calling thread (its errors propagate: the surface
+        answers its database-outage 503). None for an unknown token; raises
+        :class:`AuthFailed` for a header that carries no platform token."""
+        now = time.monotonic()
         entry = self._entries.get(authorization)
-        if entry is not None and entry[1] > time.monotonic():
+        if entry is not None and entry[1] > now:
             return entry[0]
+        unknown_until = self._unknown.get(authorization)
+        if unknown_until is not None and unknown_until > now:
+            return None
         token = bearer_token(authorization)
-        if token is None:
-            raise AuthFailed("Authorization must be 'Bearer <token>'")
-        actor = _lookup(token)
-        if len(self._entries) >= self.MAX_ENTRIES:
-            self._entries.clear()
-        self._entries[authorization] = (actor, time.monotonic() + self.lifetime_seconds)
+        if not is_platform_token(token):
+            raise AuthFailed(BAD_HEADER if token is None else INVALID_TOKEN)
+        actor = actor_from_token(token=token)
+        self._remember(authorization, actor)
         return actor
+
+    # --- revocation of long-lived streams --------------------------------------------------
+
+    def watch_client(self, client_id: str, on_revoked: Callable[[], None]) -> Callable[[], None]:
+        """Call ``on_revoked`` (once) when the client is revoked, expires or is deleted.
+
+        Watched clients are checked together, one query per cache lifetime, so a
+        stream learns of a revocation within the cache delay. While the database is down
+        nothing is revoked (the stale window applies); the check resumes when it is back.
+        Returns the function that stops watching (call it when the stream ends)."""
+        if not client_id or client_id == ANONYMOUS_ID or client_id.startswith("staff:"):
+            return _noop
+        loop = asyncio.get_running_loop()
+
+        def notify() -> None:
+            # The process's one cache serves every loop it runs (tests run nodes on several):
+            # the stream hears of it on its own loop.
+            try:
+                loop.call_soon_threadsafe(on_revoked)
+            except RuntimeError:  # that loop is closed: the stream is gone
+                pass
+
+        callbacks = self._watchers.setdefault(client_id, set())
+        callbacks.add(notify)
+        task = self._watch_task
+        if task is None or task.done() or not task.get_loop().is_running():
+            self._watch_task = loop.create_task(self._watch_loop(), name="token-revocation-watch")
+
+        def unwatch() -> None:
+            found = self._watchers.get(client_id)
+            if found is not None:
+                found.discard(notify)
+                if not found:
+                    del self._watchers[client_id]
+
+        return unwatch
+
+    async def _watch_loop(self) -> None:
+        while self._watchers:
+            await asyncio.sleep(max(0.1, self.lifetime_seconds))
+            ids = list(self._watchers)
+            if not ids or self.database_down:
+                continue
+            try:
+                usable = await _in_pool(_usable_client_ids, self.lookup_timeout_seconds, ids)
+            except _LookupFailed as exc:
+                self._failed(exc)
+                continue
+            for client_id in ids:
+                if client_id in usable:
+                    continue
+                self._forget_client(client_id)
+                for callback in list(self._watchers.pop(client_id, ())):
+                    try:
+                        callback()
+                    except Exception:
+                        logger.exception("revocation callback failed")
+
+    def _forget_client(self, client_id: str) -> None:
+        for key in [k for k, e in list(self._entries.items()) if e[0].client_id == client_id]:
+            self._entries.pop(key, None)
 
 
 _shared: TokenCache | None = None
+#: The settings :func:`shared_token_cache` is built from.
+_SETTINGS = ("A2A_AUTH_CACHE_SECONDS", "A2A_AUTH_STALE_SECONDS", "A2A_AUTH_LOOKUP_TIMEOUT_SECONDS")
+
+
+def _times() -> dict[str, float]:
+    return {
+        "lifetime_seconds": settings.A2A_AUTH_CACHE_SECONDS,
+        "stale_seconds": settings.A2A_AUTH_STALE_SECONDS,
+        "lookup_timeout_seconds": settings.A2A_AUTH_LOOKUP_TIMEOUT_SECONDS,
+    }
 
 
 def shared_token_cache() -> TokenCache:
-    """The process's one token cache (lifetime ``A2A_AUTH_CACHE_SECONDS``)."""
+    """The process's one token cache (lifetime ``A2A_AUTH_CACHE_SECONDS``, stale window
+    ``A2A_AUTH_STALE_SECONDS``, lookup timeout ``A2A_AUTH_LOOKUP_TIMEOUT_SECONDS``)."""
     global _shared
     if _shared is None:
-        _shared = TokenCache(lifetime_seconds=settings.A2A_AUTH_CACHE_SECONDS)
+        _shared = TokenCache(**_times())
     return _shared
 
 
-def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    """A test changed ``A2A_AUTH_CACHE_SECONDS`` (pytest-django's ``settings`` fixture): the
-    process's cache takes the new lifetime at once and forgets what it believed under the old
-    one, as running nodes take changed gateway settings (``gateway.conf``). Nothing else
-    changes settings at run time."""
-    if setting == "A2A_AUTH_CACHE_SECONDS" and _shared is not None:
-        _shared.lifetime_seconds = settings.A2A_AUTH_CACHE_SECONDS
-        _shared.clear()
+def _on_setting_changed(*, setting: str, **kwargs) -> None:
+    """Tests that change an auth setting while the process serves: the shared cache takes the
+    new times, and forgets what it resolved under the old ones (anonymous access included)."""
+    if _shared is None or setting not in (*_SETTINGS, "A2A_ALLOW_ANONYMOUS"):
+        return
+    _shared.configure(**_times())
+    _shared.clear()
 
 
 setting_changed.connect(_on_setting_changed, dispatch_uid="registry.token_cache")

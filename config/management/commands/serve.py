@@ -78,8 +78,9 @@ def _check_database() -> None:
 
 class Command(BaseCommand):
     help = (
-        "Serve one node: the ASGI app (gateway, API, admin), the Subscriber Manager, and in "
-        "embedded mode the periodic jobs. Refuses to start when the port is taken or the "
+        "Serve one node: the ASGI app (gateway, API, admin), the Subscriber Manager, and the "
+        "periodic jobs (embedded: all; distributed: A2A_NODE_PERIODIC_TASKS, expiry by default, "
+        "under a cluster-wide lock). Refuses to start when the port is taken or the "
         "database is unreachable or not migrated."
     )
 
@@ -102,7 +103,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-periodic",
             action="store_true",
-            help="do not run the periodic jobs in-process (embedded mode runs them by default)",
+            help="do not run periodic jobs in-process (embedded: all; distributed: expiry)",
         )
 
     def handle(self, *args, host: str, port: int, server: str, no_periodic: bool, **options):
@@ -125,7 +126,8 @@ class Command(BaseCommand):
         from django.db import connection
 
         connection.close()
-        periodic = settings.EMBEDDED and not no_periodic
+        # Distributed: only A2A_NODE_PERIODIC_TASKS (expiry), under a cluster lock.
+        periodic = not no_periodic
         if periodic:
             node.on_startup(_start_periodic)
             node.on_shutdown(_stop_periodic)

@@ -1,0 +1,221 @@
+"""Fault matrix, PostgreSQL rows (issue 9.1, 9.2): the private PostgreSQL is killed -9 under a
+running node (private Redis too, distributed mode) and restarted.
+
+* calls keep flowing with verified tokens while the database is down (stale window), each
+  reaching the agent exactly once; a token never verified gets ``auth_unavailable`` (503,
+  retryable, executed false); revocations are honoured once the database is back;
+* every other surface answers a JSON 503 with Retry-After, fast; /readyz names the database;
+* the node recovers by itself once the database returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tests.reliability.conftest import register, rpc_ids_received
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Loose bound on any answer during the outage (the target is 2 s; the old behaviour was 22 to
+#: 33 s). Not a speed test: it proves nothing waits out pool timeouts one after another.
+ANSWER_BOUND_SECONDS = 5.0
+
+
+def _send(rpc_id: str) -> dict:
+    return {
+        "jsonrpc": "2.0",
+        "id": rpc_id,
+        "method": "message/send",
+        "params": {
+            "message": {
+                "role": "user",
+                "messageId": rpc_id,
+                "parts": [{"kind": "text", "text": "hi"}],
+            }
+        },
+    }
+
+
+async def _calls(url: str, token: str, ids: list[str]) -> list[tuple[httpx.Response, float]]:
+    async with httpx.AsyncClient(timeout=30) as client:
+
+        async def one(rpc_id: str):
+            started = time.monotonic()
+            response = await client.post(
+                url, json=_send(rpc_id), headers={"Authorization": f"Bearer {token}"}
+            )
+            return response, time.monotonic() - started
+
+        return await asyncio.gather(*(one(i) for i in ids))
+
+
+def test_gateway_calls_survive_a_database_outage(pg, tokens, start_node, agent):
+    node = start_node(A2A_AUTH_CACHE_SECONDS="0.5")
+    agent_id = register(node.url, tokens["admin"], agent.url)
+    url = f"{node.url}/a2a/{agent_id}"
+    warm = asyncio.run(_calls(url, tokens["caller"], ["warm"]))
+    assert warm[0][0].status_code == 200
+
+    pg.kill()
+    time.sleep(1.0)  # the cache entry lapses: every call now needs a (failing) lookup
+    ids = [f"outage-{n}" for n in range(60)]
+    results = []
+    for chunk in range(3):  # three waves across the outage
+        results += asyncio.run(_calls(url, tokens["caller"], ids[chunk * 20 : (chunk + 1) * 20]))
+        time.sleep(0.3)
+    for response, elapsed in results:
+        assert response.status_code == 200, response.text
+        assert response.headers["x-a2a-executed"] == "true"
+        assert "result" in response.json(), response.text
+        assert elapsed < ANSWER_BOUND_SECONDS
+    received = [i for i in rpc_ids_received(agent) if str(i).startswith("outage-")]
+    assert sorted(received) == sorted(ids)  # 0 lost, 0 duplicated
+
+    # A token never verified cannot be checked: a documented, retryable JSON-RPC error.
+    ((response, elapsed),) = asyncio.run(_calls(url, tokens["late"], ["late-1"]))
+    assert response.status_code == 503
+    assert response.headers["retry-after"]
+    assert response.headers["x-a2a-executed"] == "false"
+    error = response.json()["error"]
+    assert error["data"]["kind"] == "auth_unavailable"
+    assert error["data"]["retryable"] is True and error["data"]["executed"] is False
+    assert response.json()["id"] == "late-1"
+    assert elapsed < ANSWER_BOUND_SECONDS
+    assert "late-1" not in rpc_ids_received(agent)
+
+    # Back: the late token works, and a revocation made meanwhile is honoured.
+    pg.start()
+    pg.psql("UPDATE registry_apiclient SET revoked = true WHERE client_id LIKE 'caller-%'", "a2a")
+    deadline = time.monotonic() + 15
+    late_ok = revoked = False
+    while time.monotonic() < deadline and not (late_ok and revoked):
+        late_ok = (
+            late_ok
+            or asyncio.run(_calls(url, tokens["late"], [f"late-{uuid.uuid4().hex[:6]}"]))[0][
+                0
+            ].status_code
+            == 200
+        )
+        revoked = (
+            revoked
+            or asyncio.run(_calls(url, tokens["caller"], ["after"]))[0][0].status_code == 401
+        )
+        time.sleep(0.2)
+    assert late_ok, node.log()
+    assert revoked, node.log()
+
+
+def _timed(method: str, url: str, **kwargs) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = httpx.request(method, url, timeout=30, **kwargs)
+    return response, time.monotonic() - started
+
+
+def test_every_surface_answers_json_503_and_recovers(pg, tokens, start_node, agent):
+    node = start_node(A2A_AUTH_CACHE_SECONDS="0.5")
+    auth = {"Authorization": f"Bearer {tokens['admin']}"}
+    agent_id = register(node.url, tokens["admin"], agent.url)
+
+    pg.kill()
+
+    async def onset() -> list[tuple[int, float]]:
+        # Concurrent requests as the outage begins: none queues behind another's pool wait.
+        async with httpx.AsyncClient(timeout=30, headers=auth) as client:
+
+            async def one(path: str):
+                started = time.monotonic()
+                response = await client.get(node.url + path)
+                return response.status_code, time.monotonic() - started
+
+            return await asyncio.gather(*(one(p) for p in ["/api/v1/agents", "/agents"] * 4))
+
+    for status, elapsed in asyncio.run(onset()):
+        assert status == 503 and elapsed < ANSWER_BOUND_SECONDS, (status, elapsed)
+    time.sleep(0.6)
+    surfaces = [
+        ("POST", f"/api/v1/agents/{agent_id}/heartbeat", {}),
+        ("POST", "/agents/heartbeat", {"json": {"agent_id": agent_id}}),
+        (
+            "POST",
+            "/api/v1/agents",
+            {
+                "json": {
+                    "agent_id": "new-one",
+                    "url": agent.url,
+                    "card": {"name": "n", "url": agent.url},
+                }
+            },
+        ),
+        (
+            "POST",
+            "/agents/register",
+            {"json": {"agent_id": "new-two", "name": "n", "url": agent.url}},
+        ),
+        ("GET", "/api/v1/agents", {}),
+        ("GET", "/agents", {}),
+        ("GET", f"/api/v1/agents/{agent_id}", {}),
+        ("DELETE", f"/agents/{agent_id}", {}),
+    ]
+    for _ in range(2):  # the first round meets the outage, the second the open breaker
+        for method, path, kwargs in surfaces:
+            response, elapsed = _timed(method, node.url + path, headers=auth, **kwargs)
+            assert response.status_code == 503, (path, response.status_code, response.text)
+            assert response.headers["content-type"].startswith("application/json"), path
+            assert int(response.headers["retry-after"]) >= 1
+            assert "database unavailable" in response.json()["error"]
+            assert elapsed < ANSWER_BOUND_SECONDS, (path, elapsed)
+
+    response, elapsed = _timed("GET", node.url + "/readyz")
+    assert response.status_code == 503
+    checks = response.json()["checks"]
+    assert checks["database"].startswith("unreachable") and checks["broker"] == "ok"
+    assert elapsed < ANSWER_BOUND_SECONDS
+    assert httpx.get(node.url + "/healthz").status_code == 200
+
+    pg.start()
+    back = time.monotonic()
+    while True:
+        response = httpx.post(
+            f"{node.url}/api/v1/agents/{agent_id}/heartbeat", headers=auth, timeout=30
+        )
+        if response.status_code == 200:
+            break
+        assert time.monotonic() - back < 15, (response.status_code, response.text)
+        time.sleep(0.05)
+    recovered = time.monotonic() - back
+    print(f"node recovered {recovered:.2f}s after the database came back")
+    assert httpx.get(node.url + "/readyz").status_code == 200
+    assert httpx.get(f"{node.url}/api/v1/agents/{agent_id}", headers=auth).status_code == 200
+
+
+def test_gateway_calls_survive_a_stalled_database(pg, tokens, start_node, agent):
+    """PostgreSQL frozen with SIGSTOP (connections open, nothing answers: no error ever comes
+    back): token lookups give up after their timeout and verified tokens keep serving."""
+    node = start_node(A2A_AUTH_CACHE_SECONDS="0.5")
+    agent_id = register(node.url, tokens["admin"], agent.url)
+    url = f"{node.url}/a2a/{agent_id}"
+    assert asyncio.run(_calls(url, tokens["caller"], ["warm"]))[0][0].status_code == 200
+    pg.pause()
+    try:
+        time.sleep(0.8)
+        ids = [f"stall-{n}" for n in range(30)]
+        results = []
+        for chunk in range(3):
+            results += asyncio.run(
+                _calls(url, tokens["caller"], ids[chunk * 10 : (chunk + 1) * 10])
+            )
+            time.sleep(0.5)
+        ready, elapsed = _timed("GET", node.url + "/readyz")
+    finally:
+        pg.resume()
+    for response, took in results:
+        assert response.status_code == 200, response.text
+        assert took < ANSWER_BOUND_SECONDS
+    assert sorted(i for i in rpc_ids_received(agent) if str(i).startswith("stall-")) == sorted(ids)
+    assert ready.status_code == 503 and elapsed < ANSWER_BOUND_SECONDS
+    assert ready.json()["checks"]["database"].startswith("unreachable")
