@@ -317,6 +317,17 @@ A2A_DROP_RESPONSE_HEADERS = env_list("A2A_DROP_RESPONSE_HEADERS")
 A2A_AGENT_URL_ALLOWLIST = env_list("A2A_AGENT_URL_ALLOWLIST")
 # PEM bundle of extra CAs trusted for https agents (besides the system store). Empty: none.
 A2A_OUTBOUND_CA_FILE = env_str("A2A_OUTBOUND_CA_FILE", "")
+# --- the outbound HTTP layer (outbound/): every client towards agents, card servers, registries
+# Proxy URL for the library clients (card fetches, discovery); HTTP(S)_PROXY are not read.
+A2A_OUTBOUND_PROXY = env_str("A2A_OUTBOUND_PROXY", "")
+# The gateway's hot-path client: "own" (hand-written HTTP/1.1, fastest) or "aiohttp".
+A2A_OUTBOUND_CLIENT = env_choice("A2A_OUTBOUND_CLIENT", "own", ("own", "aiohttp"))
+A2A_OUTBOUND_CONNECT_TIMEOUT_SECONDS = env_float(
+    "A2A_OUTBOUND_CONNECT_TIMEOUT_SECONDS", 10.0, minimum=0.01
+)
+# Bounds on an agent's response headers (and trailers): count and bytes before the body.
+A2A_OUTBOUND_MAX_HEADERS = env_int("A2A_OUTBOUND_MAX_HEADERS", 100, minimum=1)
+A2A_OUTBOUND_MAX_HEADER_BYTES = env_int("A2A_OUTBOUND_MAX_HEADER_BYTES", 65536, minimum=1024)
 A2A_MAX_CARD_BYTES = env_int("A2A_MAX_CARD_BYTES", 64 * 1024, minimum=1)
 A2A_CARD_VALIDATION = env_choice("A2A_CARD_VALIDATION", "lenient", ("lenient", "strict"))
 A2A_CARD_FETCH_TIMEOUT_SECONDS = env_float("A2A_CARD_FETCH_TIMEOUT_SECONDS", 5)

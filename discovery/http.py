@@ -1,22 +1,24 @@
-"""Discovery's one HTTP client per process.
+"""Discovery's one HTTP client per process, built by the shared outbound layer.
 
 Card fetches are many and small, so they run concurrently on one ``httpx.AsyncClient`` that
 lives on a private event loop in a daemon thread; synchronous callers (Celery tasks, the
 management command, admin actions) submit coroutines to it with :func:`run`. Source queries and
-webhooks use :func:`sync_client`. Both have explicit timeouts and pool limits, redirects off
-(the card cache follows them itself, only onto allowlisted hosts). A forked child (Celery
-prefork) builds its own on first use.
+webhooks use :func:`sync_client`. Both come from ``outbound.clients``: TLS with the system store
+and ``A2A_OUTBOUND_CA_FILE``, the policy's proxy, explicit timeouts and pool limits, redirects
+off (the card cache follows them itself, only onto allowlisted hosts) and the connect-time
+address check on every new connection (a card host re-pointed at the metadata address is never
+reached). A forked child (Celery prefork) builds its own on first use; a changed outbound
+policy (settings) rebuilds both.
 
 The async client keeps the httpx API over an aiohttp transport (``DISCOVERY_HTTP_TRANSPORT``,
-default ``aiohttp``; ``httpx`` for httpx's own). Measured here (bench/discovery_bench.py's card
-server, 3,000 GETs on loopback): plain httpx 1,260/s at concurrency 2 falling to 720/s at 16 (its
-pool scans every connection per request, PERFORMANCE.md), aiohttp 11,000/s; the 10,000-card
-all-304 cycle needs the latter to stay within 10 s on two cores.
+default ``aiohttp``; ``httpx`` for httpx's own): ``outbound.clients`` says why that transport is
+ours and not the ``httpx-aiohttp`` package, with the measurement.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import os
 import threading
@@ -26,7 +28,12 @@ from typing import Any, TypeVar
 import httpx
 from django.conf import settings
 
+from outbound import clients
+from outbound import policy as outbound_policy
+
 T = TypeVar("T")
+
+USER_AGENT = {"User-Agent": "a2a-registry-discovery/1"}
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"pid": None, "loop": None, "thread": None, "client": None, "sync": None}
@@ -41,79 +48,6 @@ def fetch_timeout() -> httpx.Timeout:
 def _limits() -> httpx.Limits:
     size = settings.DISCOVERY_FETCH_CONCURRENCY
     return httpx.Limits(max_connections=size, max_keepalive_connections=size, keepalive_expiry=30)
-
-
-class _AiohttpStream(httpx.AsyncByteStream):
-    def __init__(self, response: Any) -> None:
-        self._response = response
-
-    async def __aiter__(self):
-        import aiohttp
-
-        try:
-            async for chunk in self._response.content.iter_chunked(65536):
-                yield chunk
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise httpx.ReadTimeout(str(exc) or "read timed out") from exc
-        except aiohttp.ClientError as exc:
-            raise httpx.ReadError(str(exc)) from exc
-
-    async def aclose(self) -> None:
-        self._response.release()
-
-
-class AiohttpTransport(httpx.AsyncBaseTransport):
-    """httpx requests carried by one pooled ``aiohttp.ClientSession`` (created on its loop)."""
-
-    def __init__(self, *, limits: httpx.Limits) -> None:
-        self._limit = limits.max_connections or 100
-        self._keepalive = limits.keepalive_expiry or 30
-        self._session: Any = None
-
-    def _client_session(self) -> Any:
-        import aiohttp
-
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self._limit, keepalive_timeout=self._keepalive, ttl_dns_cache=60
-                ),
-                auto_decompress=False,  # httpx decodes Content-Encoding itself
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            )
-        return self._session
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        import aiohttp
-
-        t = request.extensions.get("timeout") or {}
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=t.get("connect"), sock_read=t.get("read"),
-        )
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
-                   if k.lower() != b"host"]
-        try:
-            response = await self._client_session().request(
-                request.method, str(request.url), headers=headers,
-                data=request.content or None, allow_redirects=False, timeout=timeout,
-            )
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise httpx.ConnectTimeout(str(exc) or "connect timed out", request=request) from exc
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise httpx.ReadTimeout(str(exc) or "timed out", request=request) from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError(str(exc), request=request) from exc
-        except aiohttp.ClientError as exc:
-            raise httpx.ReadError(str(exc), request=request) from exc
-        return httpx.Response(
-            status_code=response.status,
-            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers],
-            stream=_AiohttpStream(response), request=request,
-        )
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
 
 def _ensure() -> None:
@@ -132,28 +66,27 @@ def _ensure() -> None:
 
         def main() -> None:
             asyncio.set_event_loop(loop)
-            limits = _limits()
-            transport = (
-                AiohttpTransport(limits=limits)
-                if settings.DISCOVERY_HTTP_TRANSPORT == "aiohttp" else None
-            )
-            _state["client"] = httpx.AsyncClient(
-                timeout=fetch_timeout(), limits=limits, follow_redirects=False,
-                headers={"User-Agent": "a2a-registry-discovery/1"}, transport=transport,
-            )
             ready.set()
             loop.run_forever()
 
         thread = threading.Thread(target=main, name="discovery-http", daemon=True)
         thread.start()
         ready.wait(10)
-        _state.update(pid=os.getpid(), loop=loop, thread=thread, sync=None)
+        _state.update(pid=os.getpid(), loop=loop, thread=thread, client=None, sync=None)
 
 
 def async_client() -> httpx.AsyncClient:
     """The shared async client (use only inside coroutines given to :func:`run`)."""
     _ensure()
-    return _state["client"]
+    client = _state["client"]
+    if client is None:  # built on the discovery loop, where it is used
+        client = _state["client"] = clients.httpx_async_client(
+            timeout=fetch_timeout(),
+            limits=_limits(),
+            headers=USER_AGENT,
+            transport=settings.DISCOVERY_HTTP_TRANSPORT,
+        )
+    return client
 
 
 def run(coro: Coroutine[Any, Any, T], *, timeout: float | None = None) -> T:
@@ -181,9 +114,41 @@ def sync_client() -> httpx.Client:
         with _lock:
             client = _state["sync"]
             if client is None:
-                client = httpx.Client(
-                    timeout=httpx.Timeout(10, connect=3), limits=httpx.Limits(max_connections=20),
-                    follow_redirects=False, headers={"User-Agent": "a2a-registry-discovery/1"},
+                client = clients.httpx_client(
+                    timeout=httpx.Timeout(10, connect=3),
+                    limits=httpx.Limits(max_connections=20),
+                    headers=USER_AGENT,
                 )
                 _state["sync"] = client
     return client
+
+
+def _rebuild(_policy: Any) -> None:
+    """The outbound policy changed (TLS, proxy, ...): both clients are rebuilt on next use."""
+    old_async, old_sync = _state["client"], _state["sync"]
+    _state["client"] = _state["sync"] = None
+    loop = _state["loop"]
+    if old_async is not None and loop is not None and _state["pid"] == os.getpid():
+        try:
+            asyncio.run_coroutine_threadsafe(old_async.aclose(), loop)
+        except RuntimeError:
+            pass
+    if old_sync is not None:
+        old_sync.close()
+
+
+outbound_policy.on_change(_rebuild)
+
+
+def _close_at_exit() -> None:
+    """Close the async client's pooled connections on its loop before the process exits."""
+    client, loop = _state["client"], _state["loop"]
+    if client is None or loop is None or not loop.is_running() or _state["pid"] != os.getpid():
+        return
+    try:
+        asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(2)
+    except Exception:  # exiting anyway; a slow or failed close must not block it
+        pass
+
+
+atexit.register(_close_at_exit)

@@ -24,6 +24,7 @@ import httpx
 from discovery.http import sync_client
 from discovery.models import ConfiguredAgent, SourceFeed
 from discovery.names import agent_id_for, derive_local_name
+from outbound.clients import httpx_client
 from registry.models import Agent
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,10 @@ def _kube_services_httpx(
     )
     items: list[dict[str, Any]] = []
     params: dict[str, str] = {"labelSelector": label_selector, "limit": "500"}
-    client = sync_client() if not ca_file else httpx.Client(verify=ca_file, timeout=10)
+    client = (
+        sync_client() if not ca_file
+        else httpx_client(timeout=httpx.Timeout(10, connect=3), extra_ca_file=ca_file)
+    )
     try:
         for _ in range(100):
             resp = client.get(api_url.rstrip("/") + path, params=params, headers=headers)

@@ -14,7 +14,8 @@ Replies go to the reply channel, each naming the request (``i``). ``k`` is the m
   ``sse`` (whether the body is an event stream)
 - ``c`` chunk: more ``body`` bytes, ``more``
 - ``e`` error: a transport error ``kind`` with ``detail`` (and the agent's ``status`` when it
-  answered 502/503/504); before a start it is the whole reply, after one it ends the stream
+  answered 502/503/504) and ``executed`` (whether the agent may have received the request);
+  before a start it is the whole reply, after one it ends the stream
 - ``a`` ack: the subscriber has the request and is still working (sent only for slow requests
   through the broker, so the gateway can tell "no live subscriber" from "slow agent")
 """
@@ -75,10 +76,11 @@ def chunk(request_id: str, body: bytes, *, more: bool) -> dict[str, Any]:
 
 
 def error(
-    request_id: str, kind: str, detail: str = "", *, status: int | None = None
+    request_id: str, kind: str, detail: str = "", *, status: int | None = None,
+    executed: bool = False,
 ) -> dict[str, Any]:
     return {"type": REPLY, "i": request_id, "k": ERROR, "kind": kind, "detail": detail,
-            "status": status}
+            "status": status, "executed": executed}
 
 
 def ack(request_id: str) -> dict[str, Any]:

@@ -1,10 +1,17 @@
 """Gateway errors: the kinds of ARCHITECTURE.md's table, their codes per error profile, and the
 JSON-RPC error bodies the gateway answers with.
 
-A *transport* error (the agent never processed the request) is answered by the gateway itself:
-a JSON-RPC error with the caller's ``id``, ``X-A2A-Executed: false`` and
-``error.data = {executed, retryable, kind, agent_id}``. The agent's own answers (application
-errors included) are relayed unchanged and never pass through here.
+A *transport* error is answered by the gateway itself: a JSON-RPC error with the caller's
+``id``, ``X-A2A-Executed`` and ``error.data = {executed, retryable, kind, agent_id}``. The agent's
+own answers (application errors included) are relayed unchanged and never pass through here.
+
+``executed`` follows ARCHITECTURE's contract: false only when the gateway knows the agent never
+received the request (no route, no subscriber, busy, refused connection, DNS, an address refused
+at connect time, TLS handshake, auth, size, an intermediary's 502/503/504); true once any request
+byte was written to the agent, whatever happened next (timeout after delivery, connection cut
+mid-response, a broken or oversize answer), the kind saying what happened. The subscriber
+decides it from the outbound layer's errors (``outbound.errors.classify``: whether a byte was
+written) and carries it in the error reply; see ``gateway.subscriber.transport_error``.
 """
 
 from __future__ import annotations

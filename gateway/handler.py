@@ -408,11 +408,11 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
             except TimeoutError:
                 if not acked and remaining > ACK_TIMEOUT_SECONDS:
                     await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
-                else:
-                    await exchange.fail(errors.TIMEOUT)
+                else:  # the subscriber had it: the agent may have it (a reply lost between nodes)
+                    await exchange.fail(errors.TIMEOUT, executed=True)
                 return
-            if message is OVERFLOW:
-                await exchange.fail(errors.RESPONSE_TOO_LARGE)
+            if message is OVERFLOW:  # the agent's answer outgrew the cap: it had the request
+                await exchange.fail(errors.RESPONSE_TOO_LARGE, executed=True)
                 return
             acked = True
             await exchange.deliver(message)
@@ -501,7 +501,7 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                     await exchange.fail(errors.TIMEOUT, "stream lost")
                 else:
                     await exchange.fail(errors.UNREACHABLE if not acked else errors.TIMEOUT,
-                                        "no live subscriber for this agent")
+                                        "no live subscriber for this agent", executed=acked)
                 await stop()
                 return
             if message is _DISCONNECT:
@@ -570,7 +570,8 @@ async def _end_stalled(exchange: Exchange, stall: float, detail: str) -> None:
     logger.warning("stream to %s ended: %s", exchange.agent_id, detail)
     try:
         async with asyncio.timeout(min(max(stall, 1.0), 5.0)):
-            await exchange.fail(errors.STREAM_STALLED, detail)
+            # the agent's stream was flowing: it had the request
+            await exchange.fail(errors.STREAM_STALLED, detail, executed=True)
     except TimeoutError:
         pass
 
@@ -699,7 +700,7 @@ class Exchange:
             self.done = not more
         elif kind == env.ERROR:
             await self.fail(message["kind"], message.get("detail") or "",
-                            status=message.get("status"))
+                            status=message.get("status"), executed=message.get("executed", False))
         # acks carry nothing for the caller
 
     async def _agent_status_error(self, status: int, more: bool) -> None:
@@ -728,7 +729,8 @@ class Exchange:
         ]})
         await self.send({"type": "http.response.body", "body": body})
 
-    async def fail(self, kind: str, detail: str = "", *, status: int | None = None) -> None:
+    async def fail(self, kind: str, detail: str = "", *, status: int | None = None,
+                   executed: bool = False) -> None:
         """Answer a transport error: a JSON-RPC error before the reply started, a terminal
         ``event: error`` inside an event stream, an aborted body otherwise."""
         if self.done:
@@ -740,7 +742,7 @@ class Exchange:
             self.status = errors.http_status_for(kind)
             extra = [(b"x-a2a-agent-status", str(status).encode())] if status else []
             await _error(self.send, kind, self.rpc_id, self.agent_id, detail, extra=extra,
-                         status=status)
+                         status=status, executed=executed)
             return
         if self.sse:
             error = errors.error_object(kind, agent_id=self.agent_id, detail=detail,
@@ -765,13 +767,14 @@ def _is_jsonrpc_answer(message: dict[str, Any]) -> bool:
 
 
 async def _error(send, kind: str, rpc_id: Any, agent_id: str | None, detail: str = "", *,
-                 extra: list | None = None, status: int | None = None) -> None:
+                 extra: list | None = None, status: int | None = None,
+                 executed: bool = False) -> None:
     body = errors.error_body(kind, rpc_id=rpc_id, agent_id=agent_id, detail=detail,
-                             status=status)
+                             status=status, executed=executed)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        EXECUTED_FALSE,
+        EXECUTED_TRUE if executed else EXECUTED_FALSE,
     ]
     if extra:
         headers.extend(extra)

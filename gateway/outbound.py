@@ -26,6 +26,27 @@ One client per event loop (a process normally has one; tests run several servers
 own loop), closed on node shutdown. Idle keep-alive connections expire after
 :data:`KEEPALIVE_SECONDS`, just under the common 5 s idle timeout of agent servers (uvicorn,
 Node), so a pooled connection is not reused as the agent closes it. A POST is never retried.
+
+Built on the shared outbound layer (package ``outbound``): TLS context, connect timeout, pool
+and header bounds come from its policy; every NEW connection resolves the agent's name,
+checks each address against the SSRF rules (``outbound.resolve``) and connects to a checked
+address with SNI and Host the name; errors say whether the request was sent
+(``outbound.errors``). Bounds on what an agent sends, each counted once per header or once per
+received segment, never per request:
+
+- before the body (interim 1xx responses included) and after its last chunk (trailers): at
+  most ``A2A_OUTBOUND_MAX_HEADER_BYTES`` bytes without body progress and
+  ``A2A_OUTBOUND_MAX_HEADERS`` header lines; beyond, the exchange fails and the connection
+  closes (endless or huge headers cannot grow the node);
+- a response is final when complete: any byte after it (a smuggled second response) closes the
+  connection; it never reaches the caller and the connection never returns to the pool;
+- 101 Switching Protocols and any Transfer-Encoding other than ``chunked`` (``gzip, chunked``
+  would relay compressed bytes without a Content-Encoding) fail the exchange cleanly;
+- chunked trailers are dropped, never relayed as headers.
+
+``A2A_OUTBOUND_CLIENT=aiohttp`` swaps in a client with the same interface over aiohttp
+(``gateway.outbound_aiohttp``): the gateway's proxy tests run against both, so a defect of this
+one shows as a difference.
 """
 
 from __future__ import annotations
@@ -33,26 +54,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-import ssl
 import time
 import weakref
 from urllib.parse import urlsplit
 
 import httptools
 
-KEEPALIVE_SECONDS = 4.0
-CONNECT_TIMEOUT_SECONDS = 10.0
-MAX_IDLE_PER_ORIGIN = 256
+from outbound import policy as outbound_policy
+from outbound.errors import CONNECTION_ERRORS, ConnectFailed, OutboundError, ProtocolError
+from outbound.policy import KEEPALIVE_SECONDS, Policy  # noqa: F401  (re-exported)
+from outbound.resolve import resolve
+
+__all__ = ["CONNECTION_ERRORS", "OutboundError", "Response", "client", "close_client", "finish"]
+
 #: Unread response bytes above which reading from the agent pauses (streams, slow callers).
 HIGH_WATER_BYTES = 1 << 20
-
-
-class OutboundError(Exception):
-    """The agent could not be reached, or broke the connection or the protocol."""
-
-
-#: What a failed exchange with an agent raises (besides TimeoutError).
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (OutboundError, OSError)
 
 
 class Target:
@@ -63,7 +79,7 @@ class Target:
     def __init__(self, endpoint: str) -> None:
         parts = urlsplit(endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise OutboundError(f"unsupported agent URL {endpoint[:200]!r}")
+            raise OutboundError(f"unsupported agent URL {endpoint[:200]!r}", sent=False)
         self.tls = parts.scheme == "https"
         self.host = parts.hostname
         self.port = parts.port or (443 if self.tls else 80)
@@ -231,6 +247,18 @@ class Response:
             conn.response = None
         conn.close()
 
+    def finish(self) -> None:
+        """End the exchange: cancel its timeout, release or close its connection."""
+        timer = self._timer
+        if timer is not None:
+            self._timer = None
+            timer.cancel()
+        self.release()
+
+
+class _Stop(Exception):
+    """Raised inside a parser callback to stop parsing (the reason is on the connection)."""
+
 
 class _Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection to an agent."""
@@ -246,6 +274,24 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.idle_since = 0.0
         self._headers: list[tuple[bytes, bytes]] = []
+        self.max_headers = client.policy.max_headers
+        self.max_header_bytes = client.policy.max_header_bytes
+        # Per exchange: bytes received without body progress (head, interim responses,
+        # trailers), header lines seen, whether the final response is complete, why parsing
+        # stopped, the Transfer-Encoding of the final response.
+        self.quiet = 0
+        self.header_count = 0
+        self.finished = False
+        self.violation: str | None = None
+        self.in_body = False
+        self.transfer_encoding: bytes | None = None
+
+    def begin(self) -> None:
+        """Reset the per-exchange state before a request is written."""
+        self.quiet = 0
+        self.header_count = 0
+        self.finished = False
+        self.in_body = False
 
     # asyncio protocol
     def connection_made(self, transport) -> None:
@@ -258,13 +304,27 @@ class _Connection(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
-        if self.response is None:
-            self.close()  # bytes on an idle connection: not a state worth reusing
+        if self.response is None or self.finished:
+            # Bytes on an idle connection, or after a complete response (a smuggled second
+            # response): never parsed into anything a caller sees; the connection closes.
+            self.close()
             return
+        self.quiet += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._broken(OutboundError(f"invalid HTTP response from the agent: {exc}"))
+            if self.finished:  # the response stands; the extra bytes only end the connection
+                self.close()
+                return
+            self._broken(ProtocolError(
+                self.violation or f"invalid HTTP response from the agent: {exc}"))
+            return
+        except httptools.HttpParserUpgrade:  # 101 without headers_complete seen (defensive)
+            self._broken(ProtocolError("the agent switched protocols; not an HTTP answer"))
+            return
+        if self.quiet > self.max_header_bytes and not self.finished:
+            self._broken(ProtocolError(
+                f"the agent sent more than {self.max_header_bytes} bytes of headers"))
 
     def eof_received(self) -> bool | None:
         return None  # close the transport
@@ -283,26 +343,51 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_message_begin(self) -> None:
+        if self.finished:
+            self.violation = "bytes after a complete response"
+            raise _Stop
         self._headers = []
+        self.transfer_encoding = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.lower(), value))
+        self.header_count += 1
+        if self.header_count > self.max_headers:
+            self.violation = f"the agent sent more than {self.max_headers} headers"
+            raise _Stop
+        if self.in_body:
+            return  # a chunked trailer: dropped, never relayed as a header
+        name = name.lower()
+        if name == b"transfer-encoding":
+            self.transfer_encoding = value
+        self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         if status < 200:
+            if status == 101:
+                self.violation = "the agent answered 101 Switching Protocols"
+                raise _Stop
             return  # an interim response (100 Continue, 103 Early Hints): the real one follows
+        encoding = self.transfer_encoding
+        if encoding is not None and encoding.strip().lower() != b"chunked":
+            self.violation = (f"unsupported Transfer-Encoding from the agent: "
+                              f"{encoding[:100].decode('latin-1')}")
+            raise _Stop
+        self.in_body = True
+        self.quiet = 0
         response = self.response
         if response is not None:
             response._on_headers(status, self._headers, self.parser.should_keep_alive())
 
     def on_body(self, body: bytes) -> None:
+        self.quiet = 0
         if self.response is not None:
             self.response._on_body(body)
 
     def on_message_complete(self) -> None:
         if self.parser.get_status_code() < 200:
             return
+        self.finished = True
         if self.response is not None:
             self.response._on_complete()
 
@@ -333,8 +418,9 @@ class _Connection(asyncio.Protocol):
 class Client:
     """Keep-alive connection pools per agent origin, on one event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Policy | None = None) -> None:
         self.loop = asyncio.get_running_loop()
+        self.policy = policy or outbound_policy.current()
         self.idle: dict[tuple, list[_Connection]] = {}
         self.closed = False
 
@@ -352,6 +438,7 @@ class Client:
         parts.append(b"Content-Length: %d\r\n\r\n" % len(body))
         head = b"".join(parts)
         conn = await self._acquire(where)
+        conn.begin()
         response = conn.response = Response(conn)
         timer = None
         if timeout is not None:
@@ -376,20 +463,28 @@ class Client:
             now = time.monotonic()
             while pool:
                 conn = pool.pop()
-                if not conn.closed and now - conn.idle_since < KEEPALIVE_SECONDS:
+                if not conn.closed and now - conn.idle_since < self.policy.keepalive_seconds:
                     return conn
                 conn.close()
-        tls = _tls_context() if where.tls else None
+        policy = self.policy
+        tls = policy.tls_context() if where.tls else None
+        error: OSError | None = None
         try:
-            async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
-                _, conn = await self.loop.create_connection(
-                    lambda: _Connection(self, where.key), where.host, where.port,
-                    ssl=tls,
-                    server_hostname=where.host if where.tls else None,
-                )
+            async with asyncio.timeout(policy.connect_timeout):
+                # Resolved and checked on every new connection (DNS rebinding), then connected
+                # to a checked address; TLS verifies the name, Host carries it.
+                for _family, address in await resolve(where.host, where.port):
+                    try:
+                        _, conn = await self.loop.create_connection(
+                            lambda: _Connection(self, where.key), address, where.port,
+                            ssl=tls, server_hostname=where.host if where.tls else None,
+                        )
+                        return conn  # type: ignore[return-value]
+                    except OSError as exc:
+                        error = exc
         except TimeoutError:
-            raise OutboundError(f"connect to {where.host}:{where.port} timed out") from None
-        return conn  # type: ignore[return-value]
+            raise ConnectFailed(f"connect to {where.host}:{where.port} timed out") from None
+        raise ConnectFailed(f"connect to {where.host}:{where.port} failed: {error}")
 
     def give_back(self, conn: _Connection) -> None:
         if self.closed:
@@ -398,7 +493,7 @@ class Client:
         conn.idle_since = time.monotonic()
         conn.resume()
         pool = self.idle.setdefault(conn.key, [])
-        if len(pool) >= MAX_IDLE_PER_ORIGIN:
+        if len(pool) >= self.policy.max_idle_per_origin:
             conn.close()
             return
         pool.append(conn)
@@ -416,24 +511,6 @@ class Client:
         self.idle.clear()
 
 
-_tls_contexts: dict[str | None, ssl.SSLContext] = {}
-
-
-def _tls_context() -> ssl.SSLContext:
-    """Certificate-verifying TLS context; ``A2A_OUTBOUND_CA_FILE`` adds a private CA bundle
-    (agents behind an internal CA) to the system's trust store."""
-    from django.conf import settings
-
-    cafile = settings.A2A_OUTBOUND_CA_FILE or None
-    context = _tls_contexts.get(cafile)
-    if context is None:
-        context = ssl.create_default_context()
-        if cafile:
-            context.load_verify_locations(cafile=cafile)
-        _tls_contexts[cafile] = context
-    return context
-
-
 def _expire(response: Response) -> None:
     response._fail(TimeoutError())
     response.close()
@@ -441,11 +518,7 @@ def _expire(response: Response) -> None:
 
 def finish(response: Response) -> None:
     """End an exchange: cancel its timeout and release or close its connection."""
-    timer = response._timer
-    if timer is not None:
-        response._timer = None
-        timer.cancel()
-    response.release()
+    response.finish()
 
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Client] = (
@@ -454,12 +527,33 @@ _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Client] = (
 
 
 def client() -> Client:
-    """The shared client of the running loop."""
+    """The shared client of the running loop (``A2A_OUTBOUND_CLIENT``: own or aiohttp)."""
     loop = asyncio.get_running_loop()
     current = _clients.get(loop)
     if current is None or current.closed:
-        current = _clients[loop] = Client()
-    return current
+        policy = outbound_policy.current()
+        if policy.client == "aiohttp":
+            from gateway.outbound_aiohttp import AiohttpClient
+
+            current = AiohttpClient(policy)  # type: ignore[assignment]
+        else:
+            current = Client(policy)
+        _clients[loop] = current  # type: ignore[assignment]
+    return current  # type: ignore[return-value]
+
+
+def _drop_clients(_policy: Policy) -> None:
+    """The policy changed: every loop's client closes (on its loop) and is rebuilt on demand."""
+    for loop, current in list(_clients.items()):
+        current.closed = True  # seen at once by subscribers holding it
+        try:
+            loop.call_soon_threadsafe(lambda c=current, lp=loop: lp.create_task(c.close()))
+        except RuntimeError:  # that loop is closed
+            pass
+        _clients.pop(loop, None)
+
+
+outbound_policy.on_change(_drop_clients)
 
 
 async def close_client() -> None:

@@ -31,6 +31,7 @@ from gateway.conf import NodeSettings
 from gateway.headers import outbound_headers, relayed_response_headers
 from gateway.resume import ReplayStream, not_found
 from gateway.sse import KEEPALIVE, largest_event, split_events
+from outbound.errors import classify, describe
 from registry.events import AgentRoute
 from registry.ids import agent_channel
 
@@ -406,20 +407,19 @@ class VirtualSubscriber:
                 finally:
                     outbound.finish(response)
                 if body is None:
-                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
+                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
                     return
                 await sink(env.start(request_id, status, relayed_response_headers(
                     response.headers, self.route.credential_passthrough), body, more=False,
                     sse=False))
-            except TimeoutError:
-                await sink(env.error(request_id, errors.TIMEOUT))
-            except outbound.CONNECTION_ERRORS as exc:
-                await sink(env.error(request_id, errors.UNREACHABLE, _describe(exc)))
+            except TRANSPORT_ERRORS as exc:
+                await sink(transport_error(request_id, exc))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.exception("%s: handler failed", self.client_id)
-            await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}"))
+            await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}",
+                                 executed=True))
         finally:
             self.in_flight -= 1
 
@@ -437,7 +437,8 @@ class VirtualSubscriber:
             raise
         except Exception as exc:
             logger.exception("%s: stream handler failed", self.client_id)
-            await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}"))
+            await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}",
+                                 executed=True))
         finally:
             self.in_flight -= 1
 
@@ -452,21 +453,17 @@ class VirtualSubscriber:
             # by the idle timeout, like every later silence.
             async with asyncio.timeout(self.settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
                 response = await outbound.client().post(self.route.endpoint, body, headers, None)
-        except TimeoutError:
-            await sink(env.error(request_id, errors.TIMEOUT))
-            return
-        except outbound.CONNECTION_ERRORS as exc:
-            await sink(env.error(request_id, errors.UNREACHABLE, _describe(exc)))
+        except TRANSPORT_ERRORS as exc:
+            await sink(transport_error(request_id, exc))
             return
         try:
             await self._relay(response, sink, request_id)
         except StreamStalled as exc:
             logger.warning("%s: stream ended: %s", self.client_id, exc)
-            await sink(env.error(request_id, errors.STREAM_STALLED, str(exc)))
-        except TimeoutError:
-            await sink(env.error(request_id, errors.TIMEOUT))
-        except outbound.CONNECTION_ERRORS as exc:
-            await sink(env.error(request_id, errors.UNREACHABLE, _describe(exc)))
+            # the agent's stream was flowing: it had the request
+            await sink(env.error(request_id, errors.STREAM_STALLED, str(exc), executed=True))
+        except TRANSPORT_ERRORS as exc:
+            await sink(transport_error(request_id, exc))
         finally:
             outbound.finish(response)  # an unfinished stream's connection is closed
 
@@ -490,14 +487,14 @@ class VirtualSubscriber:
         length = response.content_length
         status = response.status
         if length is not None and length > cap:
-            await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
+            await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
             return
         if length is None or length <= WHOLE_BODY_BYTES:
             # Unknown length: buffered up to the cap, so an oversize answer can still become a
             # clean response_too_large instead of a truncated relay.
             body = await response.read(cap)
             if body is None:
-                await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
+                await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
             else:
                 await sink(env.start(request_id, status, headers, body, more=False, sse=False))
             return
@@ -538,7 +535,7 @@ class VirtualSubscriber:
                 last_data = loop.time()
                 events, tail = split_events(tail + piece if tail else piece)
                 if len(tail) > cap or (len(events) > cap and largest_event(events) > cap):
-                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE))
+                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
                     return
                 if events:
                     await sink(env.chunk(request_id, events, more=True))
@@ -571,8 +568,8 @@ class VirtualSubscriber:
                 await response.read(64 * 1024)
             finally:
                 outbound.finish(response)
-        except (TimeoutError, *outbound.CONNECTION_ERRORS) as exc:
-            logger.info("%s: stream_cancel notice failed: %s", self.client_id, _describe(exc))
+        except TRANSPORT_ERRORS as exc:
+            logger.info("%s: stream_cancel notice failed: %s", self.client_id, describe(exc))
 
 
 def _is_event_stream(response: outbound.Response) -> bool:
@@ -580,6 +577,12 @@ def _is_event_stream(response: outbound.Response) -> bool:
     return content_type[:17].lower() == b"text/event-stream"
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text[:300]
+#: What an outbound exchange raises when the agent cannot be reached or breaks the exchange.
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, *outbound.CONNECTION_ERRORS)
+
+
+def transport_error(request_id: str, exc: BaseException) -> dict[str, Any]:
+    """The one mapping of an outbound failure to an error reply: kind, detail and whether the
+    agent may have received the request (``executed``), from ``outbound.errors.classify``."""
+    failure = classify(exc)
+    return env.error(request_id, failure.kind, failure.detail, executed=failure.executed)

@@ -206,6 +206,11 @@ class _TracedSink:
             if not message["more"]:
                 self._end("ok")
         elif kind == env.ERROR:
+            attributes = self.attributes
+            if attributes is not None and "a2a.executed" not in attributes:
+                # the subscriber's exact answer (outbound.errors.classify): whether the agent
+                # may have received the request
+                attributes["a2a.executed"] = bool(message.get("executed", False))
             self._end(message["kind"])
         await self.sink(message)
 

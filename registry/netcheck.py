@@ -1,4 +1,11 @@
-"""Agent URL checks: http(s) only, never link-local or cloud-metadata, optional allowlist."""
+"""Agent URL checks: http(s) only, never link-local or cloud-metadata, optional allowlist.
+
+The address rules themselves (IPv4 and IPv6 alike, embedded IPv4 decoded) live in the shared
+outbound layer (``outbound.addresses``), which applies them again on every new outbound
+connection: a name that does not resolve yet is accepted here, and a name re-pointed later at a
+refused address (DNS rebinding) is refused when the gateway, a card fetch or discovery
+connects.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +15,9 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-# Instance-metadata endpoints of the major clouds. Link-local ranges cover most of them; these
-# are the ones outside those ranges or reachable by name.
-METADATA_HOSTS = frozenset(
-    {
-        "metadata.google.internal",
-        "metadata.goog",
-        "metadata",
-        "instance-data",
-        "instance-data.ec2.internal",
-        "metadata.azure.com",
-    }
-)
-METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(a)
-    for a in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200", "192.0.0.192")
-)
+from outbound.addresses import METADATA_ADDRESSES, METADATA_HOSTS, refusal
+
+__all__ = ["METADATA_ADDRESSES", "METADATA_HOSTS", "UnsafeUrl", "check_agent_url", "host_allowed"]
 
 
 class UnsafeUrl(ValueError):
@@ -31,15 +25,7 @@ class UnsafeUrl(ValueError):
 
 
 def _forbidden_address(addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
-        addr = addr.ipv4_mapped
-    if addr in METADATA_ADDRESSES:
-        return "cloud metadata addresses are refused"
-    if addr.is_link_local:
-        return "link-local addresses are refused"
-    if addr.is_multicast or addr.is_unspecified or addr.is_reserved:
-        return "multicast, unspecified and reserved addresses are refused"
-    return None
+    return refusal(addr)
 
 
 def _parse_allowlist(entries: list[str]) -> tuple[set[str], list]:
@@ -80,7 +66,9 @@ def check_agent_url(
 
     Host names are resolved (when ``resolve``) so a name pointing at a metadata or link-local
     address is refused too; a name that does not resolve now is accepted (the agent may not be
-    up yet) and fails later as ``unreachable``.
+    up yet): every outbound connection checks the resolved address again
+    (``outbound.resolve``), so it fails later as ``unreachable``, never reaching a refused
+    address.
     """
     if not isinstance(url, str) or not url.strip():
         raise UnsafeUrl("url must be a non-empty string")

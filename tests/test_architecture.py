@@ -1,6 +1,7 @@
 """The import rules of the layout (STYLE.md rule 2, issue 7): the registry imports neither the
-gateway nor discovery, and the gateway's modules import one another one way (no cycle, counting
-imports inside functions too, which hide cycles rather than remove them)."""
+gateway nor discovery, the shared outbound layer (``outbound/``) imports none of the apps, and
+the gateway's modules import one another one way (no cycle, counting imports inside functions
+too, which hide cycles rather than remove them)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,16 @@ def test_the_registry_imports_neither_the_gateway_nor_discovery():
             name for name in _imports(path) if name.split(".")[0] in ("gateway", "discovery")
         )
         for module, path in _modules("registry").items()
+    }
+    assert {m: names for m, names in offenders.items() if names} == {}
+
+
+def test_the_outbound_layer_imports_none_of_the_apps():
+    """``outbound/`` is shared by the registry, the gateway and discovery: it imports none."""
+    apps = ("registry", "gateway", "discovery", "config")
+    offenders = {
+        module: sorted(name for name in _imports(path) if name.split(".")[0] in apps)
+        for module, path in _modules("outbound").items()
     }
     assert {m: names for m, names in offenders.items() if names} == {}
 

@@ -48,6 +48,14 @@ def gateway_path(request, settings) -> str:
     return request.param
 
 
+@pytest.fixture(params=["own", "aiohttp"])
+def outbound_client(request, settings) -> str:
+    """Run a test with the gateway's own HTTP/1.1 client and with the aiohttp one
+    (``A2A_OUTBOUND_CLIENT``): a defect of the hand-written client shows as a difference."""
+    settings.A2A_OUTBOUND_CLIENT = request.param
+    return request.param
+
+
 @pytest.fixture
 def register_agent(live_server_url, api: httpx.Client) -> Callable[..., GatewayAgent]:
     """Register an :class:`EchoAgent` through ``POST /api/v1/agents`` (admin token), with its

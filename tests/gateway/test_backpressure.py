@@ -38,6 +38,9 @@ from tests.gateway.test_cluster import _database_url
 from tests.gateway.test_proxy import rpc
 from tests.servers import free_port, serve_app
 
+# Every test runs with both outbound clients (tests/gateway/conftest.py).
+pytestmark = pytest.mark.usefixtures("outbound_client")
+
 ROOT = Path(__file__).resolve().parents[2]
 EVENT_PAD = 64 * 1024
 #: The agent stops a stream after this much (a run without backpressure ends, too).

@@ -24,6 +24,9 @@ from tests.gateway.test_proxy import register, rpc
 from tests.registry.test_kubemq_api import kcard
 from tests.servers import serve_app
 
+# Every test runs with both outbound clients (tests/gateway/conftest.py).
+pytestmark = pytest.mark.usefixtures("outbound_client")
+
 # fixtures of test_proxy: a caller token, and the local fast path / broker path switch
 path_mode, token = proxy.path_mode, proxy.token
 

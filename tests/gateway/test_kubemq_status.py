@@ -14,6 +14,9 @@ import pytest
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import register, rpc
 
+# Every test runs with both outbound clients (tests/gateway/conftest.py).
+pytestmark = pytest.mark.usefixtures("outbound_client")
+
 agent, gw, path_mode, token = proxy.agent, proxy.gw, proxy.path_mode, proxy.token
 
 HTML = "<html><body>Internal Server Error</body></html>"

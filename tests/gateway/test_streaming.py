@@ -21,6 +21,9 @@ from registry.permissions import SYSTEM
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import _metric, register, rpc
 
+# Every test runs with both outbound clients (tests/gateway/conftest.py).
+pytestmark = pytest.mark.usefixtures("outbound_client")
+
 # The scripted agent and the gateway client fixtures of test_proxy.
 agent, gw, path_mode, token = proxy.agent, proxy.gw, proxy.path_mode, proxy.token
 

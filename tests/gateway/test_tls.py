@@ -11,6 +11,9 @@ from tests.conftest import make_client
 from tests.gateway.test_proxy import ScriptedAgent, register
 from tests.servers import serve_app
 
+# Every test runs with both outbound clients (tests/gateway/conftest.py).
+pytestmark = pytest.mark.usefixtures("outbound_client")
+
 
 @pytest.fixture
 def https_agent(tmp_path):

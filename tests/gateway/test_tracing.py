@@ -185,6 +185,11 @@ def test_gateway_errors_are_spans_with_their_outcome(
     assert attrs["a2a.outcome"] == "unreachable" and attrs["a2a.executed"] is False
     assert entry.status.status_code.name == "ERROR"
     assert entry.parent is None
+    # the subscriber's span says the same: the connection was refused, nothing was sent
+    wait_until(lambda: by_name(spans, "a2a.agent message/send"), timeout=5)
+    (outbound,) = by_name(spans, "a2a.agent message/send")
+    assert outbound.attributes["a2a.outcome"] == "unreachable"
+    assert outbound.attributes["a2a.executed"] is False
 
 
 def test_tracing_off_changes_nothing(echo_agent, register_agent, make_caller, live_server_url):
