@@ -293,9 +293,12 @@ def start_arms(tmp: Path, args, database_url: str | None = None
                                       "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
                                           f"http://127.0.0.1:{sink_port}/v1/traces"}))
     if args.baseline_ref:
+        root = baseline_checkout(args.baseline_ref, tmp)
         arms.append(start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
-                                  name="gateway-baseline",
-                                  root=baseline_checkout(args.baseline_ref, tmp)))
+                                  name="gateway-baseline", root=root))
+        # Daphne too: the default server's figure against the same ref, same rounds.
+        arms.append(start_gateway("daphne", tmp, upstream_url, procs, upstream,
+                                  name="gateway-daphne-baseline", root=root))
     if args.stats:
         # The console's statistics and error audit on vs off, same server, same run.
         variants = (("gateway-stats-on", {"A2A_STATS": "true", "A2A_AUDIT": "errors"}),
@@ -520,6 +523,10 @@ def ratios(summary: dict) -> list[dict]:
                          "value": ratio(get(scenario, "gateway-uvicorn"),
                                         get(scenario, "gateway-baseline")),
                          "target": ">= 0.97 (tracing compiled in but off)"})
+            rows.append({"figure": f"{scenario}: gateway-daphne / gateway-daphne-baseline (req/s)",
+                         "value": ratio(get(scenario, "gateway-daphne"),
+                                        get(scenario, "gateway-daphne-baseline")),
+                         "target": "reported (the default server against the ref)"})
     if "gateway-stats-on" in summary.get("1KiB c=64", {}):
         for scenario in summary:
             rows.append({"figure": f"{scenario}: stats+audit(errors) on / off (req/s)",
