@@ -83,6 +83,17 @@ def _gateway_paths() -> dict[str, Any]:
         },
     }
     security = [{"bearerAuth": []}, {}]
+    # The gateway's own refusals, answered before any agent is involved.
+    refusals = {
+        "401": {
+            "description": "No or bad token",
+            "content": {"application/json": {"schema": rpc_error}},
+        },
+        "403": {
+            "description": "This client may not call the agent",
+            "content": {"application/json": {"schema": rpc_error}},
+        },
+    }
     post = {
         "operationId": "gateway_call",
         "tags": ["gateway"],
@@ -111,14 +122,7 @@ def _gateway_paths() -> dict[str, Any]:
                     "text/event-stream": {"schema": {"type": "string"}},
                 },
             },
-            "401": {
-                "description": "No or bad token",
-                "content": {"application/json": {"schema": rpc_error}},
-            },
-            "403": {
-                "description": "This client may not call the agent",
-                "content": {"application/json": {"schema": rpc_error}},
-            },
+            **refusals,
             "413": {"description": "Request too large"},
             "429": {"description": "Rate limited"},
         },
@@ -139,14 +143,7 @@ def _gateway_paths() -> dict[str, Any]:
                     "application/json": {"schema": rpc_error},
                 },
             },
-            "401": {
-                "description": "No or bad token",
-                "content": {"application/json": {"schema": rpc_error}},
-            },
-            "403": {
-                "description": "This client may not call the agent",
-                "content": {"application/json": {"schema": rpc_error}},
-            },
+            **refusals,
             "429": {"description": "Rate limited"},
         },
     }
@@ -174,14 +171,7 @@ def _gateway_paths() -> dict[str, Any]:
                     "application/json": {"schema": rpc_error},
                 },
             },
-            "401": {
-                "description": "No or bad token",
-                "content": {"application/json": {"schema": rpc_error}},
-            },
-            "403": {
-                "description": "This client may not call the agent",
-                "content": {"application/json": {"schema": rpc_error}},
-            },
+            **refusals,
             "404": {
                 "description": "Unknown, expired or foreign stream (stream_not_found)",
                 "content": {"application/json": {"schema": rpc_error}},
