@@ -57,3 +57,23 @@ def serve_app(app, **kwargs) -> Iterator[ThreadedUvicorn]:
         yield server
     finally:
         server.stop()
+
+
+def wait_until_serving(process, url: str, *, timeout: float, what: str) -> None:
+    """Wait for a ``manage.py serve`` subprocess to answer ``/healthz``; fail the test with its
+    output if it exits or does not answer within ``timeout`` seconds."""
+    import httpx
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            output = process.stdout.read().decode(errors="replace") if process.stdout else ""
+            pytest.fail(f"{what} did not start:\n{output}")
+        time.sleep(0.1)

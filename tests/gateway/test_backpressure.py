@@ -36,7 +36,7 @@ from registry.permissions import SYSTEM
 from tests.conftest import make_client
 from tests.gateway.test_cluster import _database_url
 from tests.gateway.test_proxy import rpc
-from tests.servers import free_port, serve_app
+from tests.servers import free_port, serve_app, wait_until_serving
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
 pytestmark = pytest.mark.usefixtures("outbound_client")
@@ -203,18 +203,7 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
         )
         node = Node(f"http://127.0.0.1:{port}", port, process, token)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{node.url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    process.kill()
-                    output = process.stdout.read().decode(errors="replace")  # type: ignore
-                    pytest.fail(f"node did not start:\n{output}")
-                time.sleep(0.1)
+            wait_until_serving(process, node.url, timeout=60, what="node")
             yield node
         finally:
             process.terminate()

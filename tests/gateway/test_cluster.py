@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -28,7 +27,7 @@ from tests.conftest import make_client
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import rpc
 from tests.gateway.test_streaming import read_events, wait_until
-from tests.servers import free_port
+from tests.servers import free_port, wait_until_serving
 
 agent = proxy.agent
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,18 +68,7 @@ def node_b(live_server_url, redis_url, postgres_url):
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            output = process.stdout.read().decode(errors="replace") if process.stdout else ""
-            pytest.fail(f"node B did not start:\n{output}")
-        time.sleep(0.1)
+    wait_until_serving(process, url, timeout=30, what="node B")
     try:
         yield NodeB(node_id, url, process)
     finally:

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -33,7 +32,7 @@ from registry import services
 from registry.permissions import SYSTEM
 from tests.discovery.servers import CardServer, make_card, skill
 from tests.gateway.test_streaming import wait_until
-from tests.servers import free_port, serve_app
+from tests.servers import free_port, serve_app, wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -348,19 +347,7 @@ def test_parentage_across_two_nodes(
         )
         node_b = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(f"{node_b}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    process.kill()
-                    pytest.fail(
-                        "node B did not start:\n" + process.stdout.read().decode(errors="replace")
-                    )
-                time.sleep(0.1)
+            wait_until_serving(process, node_b, timeout=30, what="node B")
             _, admin = make_client(["admin"], name="trace-admin")
             r = httpx.post(
                 f"{node_b}/api/v1/agents",
