@@ -36,7 +36,14 @@ from registry.permissions import SYSTEM
 from tests.conftest import make_client
 from tests.gateway.test_cluster import _database_url
 from tests.gateway.test_proxy import rpc
-from tests.servers import free_port, serve_app, wait_until_serving
+from tests.servers import (
+    answer_lifespan,
+    free_port,
+    read_body,
+    serve_app,
+    wait_until_serving,
+    watch_disconnect,
+)
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
 pytestmark = pytest.mark.usefixtures("outbound_client")
@@ -60,16 +67,9 @@ class FloodAgent:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await answer_lifespan(receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         payload = orjson.loads(body)
         if payload.get("method") not in ("message/stream", "flood/sync"):
             answer = orjson.dumps({"jsonrpc": "2.0", "id": payload.get("id"), "result": "ok"})
@@ -85,14 +85,7 @@ class FloodAgent:
         number = len(self.sent)
         self.sent[number] = 0
         self.open += 1
-        closed = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            closed.set()
-
-        watcher = asyncio.get_running_loop().create_task(watch())
+        closed, watcher = watch_disconnect(receive)
         limit = AGENT_STREAM_LIMIT if payload["method"] == "message/stream" else 64 << 20
         event = (
             b"data: "
