@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -148,6 +149,29 @@ def _manage(args: list[str], env: dict[str, str]) -> str:
     return done.stdout
 
 
+#: A migrated embedded data dir with an admin client, and its token: made once per test
+#: process (``migrate`` and ``create_client`` are a Django start-up each), copied per node.
+_template: tuple[tempfile.TemporaryDirectory, str] | None = None
+
+
+def _embedded_data(env: dict[str, str], data_dir: str) -> str:
+    """Fill ``data_dir`` with a copy of the migrated template; the admin token."""
+    global _template
+    if _template is None:
+        template = tempfile.TemporaryDirectory(prefix="a2a-bp-template-")
+        template_env = dict(env, A2A_DATA_DIR=template.name)
+        _manage(["migrate", "--noinput", "-v", "0"], template_env)
+        token = (
+            _manage(["create_client", "bp-admin", "--scopes", "admin,call"], template_env)
+            .strip()
+            .splitlines()[-1]
+        )
+        _template = (template, token)
+    template, token = _template
+    shutil.copytree(template.name, data_dir, dirs_exist_ok=True)
+    return token
+
+
 @contextmanager
 def running_node(server: str, *, distributed: bool = False, **extra: str) -> Iterator[Node]:
     """``manage.py serve --server <server>`` in a subprocess: embedded with its own data dir,
@@ -172,12 +196,7 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
             env.update(DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL)
             token = make_client(["admin"])[1]
         else:
-            _manage(["migrate", "--noinput", "-v", "0"], env)
-            token = (
-                _manage(["create_client", "bp-admin", "--scopes", "admin,call"], env)
-                .strip()
-                .splitlines()[-1]
-            )
+            token = _embedded_data(env, data_dir)
         process = subprocess.Popen(
             [
                 sys.executable,
