@@ -111,3 +111,11 @@ def watch_disconnect(receive) -> tuple[asyncio.Event, asyncio.Task]:
         gone.set()
 
     return gone, asyncio.get_running_loop().create_task(watch())
+
+
+@contextmanager
+def serve_agent(agent, path: str = "/rpc"):
+    """Serve a raw ASGI agent (an object with a ``url`` attribute) and set its ``url``."""
+    with serve_app(agent) as server:
+        agent.url = server.url + path
+        yield agent

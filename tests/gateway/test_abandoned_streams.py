@@ -18,7 +18,8 @@ of the caller leaving, and that the agent's in-flight gauge is back to 0 afterwa
 concurrency slot released; a later call is not answered ``busy``).
 
 Sized for CI (a few seconds of storm per path). For a long hunt:
-``A2A_STRESS_SECONDS=120 pytest tests/gateway/test_abandoned_streams.py``.
+``A2A_STRESS_SECONDS=120 pytest tests/gateway/test_abandoned_streams.py``
+(``A2A_STRESS_PATTERNS=credit`` for one pattern).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from registry.permissions import SYSTEM
 from tests.conftest import make_client
 from tests.gateway.test_backpressure import running_node
 from tests.gateway.test_proxy import _metric, register, rpc
-from tests.servers import answer_lifespan, read_body, serve_app, watch_disconnect
+from tests.servers import answer_lifespan, read_body, serve_agent, watch_disconnect
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
 pytestmark = pytest.mark.usefixtures("outbound_client")
@@ -53,7 +54,8 @@ CALLERS = 16
 #: After its caller left, an agent-side stream must be closed within this (generous: the CI
 #: machine is shared; the defect held a stream ~20 s).
 CLOSE_BOUND = 5.0
-PATTERNS = tuple(os.environ.get("DBG_PATTERNS", "before,mid,ack,credit,first").split(","))
+#: The disconnect moments (module docstring); A2A_STRESS_PATTERNS=credit hunts one of them.
+PATTERNS = tuple(os.environ.get("A2A_STRESS_PATTERNS", "before,mid,ack,credit,first").split(","))
 EVENT = 1024
 
 
@@ -135,9 +137,7 @@ class StormAgent:
 
 @pytest.fixture
 def storm_agent():
-    agent = StormAgent()
-    with serve_app(agent) as server:
-        agent.url = server.url + "/rpc"
+    with serve_agent(StormAgent()) as agent:
         yield agent
 
 

@@ -41,7 +41,7 @@ from tests.servers import (
     answer_lifespan,
     free_port,
     read_body,
-    serve_app,
+    serve_agent,
     wait_until_serving,
     watch_disconnect,
 )
@@ -115,9 +115,7 @@ class FloodAgent:
 
 @pytest.fixture
 def flood():
-    agent = FloodAgent()
-    with serve_app(agent) as server:
-        agent.url = server.url + "/rpc"
+    with serve_agent(FloodAgent()) as agent:
         yield agent
 
 
