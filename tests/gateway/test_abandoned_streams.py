@@ -245,8 +245,11 @@ def _in_flight(base_url: str, agent_id: str):
 #: a few callers that vanish while the owner's relay waits for stream credit (the "credit"
 #: pattern, every time) leave the agent's stream open: the owner handled no stream_cancel for
 #: it, and holds the stream and its slot until the credit wait ends
-#: (A2A_SSE_STALL_TIMEOUT_SECONDS + A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS). Cause not found yet;
-#: the in-memory layer and the local path do not show it.
+#: (A2A_SSE_STALL_TIMEOUT_SECONDS + A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS). Narrowed, not fixed:
+#: the entry node publishes the stream_cancel (after up to ~5 s queued behind the pub/sub
+#: layer's one-at-a-time publishes of the flooding streams), but the owner's receive loop gets
+#: nothing more on the agent's channel from then on. The in-memory layer and the local path
+#: do not show it.
 REDIS_CREDIT_CANCEL = pytest.mark.xfail(
     bool(os.environ.get("REDIS_URL")), strict=False,
     reason="issue 9.7: through Redis, a stream waiting on credit is not always cancelled",
