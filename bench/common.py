@@ -250,11 +250,14 @@ def run_info() -> dict:
     }
 
 
-def write_results(prefix: str, payload: dict) -> Path:
+def write_results(prefix: str, payload: dict, directory: Path | None = None) -> Path:
     """Write one run's figures to ``bench/results/`` (committed: every figure quoted in the
-    README names the file of the run it comes from), with :func:`run_info` first."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    README names the file of the run it comes from), with :func:`run_info` first; a test's
+    run names another ``directory`` (``test-artifacts/``), so it never adds to the committed
+    results."""
+    directory = directory or RESULTS
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps({"run": run_info(), **payload}, indent=2, sort_keys=False))
     return path
 

@@ -18,7 +18,7 @@ stream's latency is to its last event) and the node's RSS. At the end: totals, R
 the end of the first window (warm-up) to the end, and the targets (errors <= 0.1 %, p99 <
 250 ms at 200 req/s, RSS growth <= 10 %). ``--check`` exits 1 when errors or RSS growth miss
 their targets (p99 is reported, never asserted: timings on a shared machine are not a verdict).
-Writes JSON to bench/results/.
+Writes JSON to bench/results/ (or --results DIR).
 """
 
 from __future__ import annotations
@@ -266,6 +266,10 @@ def main() -> int:
         help="PostgreSQL (a throwaway DB next to DATABASE_URL) and REDIS_URL",
     )
     parser.add_argument(
+        "--results", type=Path, default=None,
+        help="where the result JSON goes (default bench/results/; the CI soak: test-artifacts/)",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="exit 1 if errors > 0.1 %% or RSS growth > 10 %%"
     )
     args = parser.parse_args()
@@ -343,7 +347,9 @@ def main() -> int:
     )
     for sample in summary["error_samples"][:5]:
         print(f"  error sample: {sample}")
-    path = write_results("soak", {"machine": machine_info(), "args": vars(args), **summary})
+    path = write_results("soak", {"machine": machine_info(),
+                                 "args": {**vars(args), "results": str(args.results or "")},
+                                 **summary}, args.results)
     print(f"results: {path}")
     if args.check and (summary["error_rate"] > ERROR_TARGET or summary["rss_growth"] > RSS_TARGET):
         return 1

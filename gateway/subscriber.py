@@ -282,8 +282,14 @@ class VirtualSubscriber:
             _spawn(self._tasks, self._run_sync(query, sink, request_id))
 
     def _stream_done(self, request_id: str) -> None:
+        # The slot is released here, not in the stream task: a stream cancelled before its
+        # task first ran never enters ``_run_stream`` (its ``finally`` never runs), and a
+        # cancel can come that soon - the Redis pub/sub layer queues messages locally, so the
+        # receive loop may take the Query and its stream_cancel in one go (issue 9.7).
+        self.in_flight -= 1
         self.streams.pop(request_id, None)
         self._stream_sinks.pop(request_id, None)
+        self._cancel_requested.pop(request_id, None)
 
     def cancel_stream(self, request_id: str) -> bool:
         """The cancel handler: the caller of a relayed stream went away. A resumable stream is
@@ -439,8 +445,7 @@ class VirtualSubscriber:
             logger.exception("%s: stream handler failed", self.client_id)
             await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}",
                                  executed=True))
-        finally:
-            self.in_flight -= 1
+        # the slot is released by _stream_done, when the task is done
 
     async def _stream(
         self, body: bytes, tags: dict[str, str], sink: Sink, request_id: str

@@ -3,15 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh dev
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "==> installing Debian's chromium for the admin browser tests"
-  if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-      || echo "warning: could not install chromium; browser tests will fail" >&2
-  else
-    echo "warning: chromium missing and not root; run: sudo apt-get install chromium" >&2
-  fi
-fi
+scripts/install-chromium.sh
 mkdir -p test-artifacts
 set +e
 .venv/bin/python -m pytest "$@"

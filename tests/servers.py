@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -77,3 +78,44 @@ def wait_until_serving(process, url: str, *, timeout: float, what: str) -> None:
             output = process.stdout.read().decode(errors="replace") if process.stdout else ""
             pytest.fail(f"{what} did not start:\n{output}")
         time.sleep(0.1)
+
+
+# --- raw ASGI agents: what every scripted agent of the tests does the same way ------------------
+
+
+async def answer_lifespan(receive, send) -> None:
+    """Answer an ASGI lifespan scope (startup and shutdown complete at once)."""
+    while (await receive())["type"] != "lifespan.shutdown":
+        await send({"type": "lifespan.startup.complete"})
+    await send({"type": "lifespan.shutdown.complete"})
+
+
+async def read_body(receive) -> bytes:
+    """The whole request body of an ASGI HTTP scope."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+def watch_disconnect(receive) -> tuple[asyncio.Event, asyncio.Task]:
+    """Once the body is read: an event set when the client goes away (``http.disconnect``),
+    and the task watching for it (cancel it when the response is done)."""
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    return gone, asyncio.get_running_loop().create_task(watch())
+
+
+@contextmanager
+def serve_agent(agent, path: str = "/rpc"):
+    """Serve a raw ASGI agent (an object with a ``url`` attribute) and set its ``url``."""
+    with serve_app(agent) as server:
+        agent.url = server.url + path
+        yield agent

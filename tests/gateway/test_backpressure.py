@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -36,7 +37,14 @@ from registry.permissions import SYSTEM
 from tests.conftest import make_client
 from tests.gateway.test_cluster import _database_url
 from tests.gateway.test_proxy import rpc
-from tests.servers import free_port, serve_app, wait_until_serving
+from tests.servers import (
+    answer_lifespan,
+    free_port,
+    read_body,
+    serve_agent,
+    wait_until_serving,
+    watch_disconnect,
+)
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
 pytestmark = pytest.mark.usefixtures("outbound_client")
@@ -60,16 +68,9 @@ class FloodAgent:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await answer_lifespan(receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         payload = orjson.loads(body)
         if payload.get("method") not in ("message/stream", "flood/sync"):
             answer = orjson.dumps({"jsonrpc": "2.0", "id": payload.get("id"), "result": "ok"})
@@ -85,14 +86,7 @@ class FloodAgent:
         number = len(self.sent)
         self.sent[number] = 0
         self.open += 1
-        closed = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            closed.set()
-
-        watcher = asyncio.get_running_loop().create_task(watch())
+        closed, watcher = watch_disconnect(receive)
         limit = AGENT_STREAM_LIMIT if payload["method"] == "message/stream" else 64 << 20
         event = (
             b"data: "
@@ -121,9 +115,7 @@ class FloodAgent:
 
 @pytest.fixture
 def flood():
-    agent = FloodAgent()
-    with serve_app(agent) as server:
-        agent.url = server.url + "/rpc"
+    with serve_agent(FloodAgent()) as agent:
         yield agent
 
 
@@ -155,6 +147,29 @@ def _manage(args: list[str], env: dict[str, str]) -> str:
     return done.stdout
 
 
+#: A migrated embedded data dir with an admin client, and its token: made once per test
+#: process (``migrate`` and ``create_client`` are a Django start-up each), copied per node.
+_template: tuple[tempfile.TemporaryDirectory, str] | None = None
+
+
+def _embedded_data(env: dict[str, str], data_dir: str) -> str:
+    """Fill ``data_dir`` with a copy of the migrated template; the admin token."""
+    global _template
+    if _template is None:
+        template = tempfile.TemporaryDirectory(prefix="a2a-bp-template-")
+        template_env = dict(env, A2A_DATA_DIR=template.name)
+        _manage(["migrate", "--noinput", "-v", "0"], template_env)
+        token = (
+            _manage(["create_client", "bp-admin", "--scopes", "admin,call"], template_env)
+            .strip()
+            .splitlines()[-1]
+        )
+        _template = (template, token)
+    template, token = _template
+    shutil.copytree(template.name, data_dir, dirs_exist_ok=True)
+    return token
+
+
 @contextmanager
 def running_node(server: str, *, distributed: bool = False, **extra: str) -> Iterator[Node]:
     """``manage.py serve --server <server>`` in a subprocess: embedded with its own data dir,
@@ -179,12 +194,7 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
             env.update(DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL)
             token = make_client(["admin"])[1]
         else:
-            _manage(["migrate", "--noinput", "-v", "0"], env)
-            token = (
-                _manage(["create_client", "bp-admin", "--scopes", "admin,call"], env)
-                .strip()
-                .splitlines()[-1]
-            )
+            token = _embedded_data(env, data_dir)
         process = subprocess.Popen(
             [
                 sys.executable,

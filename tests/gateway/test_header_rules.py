@@ -22,7 +22,7 @@ from tests.conftest import make_client
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import register, rpc
 from tests.registry.test_kubemq_api import kcard
-from tests.servers import serve_app
+from tests.servers import answer_lifespan, read_body, serve_app
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
 pytestmark = pytest.mark.usefixtures("outbound_client")
@@ -41,16 +41,9 @@ class HeaderAgent:
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await answer_lifespan(receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.arrived.append(
             [(n.decode("latin-1"), v.decode("latin-1")) for n, v in scope["headers"]]
         )

@@ -20,7 +20,7 @@ from registry import services
 from registry.permissions import SYSTEM
 from tests.conftest import make_client
 from tests.registry.cards import card_03
-from tests.servers import serve_app
+from tests.servers import read_body, serve_app
 
 
 class RecordingAgent:
@@ -32,12 +32,7 @@ class RecordingAgent:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.bodies.append(body)
         request = orjson.loads(body)
         answer = orjson.dumps(

@@ -23,7 +23,7 @@ import pytest
 from registry import services
 from registry.permissions import SYSTEM
 from tests.conftest import make_client
-from tests.servers import serve_app
+from tests.servers import read_body, serve_app, watch_disconnect
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
 pytestmark = pytest.mark.usefixtures("outbound_client")
@@ -80,12 +80,7 @@ class ScriptedAgent:
                     return
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers: dict[str, list[str]] = {}
         for name, value in scope["headers"]:
             headers.setdefault(name.decode("latin-1"), []).append(value.decode("latin-1"))
@@ -158,14 +153,7 @@ class ScriptedAgent:
         delay = float(params.get("delay", 0.2))
         event_size = int(params.get("event_size", 0))
         self.streams_open += 1
-        closed = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            closed.set()
-
-        watcher = asyncio.get_running_loop().create_task(watch())
+        closed, watcher = watch_disconnect(receive)
         try:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream"),

@@ -66,6 +66,16 @@ def task_request(text: str) -> dict:
     )
 
 
+def drop_mid_stream(client: httpx.Client, url: str, body: dict, limit: int):
+    """POST ``body`` (a stream), read ``limit`` events, then drop the caller's TCP connection
+    mid-stream: (the stream's id, the events read)."""
+    with client.stream("POST", url, json=body) as first:
+        stream_id = first.headers["x-a2a-stream-id"]
+        events = EventReader(first).read(limit=limit)
+        first.close()
+    return stream_id, events
+
+
 def wait_until(predicate, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -151,12 +161,9 @@ def test_window_expiry_cancels_the_agents_stream(
     url = f"{live_server_url}/a2a/exp-agent"
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(timeout=10, headers=headers) as client:
-        with client.stream(
-            "POST", url, json=rpc("message/stream", mode="sse", events=200, delay=0.05)
-        ) as first:
-            stream_id = first.headers["x-a2a-stream-id"]
-            before = EventReader(first).read(limit=2)
-            first.close()
+        stream_id, before = drop_mid_stream(
+            client, url, rpc("message/stream", mode="sse", events=200, delay=0.05), 2
+        )
         dropped = time.monotonic()
         # Within the window the agent's stream stays open (it is being kept for a resume)...
         time.sleep(0.4)
@@ -188,12 +195,9 @@ def test_another_client_cannot_resume(
     url = f"{live_server_url}/a2a/own-agent"
     other = make_caller()
     with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {token}"}) as client:
-        with client.stream(
-            "POST", url, json=rpc("message/stream", mode="sse", events=50, delay=0.05)
-        ) as first:
-            stream_id = first.headers["x-a2a-stream-id"]
-            before = EventReader(first).read(limit=2)
-            first.close()
+        stream_id, before = drop_mid_stream(
+            client, url, rpc("message/stream", mode="sse", events=50, delay=0.05), 2
+        )
         stolen = httpx.get(
             f"{url}/stream/{stream_id}",
             headers={**other.auth, "Last-Event-ID": before[-1][0]},
@@ -290,12 +294,9 @@ def test_a_resumed_stream_resumes_again(resumable, live_server_url, agent, token
     register("twice-agent", agent.url)
     url = f"{live_server_url}/a2a/twice-agent"
     with httpx.Client(timeout=10, headers={"Authorization": f"Bearer {token}"}) as client:
-        with client.stream(
-            "POST", url, json=rpc("message/stream", mode="sse", events=30, delay=0.03)
-        ) as first:
-            stream_id = first.headers["x-a2a-stream-id"]
-            events = EventReader(first).read(limit=5)
-            first.close()
+        stream_id, events = drop_mid_stream(
+            client, url, rpc("message/stream", mode="sse", events=30, delay=0.03), 5
+        )
         with client.stream(
             "GET", f"{url}/stream/{stream_id}", headers={"Last-Event-ID": events[-1][0]}
         ) as second:

@@ -32,7 +32,7 @@ from registry import services
 from registry.permissions import SYSTEM
 from tests.discovery.servers import CardServer, make_card, skill
 from tests.gateway.test_streaming import wait_until
-from tests.servers import free_port, serve_app, wait_until_serving
+from tests.servers import free_port, read_body, serve_app, wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -260,12 +260,7 @@ class OtlpCollector:
             ExportTraceServiceResponse,
         )
 
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if dict(scope["headers"]).get(b"content-encoding") == b"gzip":
             body = gzip.decompress(body)
         request = ExportTraceServiceRequest.FromString(body)

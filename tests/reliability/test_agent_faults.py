@@ -20,7 +20,7 @@ from tests import faults
 from tests.a2a_agents import EchoAgent
 from tests.conftest import make_client
 from tests.reliability.conftest import rpc_ids_received
-from tests.servers import serve_app
+from tests.servers import read_body, serve_app
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,12 +52,7 @@ class ScriptedAgent:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         rpc_id = json.loads(body).get("id")
         with self._lock:
             self.ids.append(rpc_id)

@@ -2,7 +2,8 @@
 traffic (send, stream, heartbeats, registration churn) against a node on PostgreSQL and Redis,
 with real a2a-sdk agents. Asserts the targets that do not depend on the machine's speed: errors
 <= 0.1 % and RSS growth <= 10 % after warm-up (``--check``); p50/p99 are printed, not asserted.
-The rate is modest so a shared CI machine never turns this into a timing test."""
+Its result JSON goes to ``test-artifacts/``, never the committed ``bench/results/``. The rate is
+modest so a shared CI machine never turns this into a timing test."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_one_minute_soak(postgres_url, redis_url):
             "--agents",
             "1",
             "--check",
+            "--results",  # never into the committed bench/results/
+            str(ROOT / "test-artifacts"),
         ],
         cwd=ROOT,
         env=env,
