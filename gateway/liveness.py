@@ -1,9 +1,11 @@
 """Fast node-death detection: a Redis liveness key per node, and a watcher of the peers' keys.
 
-Every serving node (distributed mode) refreshes ``a2a:node:alive:{node_id}`` every
+Every serving node (distributed mode) refreshes ``a2a:node:{cluster}:alive:{node_id}`` every
 ``A2A_NODE_LIVENESS_REFRESH_SECONDS`` with a TTL of ``A2A_NODE_LIVENESS_TTL_SECONDS`` (value:
 this process's token and its state, ``up`` or ``stopping``) and adds its id to the set
-``a2a:node:known``. On the same beat it reads every known node's key: a peer whose key it saw
+``a2a:node:{cluster}:known``. ``{cluster}`` names the registry database (:func:`cluster_of`):
+nodes sharing a Redis but not a database are separate clusters and never adopt each other's
+agents. On the same beat it reads every known node's key: a peer whose key it saw
 before and that is now gone (killed, frozen, cut off from Redis for longer than the TTL), or
 whose token changed (restarted within the TTL), is reported dead to the node at once
 (:meth:`gateway.runtime.GatewayNode.peer_dead`). A node that stops cleanly deletes its key
@@ -16,6 +18,7 @@ node heartbeat (``A2A_NODE_HEARTBEAT_SECONDS``) is kept for the admin and the ex
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -24,8 +27,14 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-KEY_PREFIX = "a2a:node:alive:"
-KNOWN_SET = "a2a:node:known"
+KEY_PREFIX = "a2a:node:{cluster}:alive:"
+KNOWN_SET = "a2a:node:{cluster}:known"
+
+
+def cluster_of(database: dict) -> str:
+    """A short name for the registry database a node serves (Django's database settings)."""
+    where = "|".join(str(database.get(k) or "") for k in ("ENGINE", "HOST", "PORT", "NAME"))
+    return hashlib.sha1(where.encode()).hexdigest()[:12]
 #: What ends a call in flight on a node found dead (pushed into the call's reply buffer,
 #: gateway.handler).
 OWNER_LOST: dict = {"k": "owner_lost"}
@@ -36,12 +45,14 @@ FORGET_AFTER_TTLS = 20
 class Liveness:
     """The liveness beat of one node (a thread): refreshes its key, watches the peers'."""
 
-    def __init__(self, url: str, node_id: str, *, refresh: float, ttl: float,
+    def __init__(self, url: str, node_id: str, *, cluster: str, refresh: float, ttl: float,
                  on_dead: Callable[[str, bool], None]) -> None:
         """``on_dead(node_id, restarted)`` is called from the beat's thread for each peer found
         dead (``restarted``: a new process already took its id, so only its old calls are lost)."""
         self.url = url
         self.node_id = node_id
+        self.prefix = KEY_PREFIX.format(cluster=cluster)
+        self.known = KNOWN_SET.format(cluster=cluster)
         self.refresh = refresh
         self.ttl = ttl
         self.on_dead = on_dead
@@ -86,7 +97,7 @@ class Liveness:
             self._thread.join(timeout=self.refresh + 1)
         if self._client is not None:
             try:
-                self._client.delete(KEY_PREFIX + self.node_id)
+                self._client.delete(self.prefix + self.node_id)
             except Exception:
                 pass  # the key expires on its own
             self._client.close()
@@ -112,17 +123,17 @@ class Liveness:
 
     def _write(self) -> None:
         pipe = self._client.pipeline(transaction=False)
-        pipe.set(KEY_PREFIX + self.node_id, f"{self.token}:{self.state}",
+        pipe.set(self.prefix + self.node_id, f"{self.token}:{self.state}",
                  px=max(int(self.ttl * 1000), 1))
-        pipe.sadd(KNOWN_SET, self.node_id)
+        pipe.sadd(self.known, self.node_id)
         pipe.execute()
 
     def beat(self) -> None:
         """One refresh and one look at the peers (the thread's loop; tests call it too)."""
         self._write()
-        known = sorted(m.decode() for m in self._client.smembers(KNOWN_SET))
+        known = sorted(m.decode() for m in self._client.smembers(self.known))
         others = [n for n in known if n != self.node_id]
-        values = self._client.mget([KEY_PREFIX + n for n in others]) if others else []
+        values = self._client.mget([self.prefix + n for n in others]) if others else []
         now = time.monotonic()
         peers: dict[str, str] = {}
         dead: list[tuple[str, bool]] = []
@@ -133,7 +144,7 @@ class Liveness:
                     dead.append((node_id, False))
                 gone = self._gone_since.setdefault(node_id, now)
                 if now - gone > FORGET_AFTER_TTLS * self.ttl:
-                    self._client.srem(KNOWN_SET, node_id)
+                    self._client.srem(self.known, node_id)
                     self._gone_since.pop(node_id, None)
                 continue
             self._gone_since.pop(node_id, None)

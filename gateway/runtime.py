@@ -32,7 +32,7 @@ from gateway import conf, metrics, outbound
 from gateway.conf import NodeSettings
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter
-from gateway.liveness import OWNER_LOST, Liveness
+from gateway.liveness import OWNER_LOST, Liveness, cluster_of
 from gateway.replicator import Replicator
 from gateway.routing_table import RoutingTable
 from gateway.subscriber_manager import SubscriberManager
@@ -171,6 +171,7 @@ class GatewayNode:
             return None
         settings = self.settings
         return Liveness(url, settings.NODE_ID,
+                        cluster=cluster_of(django_settings.DATABASES["default"]),
                         refresh=settings.A2A_NODE_LIVENESS_REFRESH_SECONDS,
                         ttl=settings.A2A_NODE_LIVENESS_TTL_SECONDS,
                         on_dead=self._peer_dead)
