@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -112,7 +113,9 @@ class Soak:
     def _headers(self, role: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
 
-    async def one(self, client: httpx.AsyncClient, kind: str, window: Window) -> None:
+    async def one(self, client: dict[str, httpx.AsyncClient], kind: str,
+                  window: Window) -> None:
+        """One request of ``kind``; ``client``: a client (connection pool) per node."""
         self.in_flight += 1
         started = time.perf_counter()
         ok = False
@@ -123,7 +126,7 @@ class Soak:
             for attempt in range(len(self.bases) * 20):
                 base = self.bases[(first + attempt) % len(self.bases)]
                 try:
-                    ok, detail = await getattr(self, f"_{kind}")(client, base)
+                    ok, detail = await getattr(self, f"_{kind}")(client[base], base)
                     break
                 except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
                     # Refused (the node is restarting), or a kept-alive connection closed with
@@ -228,7 +231,11 @@ class Soak:
         pid_of = node_pid if callable(node_pid) else (lambda: node_pid)
         self.started_perf = time.perf_counter()
         self.interval = interval
-        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        # A connection pool per node: httpcore's pool scans all its connections for every
+        # queued request, and one shared by two nodes (one of them restarting) melts down.
+        async with contextlib.AsyncExitStack() as stack:
+            client = {base: await stack.enter_async_context(
+                httpx.AsyncClient(timeout=30, limits=limits)) for base in self.bases}
             loop = asyncio.get_running_loop()
             start = loop.time()
             restarter = None

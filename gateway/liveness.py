@@ -65,6 +65,7 @@ class Liveness:
         self._tokens: dict[str, str] = {}
         self._gone_since: dict[str, float] = {}
         self._stop = threading.Event()
+        self._beating = threading.Lock()  # the beat's thread and stopping() both beat
         self._thread: threading.Thread | None = None
         self._client = None
 
@@ -129,7 +130,11 @@ class Liveness:
         pipe.execute()
 
     def beat(self) -> None:
-        """One refresh and one look at the peers (the thread's loop; tests call it too)."""
+        """One refresh and one look at the peers (the thread's loop, and stopping())."""
+        with self._beating:
+            self._beat()
+
+    def _beat(self) -> None:
         self._write()
         known = sorted(m.decode() for m in self._client.smembers(self.known))
         others = [n for n in known if n != self.node_id]
