@@ -310,6 +310,8 @@ def summarize(soak: Soak, rate: float) -> dict:
         first = min(int(last // soak.interval) + 1, len(windows) - 1)
     baseline = windows[first].rss_kib if len(windows) > first + 1 else windows[-1].rss_kib
     growth = (windows[-1].rss_kib - baseline) / baseline if baseline else 0.0
+    if soak.restarts and first >= len(windows) - 1:
+        growth = None  # no full window after the last restart: not measured
     return {
         "rate": rate,
         "requests": requests,
@@ -459,7 +461,9 @@ def main() -> int:
         f"({summary['error_rate']:.3%}, target <= {ERROR_TARGET:.1%}); "
         f"p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms "
         f"(target < {P99_TARGET_MS:.0f} ms at 200 req/s); RSS growth after warm-up "
-        f"{summary['rss_growth']:+.1%} (target <= {RSS_TARGET:.0%})"
+        + (f"{summary['rss_growth']:+.1%}" if summary["rss_growth"] is not None
+           else "not measured (no full window after the last restart)")
+        + f" (target <= {RSS_TARGET:.0%})"
     )
     if summary["nodes"] > 1:
         print(f"nodes: {summary['nodes']}, restarts: {summary['node_restarts']}, failed calls "
@@ -469,7 +473,8 @@ def main() -> int:
         print(f"  error sample: {sample}")
     path = write_results("soak", {"machine": machine_info(), "args": vars(args), **summary})
     print(f"results: {path}")
-    if args.check and (summary["error_rate"] > ERROR_TARGET or summary["rss_growth"] > RSS_TARGET):
+    if args.check and (summary["error_rate"] > ERROR_TARGET
+                       or (summary["rss_growth"] or 0.0) > RSS_TARGET):
         return 1
     return 0
 
