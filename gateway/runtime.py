@@ -361,6 +361,11 @@ class GatewayNode:
 
     async def _resync_job(self) -> None:
         await self.resync()
+        if self.liveness is not None and self.settings.A2A_FAILOVER == "adopt":
+            # Agents given to a dead node after it was adopted (a registration made elsewhere
+            # that picked it by its database heartbeat): adopted on this safety-net beat.
+            for node_id in sorted(self.liveness.dead):
+                await self._adopt(node_id)
         if self.cross_process and self.inbox.ready:
             try:
                 await self.inbox.rejoin_groups()
