@@ -13,6 +13,17 @@ growing queue, as in production, instead of a politely waiting client). The mix:
 (60 %), ``message/stream`` of a short task (10 %), heartbeats (25 %), registration churn
 (register or deregister a throwaway agent, 5 %).
 
+``--nodes 2`` (with ``--distributed``) starts two nodes on the same PostgreSQL and Redis, with
+half the agents registered on each, and spreads the load over both; ``--rolling-restart N``
+restarts every node in turn (SIGTERM, wait for it to exit, start it again on the same port,
+then the next one) every N seconds during the run. A connection the restarting node refuses
+(the request never left the client) is sent to the other node, as a load balancer would; a
+call that still fails counts as failed. The summary reports the restarts and the failed calls
+during them. RSS growth is then measured from the first window after the last restart.
+
+    DATABASE_URL=... REDIS_URL=... .venv/bin/python bench/soak.py --distributed --nodes 2 \
+        --rolling-restart 60 --minutes 3 --interval 20
+
 Every ``--interval`` seconds it prints: requests, errors and error rate, p50/p99 latency (a
 stream's latency is to its last event) and the node's RSS. At the end: totals, RSS growth from
 the end of the first window (warm-up) to the end, and the targets (errors <= 0.1 %, p99 <
@@ -25,8 +36,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -50,6 +64,9 @@ from bench.common import (  # noqa: E402
 from tests.faults import AgentProcess  # noqa: E402
 
 MIX = (("send", 0.60), ("stream", 0.10), ("heartbeat", 0.25), ("churn", 0.05))
+#: httpx's words for a connection closed with no answer at all (a node shutting down closed
+#: it while idle): the request was never read.
+_NO_ANSWER = "without sending a response"
 MAX_IN_FLIGHT = 5000  # beyond this the generator counts a request as failed instead of queueing
 ERROR_TARGET = 0.001
 RSS_TARGET = 0.10
@@ -71,9 +88,19 @@ class Window:
 
 class Soak:
     def __init__(
-        self, base: str, tokens: dict[str, str], agent_ids: list[str], agent_url: str
+        self, base: str | list[str], tokens: dict[str, str], agent_ids: list[str],
+        agent_url: str
     ) -> None:
-        self.base = base
+        self.bases = [base] if isinstance(base, str) else list(base)
+        self.base = self.bases[0]
+        #: Requests re-sent to another node after a refused connection (a node restarting).
+        self.redirected = 0
+        #: (start, end) of each node restart (loop time), and the errors inside them.
+        self.restarts: list[tuple[float, float]] = []
+        self.restart_errors = 0
+        self._next = 0
+        self.started_perf = time.perf_counter()
+        self.interval = 60.0
         self.tokens = tokens
         self.agent_ids = agent_ids
         self.agent_url = agent_url
@@ -86,13 +113,32 @@ class Soak:
     def _headers(self, role: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
 
-    async def one(self, client: httpx.AsyncClient, kind: str, window: Window) -> None:
+    async def one(self, client: dict[str, httpx.AsyncClient], kind: str,
+                  window: Window) -> None:
+        """One request of ``kind``; ``client``: a client (connection pool) per node."""
         self.in_flight += 1
         started = time.perf_counter()
         ok = False
         detail = ""
+        self._next += 1
+        first = self._next % len(self.bases)
         try:
-            ok, detail = await getattr(self, f"_{kind}")(client)
+            for attempt in range(len(self.bases) * 20):
+                base = self.bases[(first + attempt) % len(self.bases)]
+                try:
+                    ok, detail = await getattr(self, f"_{kind}")(client[base], base)
+                    break
+                except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+                    # Refused (the node is restarting), or a kept-alive connection closed with
+                    # no answer at all as the node shut down: the other node gets the request.
+                    if len(self.bases) == 1 or (isinstance(exc, httpx.RemoteProtocolError)
+                                                and _NO_ANSWER not in str(exc)):
+                        raise
+                    self.redirected += 1
+                    detail = f"{type(exc).__name__}: {exc}"
+                    await asyncio.sleep(0.05)
+            else:
+                ok = False
         except Exception as exc:  # transport errors count as errors, never stop the soak
             detail = f"{type(exc).__name__}: {exc}"
         finally:
@@ -100,6 +146,8 @@ class Soak:
         if ok:
             window.latencies.append(time.perf_counter() - started)
         else:
+            if self.restarts and self.restarts[-1][1] >= time.perf_counter() - 30:
+                self.restart_errors += 1  # during (or within 30 s after) a node restart
             window.errors += 1
             window.kinds[kind] = window.kinds.get(kind, 0) + 1
             if len(self.error_samples) < 20:
@@ -120,22 +168,22 @@ class Soak:
             },
         }
 
-    async def _send(self, client):
+    async def _send(self, client, base):
         agent_id = random.choice(self.agent_ids)
         response = await client.post(
-            f"/a2a/{agent_id}",
+            f"{base}/a2a/{agent_id}",
             json=self._rpc("message/send", "hi"),
             headers=self._headers("caller"),
         )
         ok = response.status_code == 200 and "result" in response.json()
         return ok, f"{response.status_code} {response.text[:200]}"
 
-    async def _stream(self, client):
+    async def _stream(self, client, base):
         agent_id = random.choice(self.agent_ids)
         body = b""
         async with client.stream(
             "POST",
-            f"/a2a/{agent_id}",
+            f"{base}/a2a/{agent_id}",
             headers=self._headers("caller"),
             json=self._rpc("message/stream", "task soak"),
         ) as response:
@@ -144,23 +192,23 @@ class Soak:
         ok = response.status_code == 200 and b'"completed"' in body and b'"error"' not in body
         return ok, f"{response.status_code} {body[-200:]!r}"
 
-    async def _heartbeat(self, client):
+    async def _heartbeat(self, client, base):
         agent_id = random.choice(self.agent_ids)
         response = await client.post(
-            f"/api/v1/agents/{agent_id}/heartbeat", headers=self._headers("registrar")
+            f"{base}/api/v1/agents/{agent_id}/heartbeat", headers=self._headers("registrar")
         )
         return response.status_code == 200, f"{response.status_code} {response.text[:200]}"
 
-    async def _churn(self, client):
+    async def _churn(self, client, base):
         if self.churn and (len(self.churn) > 20 or random.random() < 0.5):
             agent_id = self.churn.pop(0)
             response = await client.delete(
-                f"/api/v1/agents/{agent_id}", headers=self._headers("registrar")
+                f"{base}/api/v1/agents/{agent_id}", headers=self._headers("registrar")
             )
             return response.status_code == 204, f"{response.status_code} {response.text[:200]}"
         agent_id = f"churn-{os.urandom(4).hex()}"
         response = await client.post(
-            "/api/v1/agents",
+            f"{base}/api/v1/agents",
             headers=self._headers("registrar"),
             json={
                 "agent_id": agent_id,
@@ -173,13 +221,27 @@ class Soak:
             return True, ""
         return False, f"{response.status_code} {response.text[:200]}"
 
-    async def run(self, *, rate: float, seconds: float, interval: float, node_pid: int) -> None:
+    async def run(self, *, rate: float, seconds: float, interval: float, node_pid,
+                  restart=None, restart_every: float = 0.0) -> None:
+        """``node_pid``: the pid to sample RSS of (or a function answering it: nodes restart).
+        ``restart(index)``: restarts node ``index`` (blocking), every ``restart_every`` s."""
         kinds = [k for k, _ in MIX]
         weights = [w for _, w in MIX]
         limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-        async with httpx.AsyncClient(base_url=self.base, timeout=30, limits=limits) as client:
+        pid_of = node_pid if callable(node_pid) else (lambda: node_pid)
+        self.started_perf = time.perf_counter()
+        self.interval = interval
+        # A connection pool per node: httpcore's pool scans all its connections for every
+        # queued request, and one shared by two nodes (one of them restarting) melts down.
+        async with contextlib.AsyncExitStack() as stack:
+            client = {base: await stack.enter_async_context(
+                httpx.AsyncClient(timeout=30, limits=limits)) for base in self.bases}
             loop = asyncio.get_running_loop()
             start = loop.time()
+            restarter = None
+            if restart is not None and restart_every > 0:
+                restarter = loop.create_task(self._rolling(restart, restart_every,
+                                                           start + seconds))
             window = Window(started=start)
             self.windows.append(window)
             tasks: set[asyncio.Task] = set()
@@ -192,7 +254,7 @@ class Soak:
                 if due > now:
                     await asyncio.sleep(due - now)
                 if loop.time() - window.started >= interval:
-                    window.rss_kib = rss_kib(node_pid)
+                    window.rss_kib = rss_kib(pid_of())
                     self._print(window, len(self.windows))
                     window = Window(started=window.started + interval)
                     self.windows.append(window)
@@ -206,8 +268,24 @@ class Soak:
                 task.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.wait(tasks, timeout=60)
-            window.rss_kib = rss_kib(node_pid)
+            if restarter is not None:
+                restarter.cancel()
+                await asyncio.gather(restarter, return_exceptions=True)
+            window.rss_kib = rss_kib(pid_of())
             self._print(window, len(self.windows))
+
+    async def _rolling(self, restart, every: float, end: float) -> None:
+        """Restart every node in turn, every ``every`` seconds, until ``end`` - 10 s."""
+        loop = asyncio.get_running_loop()
+        while loop.time() + every < end - 10:
+            await asyncio.sleep(every)
+            for index in range(len(self.bases)):
+                began = time.perf_counter()
+                seconds = await asyncio.to_thread(restart, index)
+                self.restarts.append((began, time.perf_counter()))
+                print(f"restarted node {index} ({seconds:.1f} s until it served again)",
+                      flush=True)
+                await asyncio.sleep(5)
 
     @staticmethod
     def _print(window: Window, index: int) -> None:
@@ -226,8 +304,14 @@ def summarize(soak: Soak, rate: float) -> dict:
     latencies = [v * 1000 for w in windows for v in w.latencies]
     requests = sum(w.requests for w in windows)
     errors = sum(w.errors for w in windows)
-    baseline = windows[0].rss_kib if len(windows) > 1 else windows[-1].rss_kib
+    first = 0
+    if soak.restarts:  # RSS of a restarted node: from the first full window after the last
+        last = soak.restarts[-1][1] - soak.started_perf
+        first = min(int(last // soak.interval) + 1, len(windows) - 1)
+    baseline = windows[first].rss_kib if len(windows) > first + 1 else windows[-1].rss_kib
     growth = (windows[-1].rss_kib - baseline) / baseline if baseline else 0.0
+    if soak.restarts and first >= len(windows) - 1:
+        growth = None  # no full window after the last restart: not measured
     return {
         "rate": rate,
         "requests": requests,
@@ -250,6 +334,10 @@ def summarize(soak: Soak, rate: float) -> dict:
             for w in windows
         ],
         "error_samples": soak.error_samples,
+        "nodes": len(soak.bases),
+        "node_restarts": len(soak.restarts),
+        "failed_during_restarts": soak.restart_errors,
+        "redirected_to_other_node": soak.redirected,
     }
 
 
@@ -265,6 +353,10 @@ def main() -> int:
         action="store_true",
         help="PostgreSQL (a throwaway DB next to DATABASE_URL) and REDIS_URL",
     )
+    parser.add_argument("--nodes", type=int, default=1, choices=[1, 2],
+                        help="2: two nodes on the same database and Redis (needs --distributed)")
+    parser.add_argument("--rolling-restart", type=float, default=0.0, metavar="SECONDS",
+                        help="restart every node in turn (SIGTERM) every SECONDS (--nodes 2)")
     parser.add_argument(
         "--results", type=Path, default=None,
         help="where the result JSON goes (default bench/results/; the CI soak: test-artifacts/)",
@@ -273,6 +365,10 @@ def main() -> int:
         "--check", action="store_true", help="exit 1 if errors > 0.1 %% or RSS growth > 10 %%"
     )
     args = parser.parse_args()
+    if args.nodes > 1 and not args.distributed:
+        parser.error("--nodes 2 needs --distributed")
+    if args.rolling_restart and args.nodes < 2:
+        parser.error("--rolling-restart needs --nodes 2")
     pin_self_to_load_core()
     db_name = admin_url = None
     agents = [AgentProcess(steps=3, step_delay=0.02) for _ in range(args.agents)]
@@ -291,14 +387,21 @@ def main() -> int:
             )
             admin, registrar, caller = node.prepare()
             proc = node.serve(args.server)
+            nodes = [node]
+            if args.nodes == 2:
+                second = PlatformNode(
+                    "soak-node-2", Path(tmp_name), extra_env=extra, database_url=database_url
+                )
+                second.serve(args.server)
+                nodes.append(second)
             for agent in agents:
                 agent.start()
             agent_ids = []
-            with httpx.Client(base_url=node.url, timeout=30) as client:
+            with httpx.Client(timeout=30) as client:
                 for index, agent in enumerate(agents):
                     agent_id = f"soak-{index}-{os.urandom(2).hex()}"
                     response = client.post(
-                        "/api/v1/agents",
+                        f"{nodes[index % len(nodes)].url}/api/v1/agents",
                         headers={"Authorization": f"Bearer {registrar}"},
                         json={
                             "agent_id": agent_id,
@@ -311,31 +414,50 @@ def main() -> int:
                     response.raise_for_status()
                     agent_ids.append(agent_id)
             soak = Soak(
-                node.url,
+                [n.url for n in nodes],
                 {"admin": admin, "registrar": registrar, "caller": caller},
                 agent_ids,
                 agents[0].url,
             )
             print(
                 f"soak: {args.rate:.0f} req/s open loop for {args.minutes} min against "
-                f"{node.url} ({'distributed' if args.distributed else 'embedded'}, "
-                f"{args.server}), {len(agents)} agents",
+                f"{', '.join(n.url for n in nodes)} "
+                f"({'distributed' if args.distributed else 'embedded'}, {args.server}), "
+                f"{len(agents)} agents"
+                + (f", rolling restart every {args.rolling_restart:g} s"
+                   if args.rolling_restart else ""),
                 flush=True,
             )
+
+            def restart(index: int) -> float:
+                """SIGTERM node ``index``, wait for it to exit, start it again (same port)."""
+                target = nodes[index]
+                began = time.perf_counter()
+                target.proc.popen.send_signal(signal.SIGTERM)
+                try:
+                    target.proc.popen.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    target.proc.stop()
+                target.serve(args.server)
+                return time.perf_counter() - began
+
             asyncio.run(
                 soak.run(
                     rate=args.rate,
                     seconds=args.minutes * 60,
                     interval=args.interval,
-                    node_pid=proc.pid,
+                    node_pid=lambda: nodes[0].proc.pid,
+                    restart=restart if args.rolling_restart else None,
+                    restart_every=args.rolling_restart,
                 )
             )
             summary = summarize(soak, args.rate)
         finally:
             for agent in agents:
                 agent.kill()
-            if node_proc := locals().get("proc"):
-                node_proc.stop()
+            for started in locals().get("nodes") or []:
+                if started.proc is not None:
+                    started.proc.stop()
             if db_name and admin_url:
                 drop_postgres_db(admin_url, db_name)
     print(
@@ -343,15 +465,22 @@ def main() -> int:
         f"({summary['error_rate']:.3%}, target <= {ERROR_TARGET:.1%}); "
         f"p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms "
         f"(target < {P99_TARGET_MS:.0f} ms at 200 req/s); RSS growth after warm-up "
-        f"{summary['rss_growth']:+.1%} (target <= {RSS_TARGET:.0%})"
+        + (f"{summary['rss_growth']:+.1%}" if summary["rss_growth"] is not None
+           else "not measured (no full window after the last restart)")
+        + f" (target <= {RSS_TARGET:.0%})"
     )
+    if summary["nodes"] > 1:
+        print(f"nodes: {summary['nodes']}, restarts: {summary['node_restarts']}, failed calls "
+              f"during restarts: {summary['failed_during_restarts']}, requests sent to the "
+              f"other node after a refused connection: {summary['redirected_to_other_node']}")
     for sample in summary["error_samples"][:5]:
         print(f"  error sample: {sample}")
     path = write_results("soak", {"machine": machine_info(),
                                  "args": {**vars(args), "results": str(args.results or "")},
                                  **summary}, args.results)
     print(f"results: {path}")
-    if args.check and (summary["error_rate"] > ERROR_TARGET or summary["rss_growth"] > RSS_TARGET):
+    if args.check and (summary["error_rate"] > ERROR_TARGET
+                       or (summary["rss_growth"] or 0.0) > RSS_TARGET):
         return 1
     return 0
 

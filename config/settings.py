@@ -363,6 +363,20 @@ A2A_ROUTING_FULL_RESYNC_SECONDS = env_float("A2A_ROUTING_FULL_RESYNC_SECONDS", 6
 A2A_ROUTING_RESYNC_OVERLAP_SECONDS = env_float("A2A_ROUTING_RESYNC_OVERLAP_SECONDS", 60,
                                                minimum=0)
 A2A_NODE_HEARTBEAT_SECONDS = env_float("A2A_NODE_HEARTBEAT_SECONDS", 10, minimum=1)
+# Fast node-death detection (distributed mode, gateway/liveness.py): every node refreshes a
+# Redis key of its own this often, with this TTL; a peer whose key is gone is dead at once
+# (its in-flight calls end, its agents are adopted). The database heartbeat above stays for the
+# admin and for the expiry job.
+A2A_NODE_LIVENESS_REFRESH_SECONDS = env_float("A2A_NODE_LIVENESS_REFRESH_SECONDS", 1.0,
+                                              minimum=0.05)
+A2A_NODE_LIVENESS_TTL_SECONDS = env_float("A2A_NODE_LIVENESS_TTL_SECONDS", 3.0, minimum=0.2)
+# What happens to a node's agents when it dies or stops: "adopt" (a live node takes them over
+# without re-registration; a node stopping cleanly hands them over first) or "expire" (KubeMQ's
+# seed behaviour: they expire with the node and re-register on a live one).
+A2A_FAILOVER = env_choice("A2A_FAILOVER", "adopt", ("adopt", "expire"))
+# A node stopping cleanly waits at most this long for its handed-over subscribers to drain
+# (in-flight calls finish on the old owner); what still runs then is cancelled.
+A2A_HANDOVER_TIMEOUT_SECONDS = env_float("A2A_HANDOVER_TIMEOUT_SECONDS", 30, minimum=0.1)
 # Hand a Query straight to the subscriber when it lives in the receiving process (no broker
 # hop). Off: every request goes through the channel layer (same behaviour, slower).
 A2A_LOCAL_FAST_PATH = env_bool("A2A_LOCAL_FAST_PATH", True)

@@ -45,6 +45,9 @@ RATE_LIMITED = "rate_limited"
 REQUEST_TOO_LARGE = "request_too_large"
 # The caller's token cannot be checked now (database unreachable, token never verified): 503.
 AUTH_UNAVAILABLE = "auth_unavailable"
+# The node owning the agent died (its liveness key expired, or a relayed stream missed two
+# keepalives) while the call was in flight: executed true (the owner may have reached the agent).
+OWNER_LOST = "owner_lost"
 
 # kind: (code in profile "a2a", code in profile "kubemq", retryable, HTTP status)
 # The a2a profile keeps gateway codes outside A2A's own -32001..-32009 (TaskNotFound, ...);
@@ -66,6 +69,7 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     RATE_LIMITED: (-32058, -32603, True, 429),
     REQUEST_TOO_LARGE: (-32059, -32600, False, 413),
     AUTH_UNAVAILABLE: (-32061, -32603, True, 503),
+    OWNER_LOST: (-32063, -32603, True, 200),
 }
 
 _PREFIX = {
@@ -74,6 +78,7 @@ _PREFIX = {
     UNREACHABLE: "agent unreachable: ",
     STREAM_STALLED: "stream stalled: ",
     STREAM_NOT_FOUND: "stream not found: ",
+    OWNER_LOST: "owning node lost: ",
 }
 
 

@@ -39,6 +39,7 @@ from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
 from gateway.limits import request_timeout
+from gateway.liveness import OWNER_LOST
 from gateway.replicator import ORIGIN
 from gateway.resume import parse_last_event_id
 from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
@@ -169,7 +170,7 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     if subscriber is _NOWHERE:
         await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
     elif method in env.STREAMING_METHODS:
-        await _relay_stream(node, subscriber, query, exchange, receive)
+        await _relay_stream(node, subscriber, query, exchange, receive, route.node_id)
     elif subscriber is not None and settings.A2A_LOCAL_FAST_PATH:
         # The local fast path, inline: the subscriber's own outbound timeout (the caller's,
         # shorter than the gateway's wait) always ends the call first, so no second timer.
@@ -178,7 +179,7 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
             await exchange.fail(errors.UNREACHABLE, "the subscriber gave no answer")
     else:
         await _remote_sync(node, query, exchange,
-                           timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS)
+                           timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS, route.node_id)
     seconds = time.perf_counter() - started
     metrics.observe_latency(agent_id, exchange.outcome, seconds)
     recorder.record(agent_id, caller, method, exchange, len(body), seconds)
@@ -234,7 +235,8 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive, s
     if subscriber is _NOWHERE:
         await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
     else:
-        await _relay_stream(node, subscriber, env.query(body, tags), exchange, receive)
+        await _relay_stream(node, subscriber, env.query(body, tags), exchange, receive,
+                            route.node_id)
     seconds = time.perf_counter() - started
     metrics.observe_latency(agent_id, exchange.outcome, seconds)
     recorder.record(agent_id, caller, "message/stream", exchange, 0, seconds)
@@ -277,7 +279,8 @@ async def handle_resume(node: GatewayNode, scope: dict[str, Any], receive, send,
     if subscriber is _NOWHERE:
         await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
     else:
-        await _relay_stream(node, subscriber, env.query(b"", tags), exchange, receive)
+        await _relay_stream(node, subscriber, env.query(b"", tags), exchange, receive,
+                            route.node_id)
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
 
 
@@ -383,11 +386,14 @@ def _subscriber_of(node: GatewayNode, route) -> Any:
     through the broker); :data:`_NOWHERE` when no subscriber can answer."""
     if route.node_id == node.settings.NODE_ID:
         return node.manager.subscribers.get(route.agent_id) or _NOWHERE
-    return None if node.cross_process else _NOWHERE
+    if not node.cross_process or route.node_id in node.dead_nodes:
+        return _NOWHERE  # the owner is down: nothing is sent (its agents are being adopted)
+    return None
 
 
-async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
-    """Send the Query through the broker and relay the reply messages as they come."""
+async def _remote_sync(node, query, exchange: Exchange, wait: float, owner: str) -> None:
+    """Send the Query through the broker and relay the reply messages as they come. The call
+    ends at once (``owner_lost``) if the owning node is found dead meanwhile."""
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
     # Bounded: an agent answering a sync method with an endless event stream, to a caller that
@@ -395,6 +401,10 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
     queue = StreamBuffer(node.settings.A2A_MAX_RESPONSE_BYTES)
     if not await _send_query(node, query, queue, exchange):
         return
+    calls = node.inflight.get(owner)
+    if calls is None:
+        calls = node.inflight[owner] = {}
+    calls[request_id] = queue.push
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     acked = False
@@ -414,10 +424,25 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float) -> None:
             if message is OVERFLOW:  # the agent's answer outgrew the cap: it had the request
                 await exchange.fail(errors.RESPONSE_TOO_LARGE, executed=True)
                 return
+            if message is OWNER_LOST:
+                # The Query was published while the owner was up: it may have reached the
+                # agent (acked or not yet), so executed is true (docs/operations.md).
+                await exchange.fail(errors.OWNER_LOST, f"node {owner} died during the call",
+                                    executed=True)
+                return
             acked = True
             await exchange.deliver(message)
     finally:
         node.inbox.pending.pop(request_id, None)
+        _forget_call(node, owner, request_id)
+
+
+def _forget_call(node, owner: str, request_id: str) -> None:
+    calls = node.inflight.get(owner)
+    if calls is not None:
+        calls.pop(request_id, None)
+        if not calls and node.inflight.get(owner) is calls:
+            del node.inflight[owner]
 
 
 async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> bool:
@@ -440,7 +465,8 @@ _DISCONNECT: dict[str, Any] = {"k": "disconnect"}
 _REVOKED: dict[str, Any] = {"k": "revoked"}
 
 
-async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) -> None:
+async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
+                        owner: str) -> None:
     """Relay a stream: reply messages in, SSE (or an up-front JSON answer) out, while watching
     for the caller going away (then the subscriber is told to cancel the stream).
 
@@ -450,6 +476,9 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
     messages move it on), so the agent is no longer read while the caller lags. A caller whose
     connection takes nothing for ``A2A_SSE_STALL_TIMEOUT_SECONDS`` gets a terminal
     ``stream_stalled`` error event and the stream is freed on both sides.
+
+    Through the broker, the owning node dying ends the stream with ``owner_lost`` as soon as
+    its liveness key expires, or once an event stream misses two keepalives, whichever first.
     """
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
@@ -464,6 +493,10 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
         if not await _send_query(node, query, buffer, exchange):
             return
         credit = _Credit(node, query, exchange.agent_id, window)
+        calls = node.inflight.get(owner)
+        if calls is None:
+            calls = node.inflight[owner] = {}
+        calls[request_id] = buffer.push
     else:
         await subscriber.handle(query, buffer.put, local=True)
     exchange.send = flow_controlled(exchange.send)
@@ -489,15 +522,28 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
     # A client revoked while its stream is open: the stream ends within the cache delay.
     unwatch = node.tokens.watch_client(tags.get(env.TAG_CALLER, ""),
                                        lambda: buffer.push(_REVOKED))
-    guard = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
+    buffer_seconds = settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
+    guard = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS + buffer_seconds
+    # An event stream relayed through the broker gets a keepalive at least every
+    # A2A_SSE_KEEPALIVE_SECONDS from its owner: two missed ones mean the owner is gone.
+    missed = 2 * settings.A2A_SSE_KEEPALIVE_SECONDS + buffer_seconds
     acked = not remote
     try:
         while not exchange.done:
+            if not acked:
+                limit = ACK_TIMEOUT_SECONDS
+            elif remote and exchange.sse:
+                limit = min(guard, missed)
+            else:
+                limit = guard
             try:
-                async with asyncio.timeout(guard if acked else ACK_TIMEOUT_SECONDS):
+                async with asyncio.timeout(limit):
                     message = await buffer.get()
             except TimeoutError:
-                if exchange.started:
+                if remote and exchange.sse and limit < guard:
+                    await exchange.fail(errors.OWNER_LOST, "two keepalives missed",
+                                        executed=True)
+                elif exchange.started:
                     await exchange.fail(errors.TIMEOUT, "stream lost")
                 else:
                     await exchange.fail(errors.UNREACHABLE if not acked else errors.TIMEOUT,
@@ -512,6 +558,11 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
                 await stop()
                 await _end_stalled(exchange, stall,
                                    f"more than {window} bytes buffered for the caller")
+                return
+            if message is OWNER_LOST:
+                # Published while the owner was up: it may have reached the agent.
+                await exchange.fail(errors.OWNER_LOST, f"node {owner} died during the stream",
+                                    executed=True)
                 return
             if message is _REVOKED:
                 await stop()
@@ -551,6 +602,7 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive) ->
             close()
         if remote:
             node.inbox.pending.pop(request_id, None)
+            _forget_call(node, owner, request_id)
 
 
 _background_tasks: set[asyncio.Task] = set()

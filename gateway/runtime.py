@@ -25,12 +25,14 @@ from datetime import datetime, timedelta
 
 from channels.db import database_sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from gateway import conf, metrics, outbound
 from gateway.conf import NodeSettings
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter
+from gateway.liveness import OWNER_LOST, Liveness, cluster_of
 from gateway.replicator import Replicator
 from gateway.routing_table import RoutingTable
 from gateway.subscriber_manager import SubscriberManager
@@ -43,6 +45,16 @@ logger = logging.getLogger(__name__)
 
 #: Subscribers reconciled per turn of the event loop by a resync.
 _RECONCILE_SLICE = 100
+_NO_NODES: frozenset[str] = frozenset()
+
+
+def _broadcasts(layer) -> bool:
+    """Whether every receiver of a named channel gets every message (the pub/sub layer)."""
+    try:
+        from channels_redis.pubsub import RedisPubSubChannelLayer
+    except ImportError:
+        return False
+    return isinstance(layer, RedisPubSubChannelLayer)
 
 
 class GatewayNode:
@@ -65,6 +77,12 @@ class GatewayNode:
         self._broadcast = broadcast
         self._tokens = tokens
         self._jobs: list[asyncio.Task] = []
+        #: The liveness beat (distributed mode): None in embedded mode and before start.
+        self.liveness: Liveness | None = None
+        #: In-flight calls sent through the broker, by owning node: request id -> a function
+        #: that ends the call when that node is found dead (gateway.handler).
+        self.inflight: dict[str, dict[str, Callable[[dict], None]]] = {}
+        self._adoptions: set[asyncio.Task] = set()
         self._unsubscribe: list[Callable[[], None]] = []
         self._running = False
         self._stopped = False
@@ -95,7 +113,14 @@ class GatewayNode:
         self.tokens = self._tokens or shared_token_cache()
         self.limiter = RateLimiter(settings)
         self.table = RoutingTable(settings)
-        self.manager = SubscriberManager(self.table, self.layer, settings)
+        self.liveness = self._liveness()
+        # On a broadcasting layer a move between two live nodes is a handover (both receive on
+        # the agent's channel for a while: gateway.subscriber, "Handover").
+        broadcasting = self.liveness is not None and _broadcasts(self.layer)
+        self.manager = SubscriberManager(
+            self.table, self.layer, settings,
+            is_alive=self.liveness.is_alive if broadcasting else None,
+        )
         self.replicator = Replicator(self.layer, self.manager, settings,
                                      broadcast=self.cross_process)
         self.inbox = Inbox(
@@ -111,10 +136,15 @@ class GatewayNode:
             conf.on_change(self._reconfigure),
         ]
         self.replicator.attach()
+        if self.liveness is not None:
+            await asyncio.to_thread(self.liveness.start)
         await self.resync()
         self._running = True
         self.manager.start()
         self.inbox.start()
+        if self.cross_process:
+            # Serve only once replies can come back (a call in the gap would be unreachable).
+            await self.inbox.wait_ready(5.0)
         self._jobs = [
             self.loop.create_task(self._every(settings.A2A_ROUTING_RESYNC_SECONDS,
                                               self._resync_job), name="gateway-resync"),
@@ -129,7 +159,93 @@ class GatewayNode:
         logger.info("gateway node %s up: %d route(s), %d local subscriber(s)",
                     settings.NODE_ID, len(self.table), len(self.manager.subscribers))
 
+    @property
+    def dead_nodes(self) -> frozenset[str]:
+        """Nodes found dead (liveness key gone) and not back since."""
+        liveness = self.liveness
+        return liveness.dead if liveness is not None else _NO_NODES
+
+    def _liveness(self) -> Liveness | None:
+        url = getattr(django_settings, "REDIS_URL", "")
+        if not self.cross_process or not url:
+            return None
+        settings = self.settings
+        return Liveness(url, settings.NODE_ID,
+                        cluster=cluster_of(django_settings.DATABASES["default"]),
+                        refresh=settings.A2A_NODE_LIVENESS_REFRESH_SECONDS,
+                        ttl=settings.A2A_NODE_LIVENESS_TTL_SECONDS,
+                        on_dead=self._peer_dead)
+
+    def _peer_dead(self, node_id: str, restarted: bool) -> None:
+        """The liveness beat found ``node_id`` gone (runs in the beat's thread)."""
+        if self._stopped or self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self._on_peer_dead, node_id, restarted)
+
+    def _on_peer_dead(self, node_id: str, restarted: bool) -> None:
+        """End the calls in flight on the dead node at once (their Queries are lost with it)
+        and, unless it already restarted, adopt its agents (``A2A_FAILOVER=adopt``)."""
+        calls = self.inflight.pop(node_id, None)
+        if calls:
+            logger.warning("node %s died with %d call(s) in flight from here: ending them",
+                           node_id, len(calls))
+            for end in list(calls.values()):
+                end(OWNER_LOST)
+        if restarted or not self._running or self.settings.A2A_FAILOVER != "adopt":
+            return
+        task = self.loop.create_task(self._adopt(node_id))
+        self._adoptions.add(task)
+        task.add_done_callback(self._adoptions.discard)
+
+    async def _adopt(self, node_id: str) -> None:
+        """Move the dead node's agents to the live nodes (this one included) in one
+        transaction; every survivor tries, the conditional update lets one win."""
+        targets = self.liveness.live_nodes() if self.liveness is not None else []
+        if not targets:
+            return
+        try:
+            moved = await database_sync_to_async(services.agents_move_off_node,
+                                                 thread_sensitive=False)(
+                node_id=node_id, to_nodes=targets)
+        except Exception as exc:
+            logger.warning("adopting the agents of node %s failed: %s: %s (the expiry job "
+                           "expires them once its heartbeat lapses)", node_id,
+                           type(exc).__name__, exc)
+            return
+        if moved:
+            logger.warning("adopted %d agent(s) of dead node %s over %s", len(moved), node_id,
+                           ", ".join(targets))
+
+    async def _hand_over(self) -> None:
+        """A clean stop: hand this node's agents to the live nodes before stopping; each old
+        subscriber drains after the new owner's takeover (gateway.subscriber, "Handover")."""
+        liveness = self.liveness
+        await asyncio.to_thread(liveness.stopping)
+        if self.settings.A2A_FAILOVER != "adopt":
+            return
+        node_id = self.settings.NODE_ID
+        targets = [n for n in liveness.live_nodes() if n != node_id]
+        if not targets:
+            logger.info("no live node to hand %d agent(s) to", len(self.manager.subscribers))
+            return
+        try:
+            moved = await database_sync_to_async(services.agents_move_off_node,
+                                                 thread_sensitive=False)(
+                node_id=node_id, to_nodes=targets)
+        except Exception as exc:
+            logger.warning("handover failed: %s: %s (peers adopt the agents once this node's "
+                           "liveness key is gone)", type(exc).__name__, exc)
+            return
+        await asyncio.sleep(0)  # the moves' events, applied on this loop
+        logger.info("handing %d agent(s) over to %s", len(moved), ", ".join(targets))
+        await self.manager.wait_handed_off(self.settings.A2A_HANDOVER_TIMEOUT_SECONDS + 1)
+
     async def stop(self) -> None:
+        if self._running and self.liveness is not None:
+            try:
+                await self._hand_over()
+            except Exception:
+                logger.exception("handover failed")
         self._running = False
         self._stopped = True
         for unsubscribe in self._unsubscribe:
@@ -146,6 +262,10 @@ class GatewayNode:
         await self.inbox.stop()
         await self.replicator.drain()
         await outbound.close_client()
+        for task in list(self._adoptions):
+            task.cancel()
+        if self.liveness is not None:
+            await asyncio.to_thread(self.liveness.stop)  # last: peers see this node gone
 
     def _on_registry_event(self, event: events.AgentEvent) -> None:
         """The node's ``registry.events`` subscriber (runs in any thread)."""
@@ -241,6 +361,11 @@ class GatewayNode:
 
     async def _resync_job(self) -> None:
         await self.resync()
+        if self.liveness is not None and self.settings.A2A_FAILOVER == "adopt":
+            # Agents given to a dead node after it was adopted (a registration made elsewhere
+            # that picked it by its database heartbeat): adopted on this safety-net beat.
+            for node_id in sorted(self.liveness.dead):
+                await self._adopt(node_id)
         if self.cross_process and self.inbox.ready:
             try:
                 await self.inbox.rejoin_groups()

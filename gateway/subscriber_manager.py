@@ -4,13 +4,17 @@ It spawns ``a2a-vsub-{agent_id}`` when an agent registers on this node (``route.
 the node's ``NODE_ID``), updates it when the registration changes, and tears it down at once on
 deregistration, expiry, or when the agent re-registers on another node. Subscribers are not
 replicated: only the owning node runs one; other nodes route to it through the broker.
+
+When an agent moves between two live nodes on a broadcasting layer (pub/sub), the move is a
+handover (``gateway.subscriber``, "Handover"): the new owner's subscriber starts in standby and
+takes the channel over; the old one drains instead of being torn down at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from gateway import metrics
 from gateway.conf import NodeSettings
@@ -22,10 +26,16 @@ logger = logging.getLogger(__name__)
 
 
 class SubscriberManager:
-    def __init__(self, table: RoutingTable, layer, settings: NodeSettings) -> None:
+    def __init__(self, table: RoutingTable, layer, settings: NodeSettings, *,
+                 is_alive: Callable[[str], bool] | None = None) -> None:
+        """``is_alive(node_id)``: whether another node is up (its liveness key is present);
+        given on a broadcasting layer only, where moves between live nodes are handovers."""
         self.table = table
         self.layer = layer
         self.settings = settings
+        self.is_alive = is_alive
+        #: Subscribers handing their agent over to another node (draining), by agent id.
+        self.handing_off: dict[str, VirtualSubscriber] = {}
         self.subscribers: dict[str, VirtualSubscriber] = {}
         # Subscribers being torn down: a new one for the same agent starts receiving only after
         # the old one stopped (both Redis layers and the in-memory layer drop a channel's
@@ -46,8 +56,9 @@ class SubscriberManager:
             subscriber.settings = settings
 
     async def stop(self) -> None:
-        subscribers = list(self.subscribers.values())
+        subscribers = list(self.subscribers.values()) + list(self.handing_off.values())
         self.subscribers.clear()
+        self.handing_off.clear()
         await asyncio.gather(*(s.stop() for s in subscribers), return_exceptions=True)
         pending = list(self._stopping.values()) + list(self._tasks)
         if pending:
@@ -58,12 +69,13 @@ class SubscriberManager:
     def apply(self, event: AgentEvent) -> None:
         """Apply a registry event (this process's or another node's) to the table and to
         this node's subscribers. Runs on the node's event loop."""
+        previous = self.table.get(event.agent_id)
         self.table.apply(event)
         if event.kind in ("deregistered", "expired"):
             self._teardown(event.agent_id)
             metrics.forget_agent(event.agent_id)
         elif event.route is not None:
-            self._place(event.route)
+            self._place(event.route, previous.node_id if previous is not None else None)
 
     def reconcile(self) -> None:
         """Make this node's subscribers match the routing table (start and every resync)."""
@@ -86,20 +98,51 @@ class SubscriberManager:
             else:
                 self._place(route)
 
-    def _place(self, route: AgentRoute) -> None:
+    def _place(self, route: AgentRoute, previous_node: str | None = None) -> None:
         current = self.subscribers.get(route.agent_id)
-        if route.node_id != self.settings.NODE_ID:
+        node_id = self.settings.NODE_ID
+        if route.node_id != node_id:
             if current is not None:
-                logger.info("%s moved to node %s: tearing down", route.agent_id, route.node_id)
-                self._teardown(route.agent_id)
+                if self.is_alive is not None and self.is_alive(route.node_id):
+                    logger.info("%s moved to live node %s: handing over", route.agent_id,
+                                route.node_id)
+                    self._hand_off(route.agent_id)
+                else:
+                    logger.info("%s moved to node %s: tearing down", route.agent_id,
+                                route.node_id)
+                    self._teardown(route.agent_id)
             return
         if current is not None:
             current.update(route)
             return
+        # Another live node's subscriber holds the channel: take it over (gateway.subscriber).
+        standby = (self.is_alive is not None and previous_node is not None
+                   and previous_node != node_id and self.is_alive(previous_node))
         subscriber = VirtualSubscriber(route, self.layer, self.settings)
         self.subscribers[route.agent_id] = subscriber
-        subscriber.start(after=self._stopping.get(route.agent_id))
-        logger.debug("spawned %s", subscriber.client_id)
+        subscriber.start(after=self._stopping.get(route.agent_id), standby=standby)
+        logger.debug("spawned %s%s", subscriber.client_id, " (standby)" if standby else "")
+
+    def _hand_off(self, agent_id: str) -> None:
+        subscriber = self.subscribers.pop(agent_id)
+        self.handing_off[agent_id] = subscriber
+        task = asyncio.get_running_loop().create_task(
+            subscriber.hand_off(self.settings.A2A_HANDOVER_TIMEOUT_SECONDS))
+        self._stopping[agent_id] = task
+
+        def done(t: asyncio.Task, agent_id: str = agent_id) -> None:
+            if self._stopping.get(agent_id) is t:
+                del self._stopping[agent_id]
+            if self.handing_off.get(agent_id) is subscriber:
+                del self.handing_off[agent_id]
+
+        task.add_done_callback(done)
+
+    async def wait_handed_off(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until every subscriber handing over has drained."""
+        pending = list(self._stopping.values())
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
 
     def _teardown(self, agent_id: str) -> None:
         subscriber = self.subscribers.pop(agent_id, None)

@@ -17,7 +17,7 @@ from registry.services.leases import (
     agents_extend_ttl,
     agents_renew_leases,
 )
-from registry.services.nodes import node_heartbeat
+from registry.services.nodes import agents_move_off_node, node_heartbeat
 
 __all__ = [
     "AgentNotFound",
@@ -33,5 +33,6 @@ __all__ = [
     "agents_renew_leases",
     "api_client_create",
     "api_client_update",
+    "agents_move_off_node",
     "node_heartbeat",
 ]

@@ -6,6 +6,7 @@ import hashlib
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from config import node as node_config
@@ -41,3 +42,46 @@ def node_heartbeat(*, node_id: str, address: str = "") -> Node:
         node_id=node_id, defaults={"last_heartbeat": now, "address": address}
     )
     return node
+
+
+def agents_move_off_node(*, node_id: str, to_nodes: list[str]) -> list[str]:
+    """Move the active agents of ``node_id`` to ``to_nodes`` (adoption of a dead node's agents,
+    or a clean handover by a node stopping), spread by the agent id's hash. Returns their ids.
+
+    One transaction, race-free: the rows are locked with the condition ``node_id = <from>`` and
+    updated under that lock, so when two survivors adopt the same dead node at once the second
+    finds nothing left (PostgreSQL re-checks the condition on rows the first one changed). The
+    routing marker moves, so every node's incremental resync sees the change, and an
+    ``updated`` event per agent goes out once the transaction commits.
+    """
+    targets = sorted(set(to_nodes) - {node_id})
+    if not targets:
+        return []
+    from registry import events
+    from registry.selectors import agent_route
+
+    now = timezone.now()
+    moved: list[Agent] = []
+    with transaction.atomic():
+        agents = list(
+            Agent.objects.select_for_update()
+            .filter(node_id=node_id, status=Agent.Status.ACTIVE)
+            .order_by("pk")
+        )
+        by_target: dict[str, list[int]] = {}
+        for agent in agents:
+            target = targets[int(hashlib.sha256(agent.agent_id.encode()).hexdigest(), 16)
+                             % len(targets)]
+            by_target.setdefault(target, []).append(agent.pk)
+        for target, pks in by_target.items():
+            for i in range(0, len(pks), 500):
+                Agent.objects.filter(pk__in=pks[i : i + 500], node_id=node_id).update(
+                    node_id=target, routing_changed_at=now
+                )
+        pks = [agent.pk for agent in agents]
+        for i in range(0, len(pks), 500):
+            moved.extend(Agent.objects.filter(pk__in=pks[i : i + 500]).select_related("owner"))
+        for agent in moved:
+            events.publish(events.AgentEvent(kind="updated", agent_id=agent.agent_id,
+                                             route=agent_route(agent)))
+    return sorted(agent.agent_id for agent in moved)

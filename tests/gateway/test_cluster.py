@@ -53,7 +53,8 @@ class NodeB:
 
 
 @pytest.fixture
-def node_b(live_server_url, redis_url, postgres_url):
+def node_b(request, live_server_url, redis_url, postgres_url):
+    """Node B, a ``manage.py serve`` process; ``indirect`` parametrization adds settings."""
     if settings.EMBEDDED or connection.vendor != "postgresql":
         pytest.skip("cross-node routing needs the distributed mode (REDIS_URL, DATABASE_URL)")
     port = free_port()
@@ -61,7 +62,7 @@ def node_b(live_server_url, redis_url, postgres_url):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(NODE_ID=node_id, DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL,
                SECRET_KEY="cluster-test", LOG_LEVEL="WARNING",
-               ALLOWED_HOSTS="127.0.0.1,localhost")
+               ALLOWED_HOSTS="127.0.0.1,localhost", **getattr(request, "param", {}))
     process = subprocess.Popen(
         [sys.executable, "manage.py", "serve", "--server", "uvicorn", "--port", str(port),
          "--no-periodic"],
@@ -137,7 +138,11 @@ def test_cross_node_routing(live_server_url, node_b, agent):
     wait_until(lambda: pubsub.pubsub_numsub("_AGENTS_.on-b")[0][1] == 0, timeout=1)
 
 
-def test_owner_node_gone_is_unreachable(live_server_url, node_b, agent):
+@pytest.mark.parametrize("node_b", [{"A2A_FAILOVER": "expire"}], indirect=True)
+def test_owner_node_gone_is_unreachable(live_server_url, node_b, agent, settings):
+    """KubeMQ's seed behaviour (A2A_FAILOVER=expire): a stopped node's agents stay routed to it
+    until they expire; a call is `unreachable`, executed false."""
+    settings.A2A_FAILOVER = "expire"
     node_b_url = node_b.url
     node_a = runtime.current_node()
     _, token = make_client(["call"], name="cluster-caller-2")
@@ -159,6 +164,28 @@ def test_owner_node_gone_is_unreachable(live_server_url, node_b, agent):
     assert r.json()["error"]["data"]["kind"] == "unreachable"
     assert r.json()["error"]["message"] == "agent unreachable: no live subscriber for this agent"
     assert r.json()["id"] == "o" and r.headers["x-a2a-executed"] == "false"
+    assert node_a.table.get("orphan").node_id == node_b.node_id
+
+
+def test_owner_node_stopped_hands_its_agents_over(live_server_url, node_b, agent):
+    """A2A_FAILOVER=adopt (the default): node B stopping cleanly hands its agent to node A
+    first, so calls keep succeeding without a re-registration."""
+    node_a = runtime.current_node()
+    _, token = make_client(["call"], name="cluster-caller-3")
+    _, admin = make_client(["admin"], name="cluster-admin-3")
+    r = httpx.post(f"{node_b.url}/api/v1/agents", headers={"Authorization": f"Bearer {admin}"},
+                   json={"agent_id": "handed", "url": agent.url,
+                         "card": {"name": "handed", "url": agent.url}})
+    assert r.status_code == 201
+    wait_until(lambda: node_a.table.get("handed") is not None, timeout=2)
+    auth = {"Authorization": f"Bearer {token}"}
+    assert "result" in httpx.post(f"{live_server_url}/a2a/handed", json=rpc(),
+                                  headers=auth).json()
+    node_b.stop()
+    assert node_a.table.get("handed").node_id == node_a.settings.NODE_ID
+    r = httpx.post(f"{live_server_url}/a2a/handed", json=rpc(rpc_id="h"), timeout=30,
+                   headers=auth)
+    assert "result" in r.json(), r.text
 
 
 def _routed(base: str, agent_id: str, auth: dict) -> bool:

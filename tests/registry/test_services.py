@@ -259,3 +259,49 @@ def test_a_heartbeat_landing_during_the_expiry_job_is_kept(recorded_events):
     assert Agent.objects.get(agent_id="racer").expires_at > timezone.now()
     assert Agent.objects.get(agent_id="lapsed").status == Agent.Status.EXPIRED
     assert [(e.kind, e.agent_id) for e in recorded_events] == [("expired", "lapsed")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_survivors_adopting_one_dead_node_move_each_agent_once(recorded_events):
+    """Failover: two survivors adopt the same dead node's agents at the same moment. Rows are
+    locked on ``node_id = <dead>`` and moved under the lock, so each agent moves once (one
+    `updated` event, one new owner), spread over the live nodes, with its routing marker moved
+    (other nodes' incremental resync sees it); expired agents stay where they are."""
+    import threading
+
+    from django.db import connections
+
+    for i in range(40):
+        services.agent_register(actor=SYSTEM, agent_id=f"orphan-{i}", card=card_03(),
+                                node_id="dead-node")
+    services.agent_register(actor=SYSTEM, agent_id="orphan-expired", card=card_03(),
+                            node_id="dead-node")
+    Agent.objects.filter(agent_id="orphan-expired").update(status=Agent.Status.EXPIRED)
+    before = timezone.now()
+    recorded_events.clear()
+    barrier = threading.Barrier(2)
+    moved: dict[str, list[str]] = {}
+
+    def adopt(survivor: str) -> None:
+        try:
+            barrier.wait(timeout=10)
+            moved[survivor] = services.agents_move_off_node(
+                node_id="dead-node", to_nodes=["node-a", "node-b"])
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=adopt, args=(n,)) for n in ("node-a", "node-b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    everything = moved["node-a"] + moved["node-b"]
+    assert sorted(everything) == sorted(f"orphan-{i}" for i in range(40))  # each once
+    assert [e.agent_id for e in recorded_events if e.kind == "updated"].count("orphan-0") == 1
+    owners = dict(Agent.objects.filter(agent_id__startswith="orphan-")
+                  .values_list("agent_id", "node_id"))
+    assert owners.pop("orphan-expired") == "dead-node"
+    assert set(owners.values()) == {"node-a", "node-b"}  # spread over the live nodes
+    assert all(e.route.node_id == owners[e.agent_id] for e in recorded_events)
+    assert not Agent.objects.filter(agent_id__startswith="orphan-", status="active",
+                                    routing_changed_at__lt=before).exists()
