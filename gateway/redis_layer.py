@@ -397,15 +397,24 @@ class _LoopLayer:
 
     async def _connect_subscriber(self) -> None:
         async with self._sub_lock:
-            if self._sub is not None and not self._sub.closed and self._sub_ready.is_set():
+            old = self._sub
+            if old is not None and not old.closed and self._sub_ready.is_set():
                 return
+            if old is not None:
+                self._sub = None
+                old.close()  # half set up: never two subscribing connections
             conn = await self._open(self._on_push, self._on_sub_lost)
             self._sub = conn
-            names = [*self.channels, *self.groups]
-            for start in range(0, len(names), 1000):
-                part = [n.encode() for n in names[start:start + 1000]]
-                await asyncio.wait_for(conn.request(command(b"SUBSCRIBE", *part), len(part)),
-                                       self.address.timeout)
+            try:
+                names = [*self.channels, *self.groups]
+                for start in range(0, len(names), 1000):
+                    part = [n.encode() for n in names[start:start + 1000]]
+                    async with asyncio.timeout(self.address.timeout):
+                        await conn.request(command(b"SUBSCRIBE", *part), len(part))
+            except BaseException:
+                self._sub = None
+                conn.close()
+                raise
             self._sub_ready.set()
 
     async def _subscribe(self, name: str) -> None:
@@ -413,7 +422,7 @@ class _LoopLayer:
         if not self._sub_ready.is_set():
             try:
                 await self._connect_subscriber()
-            except ConnectionError:  # Redis is down: keep trying for what stays registered
+            except (ConnectionError, TimeoutError):  # Redis down: retry what stays registered
                 self._start_reconnect()
                 raise
         conn = self._sub
@@ -428,7 +437,8 @@ class _LoopLayer:
     def _unsubscribe(self, name: str) -> None:
         conn = self._sub
         if conn is not None and not conn.closed:
-            conn.request(command(b"UNSUBSCRIBE", name.encode()))  # confirmation not awaited
+            # The confirmation is not awaited (a cancelled receive() cannot wait for it).
+            conn.request(command(b"UNSUBSCRIBE", name.encode())).add_done_callback(_retrieve)
 
     # --- Channels layer API ------------------------------------------------------------------
 
@@ -562,6 +572,11 @@ class RedisDirectChannelLayer:
 
     async def close(self) -> None:
         await self.flush()
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # a lost connection: nothing to do, nothing to log
 
 
 def _close_with_loop(owner: RedisDirectChannelLayer, loop: asyncio.AbstractEventLoop) -> None:
