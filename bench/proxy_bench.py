@@ -206,15 +206,20 @@ def start_gateway(server: str, tmp: Path, upstream_url: str, procs: list[Proc],
 
 
 def start_cross_node(tmp: Path, args, upstream_url: str, procs: list[Proc], upstream: Proc,
-                     database_url: str) -> list[Arm]:
+                     database_url: str, layer: str | None = None) -> list[Arm]:
     """Two distributed nodes (PostgreSQL + Redis, ``serve --server uvicorn``): the agent is
-    registered on node A, which owns its subscriber; node B reaches it through the broker."""
+    registered on node A, which owns its subscriber; node B reaches it through the broker.
+    ``layer``: another ``A2A_CHANNEL_LAYER`` than the default, for a second pair of nodes whose
+    arms are named after it (``dist-cross-node-pubsub``), on a database of its own."""
     shared = {"REDIS_URL": args.redis_url, "SECRET_KEY": "bench-secret-key"}
-    node_a = PlatformNode("node-a", tmp, database_url=database_url,
-                          extra_env={**shared, "NODE_ID": f"bench-a-{os.getpid()}"})
-    node_b = PlatformNode("node-b", tmp, database_url=database_url,
-                          extra_env={**shared, "NODE_ID": f"bench-b-{os.getpid()}"})
-    agent_id = f"{AGENT_ID}-x{os.getpid()}"
+    suffix = f"-{layer}" if layer else ""
+    if layer:
+        shared["A2A_CHANNEL_LAYER"] = layer
+    node_a = PlatformNode(f"node-a{suffix}", tmp, database_url=database_url,
+                          extra_env={**shared, "NODE_ID": f"bench-a{suffix}-{os.getpid()}"})
+    node_b = PlatformNode(f"node-b{suffix}", tmp, database_url=database_url,
+                          extra_env={**shared, "NODE_ID": f"bench-b{suffix}-{os.getpid()}"})
+    agent_id = f"{AGENT_ID}-x{os.getpid()}{suffix}"
     try:
         admin, _registrar, caller = node_a.prepare()
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -229,17 +234,26 @@ def start_cross_node(tmp: Path, args, upstream_url: str, procs: list[Proc], upst
         if response.status_code not in (200, 201):
             raise RuntimeError(f"registration failed: {response.status_code} {response.text}")
     except Exception as exc:
-        return [Arm(name, "", [], available=False, reason=str(exc)[:500], gateway=True)
+        return [Arm(name + suffix, "", [], available=False, reason=str(exc)[:500], gateway=True)
                 for name in ("dist-single-node", "dist-cross-node")]
     auth = {"Authorization": f"Bearer {caller}"}
     pa, pb = node_a.proc, node_b.proc
     return [
-        Arm("dist-single-node", f"{node_a.url}/a2a/{agent_id}", [pa.pid, upstream.pid],
+        Arm(f"dist-single-node{suffix}", f"{node_a.url}/a2a/{agent_id}", [pa.pid, upstream.pid],
             headers=auth, server_pid=pa.pid, gateway=True),
         # CPU of both nodes: the receiving node and the owner both work for each request.
-        Arm("dist-cross-node", f"{node_b.url}/a2a/{agent_id}", [pb.pid, pa.pid, upstream.pid],
-            headers=auth, server_pid=pb.pid, gateway=True),
+        Arm(f"dist-cross-node{suffix}", f"{node_b.url}/a2a/{agent_id}",
+            [pb.pid, pa.pid, upstream.pid], headers=auth, server_pid=pb.pid, gateway=True),
     ]
+
+
+def start_distributed(tmp: Path, args, upstream_url: str, procs: list[Proc], upstream: Proc,
+                      database_url: str) -> list[Arm]:
+    """The distributed arms: the default layer, then one pair per ``--compare-layer``."""
+    arms = start_cross_node(tmp, args, upstream_url, procs, upstream, database_url)
+    for layer, url in zip(args.compare_layer, args.compare_db_urls, strict=True):
+        arms.extend(start_cross_node(tmp, args, upstream_url, procs, upstream, url, layer))
+    return arms
 
 
 def start_arms(tmp: Path, args, database_url: str | None = None
@@ -253,6 +267,13 @@ def start_arms(tmp: Path, args, database_url: str | None = None
     waits = [(upstream, f"{upstream_url}/stats")]
 
     arms = [Arm("direct", f"{upstream_url}/", [upstream.pid], server_pid=upstream.pid)]
+    if args.only_cross_node:  # the distributed arms alone (profiling the broker path)
+        upstream.wait_ready(f"{upstream_url}/stats")
+        arms.extend(start_distributed(tmp, args, upstream_url, procs, upstream, database_url))
+        for arm in arms:
+            if arm.available:
+                probe(arm)
+        return arms, procs, upstream_url
     proxy_env = clean_env(BENCH_UPSTREAM=f"{upstream_url}/")
     for name, app in (("httpx-naive-proxy", "bench.apps:httpx_proxy"),
                       ("aiohttp-proxy", "bench.apps:aiohttp_proxy")):
@@ -308,7 +329,7 @@ def start_arms(tmp: Path, args, database_url: str | None = None
                 lambda v: start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
                                         name=v[0], extra_env=v[1]), variants))
     if database_url:
-        arms.extend(start_cross_node(tmp, args, upstream_url, procs, upstream, database_url))
+        arms.extend(start_distributed(tmp, args, upstream_url, procs, upstream, database_url))
     for arm in arms:
         if arm.available:
             probe(arm)
@@ -507,6 +528,25 @@ def ratios(summary: dict) -> list[dict]:
                      "value": ratio(get("1KiB c=64", "dist-cross-node"),
                                     get("1KiB c=64", "dist-single-node")),
                      "target": ">= 0.5"})
+        for other in sorted(summary.get("1KiB c=64", {})):
+            if not other.startswith("dist-cross-node-"):
+                continue
+            layer = other.removeprefix("dist-cross-node-")
+            p50_o = get("1KiB c=1", other, "p50_us")
+            rows.append({"figure": f"1KiB c=1: cross-node added p50 over direct, {layer} "
+                                   "layer (us)",
+                         "value": round(p50_o - p50_direct) if p50_o and p50_direct else None,
+                         "target": "reference"})
+            rows.append({"figure": f"1KiB c=64: cross-node / single-node, {layer} layer "
+                                   "(req/s)",
+                         "value": ratio(get("1KiB c=64", other),
+                                        get("1KiB c=64", f"dist-single-node-{layer}")),
+                         "target": "reference"})
+            rows.append({"figure": f"1KiB c=64: cross-node, default layer / {layer} layer "
+                                   "(req/s)",
+                         "value": ratio(get("1KiB c=64", "dist-cross-node"),
+                                        get("1KiB c=64", other)),
+                         "target": "reference"})
         rows.append({"figure": "1KiB c=64: distributed single node / embedded (req/s)",
                      "value": ratio(get("1KiB c=64", "dist-single-node"),
                                     get("1KiB c=64", "gateway-uvicorn")),
@@ -603,6 +643,13 @@ def main() -> int:
     parser.add_argument("--cross-node", action="store_true",
                         help="also two distributed nodes (PostgreSQL + Redis): single-node and "
                              "cross-node arms")
+    parser.add_argument("--only-cross-node", action="store_true",
+                        help="only the direct arm and the two distributed arms (implies "
+                             "--cross-node)")
+    parser.add_argument("--compare-layer", action="append", default=[],
+                        choices=("direct", "pubsub", "core"),
+                        help="with --cross-node: also a pair of nodes on this A2A_CHANNEL_LAYER "
+                             "(arms dist-*-LAYER), same rounds")
     parser.add_argument("--tracing", action="store_true",
                         help="also the uvicorn gateway with OpenTelemetry tracing on "
                              "(gateway-traced), side by side with tracing off")
@@ -611,6 +658,7 @@ def main() -> int:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
+    args.cross_node = args.cross_node or args.only_cross_node
     rounds = args.rounds or (2 if args.quick else 3)
     duration = args.duration or (1 if args.quick else 4)
     sse_samples = args.sse_samples or (40 if args.quick else 200)
@@ -626,6 +674,9 @@ def main() -> int:
 
     db_url, db_name = (create_postgres_db(args.postgres_url) if args.cross_node
                        else (None, None))
+    compare_dbs = [create_postgres_db(args.postgres_url) for _ in args.compare_layer] \
+        if args.cross_node else []
+    args.compare_db_urls = [url for url, _name in compare_dbs]
     with temp_dir("a2a-proxy-bench-") as tmp_name:
         tmp = Path(tmp_name)
         procs: list[Proc] = []
@@ -692,6 +743,8 @@ def main() -> int:
             keep_logs(tmp, "proxy")
             if db_name:
                 drop_postgres_db(args.postgres_url, db_name)
+            for _url, name in compare_dbs:
+                drop_postgres_db(args.postgres_url, name)
     print_report(result)
     path = write_results("proxy", result)
     print(f"\nwrote {path} ({result['elapsed_s']} s: {result['phases_s']})")

@@ -191,14 +191,16 @@ if REDIS_URL:
     CACHES = {
         "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
     }
-    _layer = env_choice("A2A_CHANNEL_LAYER", "pubsub", ("pubsub", "core"))
+    # direct: the gateway's own pipelined Redis pub/sub layer (gateway.redis_layer, checked
+    # sends); pubsub / core: channels-redis's layers (Sentinel, sharding).
+    _layer = env_choice("A2A_CHANNEL_LAYER", "direct", ("direct", "pubsub", "core"))
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": (
-                "channels_redis.pubsub.RedisPubSubChannelLayer"
-                if _layer == "pubsub"
-                else "channels_redis.core.RedisChannelLayer"
-            ),
+            "BACKEND": {
+                "direct": "gateway.redis_layer.RedisDirectChannelLayer",
+                "pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                "core": "channels_redis.core.RedisChannelLayer",
+            }[_layer],
             "CONFIG": {
                 "hosts": [
                     {

@@ -453,11 +453,20 @@ async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> b
     tags[env.TAG_REPLY_CHANNEL] = node.inbox.channel
     node.inbox.pending[tags[env.TAG_REQUEST_ID]] = queue.put_nowait
     try:
-        await node.layer.send(agent_channel(exchange.agent_id), query)
+        listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
     except Exception as exc:  # broker down: answer at once, never queue
         node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
         await exchange.fail(errors.UNREACHABLE, f"broker unavailable: {type(exc).__name__}")
         return False
+    # A checked send (gateway.redis_layer returns how many processes got it; channels-redis's
+    # layers return None, and the missing ack answers instead, after ACK_TIMEOUT_SECONDS).
+    if listeners == 0:
+        node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
+        await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
+        return False
+    if listeners is not None and listeners > 1:
+        logger.warning("%d subscribers got the query for %s: more than one owner",
+                       listeners, exchange.agent_id)
     return True
 
 

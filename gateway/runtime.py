@@ -49,7 +49,10 @@ _NO_NODES: frozenset[str] = frozenset()
 
 
 def _broadcasts(layer) -> bool:
-    """Whether every receiver of a named channel gets every message (the pub/sub layer)."""
+    """Whether every receiver of a named channel gets every message: the Redis pub/sub layers
+    (the gateway's own ``direct`` layer and channels-redis's ``pubsub``), not ``core``."""
+    if isinstance(layer, RedisDirectChannelLayer):
+        return True
     try:
         from channels_redis.pubsub import RedisPubSubChannelLayer
     except ImportError:
