@@ -33,6 +33,7 @@ from gateway.conf import NodeSettings
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter
 from gateway.liveness import OWNER_LOST, Liveness, cluster_of
+from gateway.redis_layer import RedisDirectChannelLayer
 from gateway.replicator import Replicator
 from gateway.routing_table import RoutingTable
 from gateway.subscriber_manager import SubscriberManager

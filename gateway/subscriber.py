@@ -13,11 +13,11 @@ dispatches on the ``a2a_method`` tag:
 Replies are reply messages (gateway.envelope) written to a *sink*: the broker reply channel, or
 the receiving gateway itself on the local fast path. The same handlers serve both.
 
-Handover (ownership moving between two live nodes on a pub/sub layer (direct or pubsub), where every process
-receiving on ``_AGENTS_.{agent_id}`` gets every message): for a while both the old owner's and
-the new owner's subscriber receive on the channel, and each Query must be executed by exactly
-one of them. Redis delivers a channel's messages to all its subscribers in one order, so the
-new owner marks a point in that order:
+Handover (ownership moving between two live nodes on a pub/sub layer, ``direct`` or ``pubsub``,
+where every process receiving on ``_AGENTS_.{agent_id}`` gets every message): for a while both
+the old owner's and the new owner's subscriber receive on the channel, and each Query must be
+executed by exactly one of them. Redis delivers a channel's messages to all its subscribers in
+one order, so the new owner marks a point in that order:
 
 1. The new subscriber starts in *standby*: it receives, but drops the Queries it gets through
    the broker (the old owner, still active, answers them).
