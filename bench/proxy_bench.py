@@ -729,7 +729,8 @@ def main() -> int:
             phases["warmup+rounds"] = time.monotonic() - mark
             mark = time.monotonic()
             sse_arms = [a for a in live if a.name != "daphne-ceiling" and not args.skip_sse]
-            sse_latency = asyncio.run(sse_first_event(sse_arms, sse_samples, rounds))
+            sse_latency = (asyncio.run(sse_first_event(sse_arms, sse_samples, rounds))
+                           if sse_arms else {})
             phases["sse_latency"] = time.monotonic() - mark
             mark = time.monotonic()
             hold_arms = [a for a in live if not args.skip_sse
