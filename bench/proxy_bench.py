@@ -172,9 +172,13 @@ def probe(arm: Arm, timeout: float = 10.0) -> None:
     arm.available, arm.reason = False, f"probe failed: {last}"
 
 
-def baseline_checkout(ref: str, tmp: Path) -> Path:
+#: The hot path's files whose ``tracing.ENABLED`` checks --tracing-compiled-out removes.
+TRACING_HOOK_FILES = ("gateway/handler.py", "gateway/subscriber.py")
+
+
+def baseline_checkout(ref: str, tmp: Path, name: str = "baseline-src") -> Path:
     """The project's files at git ``ref`` (``git archive``), to run a baseline gateway from."""
-    root = tmp / "baseline-src"
+    root = tmp / name
     root.mkdir()
     archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=ROOT,
                              capture_output=True, check=True).stdout
@@ -320,6 +324,16 @@ def start_arms(tmp: Path, args, database_url: str | None = None
         # Daphne too: the default server's figure against the same ref, same rounds.
         arms.append(start_gateway("daphne", tmp, upstream_url, procs, upstream,
                                   name="gateway-daphne-baseline", root=root))
+    if args.tracing_compiled_out:
+        # The current commit with the tracing hooks compiled out (``tracing.ENABLED`` replaced
+        # by ``False``: the compiler drops those branches), against gateway-uvicorn (compiled
+        # in, A2A_TRACING off): what the hooks cost when tracing is off.
+        root = baseline_checkout("HEAD", tmp, name="untraced-src")
+        for rel in TRACING_HOOK_FILES:
+            path = root / rel
+            path.write_text(path.read_text().replace("tracing.ENABLED", "False"))
+        arms.append(start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
+                                  name="gateway-untraced", root=root))
     if args.stats:
         # The console's statistics and error audit on vs off, same server, same run.
         variants = (("gateway-stats-on", {"A2A_STATS": "true", "A2A_AUDIT": "errors"}),
@@ -494,6 +508,39 @@ def summarize(runs: dict) -> dict:
     return summary
 
 
+#: Pairs whose ratio is also reported round by round (req/s, and server CPU per request).
+ROUND_PAIRS = (
+    ("gateway-uvicorn", "gateway-baseline"),
+    ("gateway-daphne", "gateway-daphne-baseline"),
+    ("gateway-uvicorn", "gateway-untraced"),
+    ("gateway-traced", "gateway-uvicorn"),
+    ("gateway-uvicorn", "aiohttp-proxy"),
+    ("gateway-daphne", "aiohttp-proxy"),
+    ("gateway-daphne", "daphne-ceiling"),
+    ("daphne-ceiling", "aiohttp-proxy"),
+)
+
+
+def per_round_ratios(runs: dict) -> dict:
+    """``a / b`` per interleaved round, for each pair measured: req/s and CPU µs per request
+    (b / a for CPU, so above 1 means ``a`` is cheaper), to show the spread a median hides."""
+    out: dict[str, dict] = {}
+    for scenario, arms in runs.items():
+        for a, b in ROUND_PAIRS:
+            if a not in arms or b not in arms:
+                continue
+            pairs = list(zip(arms[a], arms[b], strict=True))
+            out.setdefault(scenario, {})[f"{a} / {b}"] = {
+                "rps": [round(x["rps"] / y["rps"], 3) if y["rps"] else None for x, y in pairs],
+                "cpu_b_over_a": [
+                    round(y["cpu_us_per_req"] / x["cpu_us_per_req"], 3)
+                    if x.get("cpu_us_per_req") and y.get("cpu_us_per_req") else None
+                    for x, y in pairs
+                ],
+            }
+    return out
+
+
 def ratios(summary: dict) -> list[dict]:
     def get(scenario: str, arm: str, metric: str = "rps"):
         return (summary.get(scenario, {}).get(arm) or {}).get(metric)
@@ -567,6 +614,12 @@ def ratios(summary: dict) -> list[dict]:
                          "value": ratio(get(scenario, "gateway-daphne"),
                                         get(scenario, "gateway-daphne-baseline")),
                          "target": "reported (the default server against the ref)"})
+    if "gateway-untraced" in summary.get("1KiB c=64", {}):
+        for scenario in summary:
+            rows.append({"figure": f"{scenario}: gateway-uvicorn / gateway-untraced (req/s)",
+                         "value": ratio(get(scenario, "gateway-uvicorn"),
+                                        get(scenario, "gateway-untraced")),
+                         "target": ">= 0.97 (tracing compiled in but off / compiled out)"})
     if "gateway-stats-on" in summary.get("1KiB c=64", {}):
         for scenario in summary:
             rows.append({"figure": f"{scenario}: stats+audit(errors) on / off (req/s)",
@@ -579,6 +632,10 @@ def ratios(summary: dict) -> list[dict]:
                          "value": round(cpu_on - cpu_off, 1) if cpu_on and cpu_off else None,
                          "target": "reported (steadier than req/s on a busy machine)"})
     for scenario in ("1KiB c=1", "1KiB c=64"):
+        rows.append({"figure": f"{scenario}: daphne-ceiling / aiohttp-proxy (req/s)",
+                     "value": ratio(get(scenario, "daphne-ceiling"),
+                                    get(scenario, "aiohttp-proxy")),
+                     "target": "reported (Daphne's own cost)"})
         rows.append({"figure": f"{scenario}: gateway-daphne / daphne-ceiling (req/s)",
                      "value": ratio(get(scenario, "gateway-daphne"),
                                     get(scenario, "daphne-ceiling")),
@@ -608,6 +665,12 @@ def print_report(result: dict) -> None:
     for row in result["ratios"]:
         value = "-" if row["value"] is None else row["value"]
         print(f"  {row['figure']:<58} {value!s:>8}  {row['target']}")
+    if result.get("per_round"):
+        print("\nPer round (req/s ratio; server CPU per request b/a):")
+        for scenario, pairs in result["per_round"].items():
+            for pair, figures in pairs.items():
+                print(f"  {scenario:<13}{pair:<44} rps {figures['rps']}  "
+                      f"cpu {figures['cpu_b_over_a']}")
     if result.get("sse_first_event"):
         print("\nSSE first-event latency (ms):")
         for arm, figures in result["sse_first_event"].items():
@@ -655,6 +718,11 @@ def main() -> int:
                              "(gateway-traced), side by side with tracing off")
     parser.add_argument("--baseline-ref", metavar="REF",
                         help="also a uvicorn gateway built from this git ref (gateway-baseline)")
+    parser.add_argument("--tracing-compiled-out", action="store_true",
+                        help="also the uvicorn gateway of this commit with the tracing hooks "
+                             "compiled out (gateway-untraced)")
+    parser.add_argument("--skip-sse", action="store_true",
+                        help="skip the SSE first-event and held-streams phases")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
@@ -711,12 +779,13 @@ def main() -> int:
                               flush=True)
             phases["warmup+rounds"] = time.monotonic() - mark
             mark = time.monotonic()
-            sse_arms = [a for a in live if a.name != "daphne-ceiling"]
-            sse_latency = asyncio.run(sse_first_event(sse_arms, sse_samples, rounds))
+            sse_arms = [a for a in live if a.name != "daphne-ceiling" and not args.skip_sse]
+            sse_latency = (asyncio.run(sse_first_event(sse_arms, sse_samples, rounds))
+                           if sse_arms else {})
             phases["sse_latency"] = time.monotonic() - mark
             mark = time.monotonic()
-            hold_arms = [a for a in live
-                         if a.name in ("aiohttp-proxy", "gateway-uvicorn", "gateway-daphne")]
+            hold_arms = [a for a in live if not args.skip_sse
+                         and a.name in ("aiohttp-proxy", "gateway-uvicorn", "gateway-daphne")]
             hold = {}
             for arm in hold_arms:
                 hold[arm.name] = asyncio.run(sse_hold(arm, args.streams, upstream_url,
@@ -732,7 +801,8 @@ def main() -> int:
                 "command": " ".join([Path(PYTHON).name, *sys.argv]),
                 "arms": [{"name": a.name, "url": a.url, "available": a.available,
                           "reason": a.reason} for a in arms],
-                "summary": summary, "ratios": ratios(summary), "runs": runs,
+                "summary": summary, "ratios": ratios(summary),
+                "per_round": per_round_ratios(runs), "runs": runs,
                 "sse_first_event": sse_latency, "sse_hold": hold,
                 "phases_s": {k: round(v, 1) for k, v in phases.items()},
                 "elapsed_s": round(time.time() - started, 1),

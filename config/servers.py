@@ -23,6 +23,7 @@ import asyncio
 import errno
 import logging
 import socket
+import time
 from dataclasses import dataclass
 
 import orjson
@@ -150,28 +151,45 @@ def uvicorn_protocol(limits: ServerLimits):
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     sweeping: set = set()  # the loop whose sweeper runs (one per server process)
+    tick = max(0.05, min(1.0, limits.header_timeout / 2, limits.keepalive / 2))
 
     async def sweep(connections: set) -> None:
-        """Close connections whose request body stopped arriving (uvicorn has no timer there;
-        Twisted's idle timer does the same under Daphne). One pass a second, no per-request
-        timer on the hot path."""
+        """Enforce the header deadline and the body idle timeout (uvicorn has no timer there;
+        Twisted's idle timer does the same under Daphne) in one pass per tick over the open
+        connections: no timer, clock read or extra callback per request on the hot path. A
+        deadline fires within one tick (at most a second) of its time."""
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(min(1.0, limits.keepalive))
-            now = asyncio.get_running_loop().time()
+            await asyncio.sleep(tick)
+            now = loop.time()
             for protocol in list(connections):
+                transport = protocol.transport
+                if transport is None or transport.is_closing():
+                    continue
                 cycle = protocol.cycle
-                if (
-                    cycle is not None
-                    and cycle.more_body
-                    and not cycle.response_complete
-                    and now - protocol.last_data > limits.keepalive
-                    and not protocol.transport.is_closing()
-                ):
-                    protocol.transport.close()
+                if protocol.head_since is not None and cycle is protocol.head_cycle:
+                    # A request head started (or the connection opened) and is not complete.
+                    if now - protocol.head_since > limits.header_timeout:
+                        protocol.head_since = None
+                        transport.write(TIMEOUT_RESPONSE)
+                        transport.close()
+                    continue
+                if cycle is not None and cycle.more_body and not cycle.response_complete:
+                    if protocol.body_moved or protocol.body_cycle is not cycle:
+                        protocol.body_moved = False
+                        protocol.body_cycle = cycle
+                        protocol.body_since = now
+                    elif now - protocol.body_since > limits.keepalive:
+                        transport.close()
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
-        _head_deadline = None
-        last_data = 0.0
+        # The head being read: since when, and the cycle current when it started (uvicorn makes
+        # a new cycle once the head is complete). The body being read: bytes since last tick.
+        head_since: float | None = None
+        head_cycle = None
+        body_moved = False
+        body_cycle = None
+        body_since = 0.0
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -182,37 +200,71 @@ def uvicorn_protocol(limits: ServerLimits):
             if self.loop not in sweeping:
                 sweeping.add(self.loop)
                 self.loop.create_task(sweep(self.connections))
-            self._arm_head_deadline()
+            self.head_since = self.loop.time()  # the first head is due from the connect
+            # Everything uvicorn writes goes through the one-write-per-response transport.
+            self.transport = _CoalescingTransport(transport, self.loop)
 
-        def _arm_head_deadline(self) -> None:
-            self._head_deadline = self.loop.call_later(limits.header_timeout, self._head_late)
-
-        def _head_late(self) -> None:
-            self._head_deadline = None
-            if not self.transport.is_closing():
-                self.transport.write(TIMEOUT_RESPONSE)
-                self.transport.close()
-
-        def data_received(self, data: bytes) -> None:
-            self.last_data = self.loop.time()
+        def on_message_begin(self) -> None:
             # The first bytes of a next request on a kept-alive connection start its deadline.
-            if self._head_deadline is None and (self.cycle is None or self.cycle.response_complete):
-                self._arm_head_deadline()
-            super().data_received(data)
+            if self.cycle is not None:
+                self.head_since = self.loop.time()
+                self.head_cycle = self.cycle
+            super().on_message_begin()
 
-        def on_headers_complete(self) -> None:
-            if self._head_deadline is not None:
-                self._head_deadline.cancel()
-                self._head_deadline = None
-            super().on_headers_complete()
-
-        def connection_lost(self, exc) -> None:
-            if self._head_deadline is not None:
-                self._head_deadline.cancel()
-                self._head_deadline = None
-            super().connection_lost(exc)
+        def on_body(self, body: bytes) -> None:
+            self.body_moved = True
+            super().on_body(body)
 
     return LimitedHttpToolsProtocol
+
+
+class _CoalescingTransport:
+    """A connection's transport that sends a response's head and its first body bytes in one
+    write (one system call, one loopback segment) where uvicorn writes them separately.
+
+    uvicorn writes the status line and headers at ``http.response.start`` and the body at
+    ``http.response.body``; applications send both back to back. The head is held until the
+    next write, or until the end of the current event-loop iteration at the latest (a body that
+    comes later, e.g. a stream's first event after a wait, never delays the head longer).
+    """
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport, loop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if len(data) < 16384:
+                self._transport.write(held + data)
+            else:  # no copy of a large body
+                self._transport.writelines((held, data))
+        elif data[:9] == b"HTTP/1.1 " and data[9:10] != b"1":  # a final response's head
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
 
 
 # --- Daphne (Twisted) --------------------------------------------------------------------------
@@ -234,6 +286,10 @@ def daphne_factory_class(limits: ServerLimits):
         def gotLength(self, length) -> None:  # noqa: N802 (Twisted's name)
             channel = self.channel
             channel.edge_head_complete()
+            # Twisted would parse the Content-Type of every POST with the email package (a
+            # class built per call) for form arguments; Daphne and the applications never read
+            # request.args.
+            self._parsePOSTFormSubmission = False
             path = self._edge_path = channel._path or b"/"
             self._edge_version = channel._version
             self._cap = limits.body_cap(path)
@@ -302,34 +358,52 @@ def daphne_factory_class(limits: ServerLimits):
             return super().process()
 
     class LimitedChannel(http.HTTPChannel):
-        _head_deadline = None
+        # The header deadline: since when a request head is being read (None: not reading
+        # one); edge_awaiting: between requests, the next head not started yet. The factory's
+        # sweeper enforces it once per tick: no timer and no per-line callback per request.
+        edge_head_since: float | None = None
+        edge_awaiting = False
+        _edge_host = None
 
         def connectionMade(self) -> None:  # noqa: N802
             super().connectionMade()
-            self._arm_head_deadline()
+            self.edge_head_since = time.monotonic()  # the first head is due from the connect
+            self.factory.edge_channels.add(self)
 
-        def _arm_head_deadline(self) -> None:
-            self._head_deadline = self.callLater(limits.header_timeout, self._head_late)
+        def edge_head_complete(self) -> None:
+            self.edge_head_since = None
+            self.edge_awaiting = False
 
-        def _head_late(self) -> None:
-            self._head_deadline = None
-            if not self._handlingRequest and self.transport is not None:
+        def requestDone(self, request) -> None:  # noqa: N802
+            self.edge_awaiting = True
+            super().requestDone(request)
+
+        def getHost(self):  # noqa: N802
+            # Twisted asks the socket (getsockname) for every request; it never changes.
+            host = self._edge_host
+            if host is None:
+                host = self._edge_host = super().getHost()
+            return host
+
+        def edge_sweep(self, now: float) -> None:
+            if self._handlingRequest or self.transport is None:
+                return
+            since = self.edge_head_since
+            if since is None:
+                # The first bytes of a next request on a kept-alive connection start its
+                # deadline (seen by the sweeper: within one tick).
+                if self.edge_awaiting and (self._receivedHeaderSize or self._buffer):
+                    self.edge_awaiting = False
+                    self.edge_head_since = now
+                return
+            if now - since > limits.header_timeout:
+                self.edge_head_since = None
                 self.transport.write(TIMEOUT_RESPONSE)
                 self.transport.loseConnection()
 
-        def lineReceived(self, line: bytes) -> None:  # noqa: N802
-            if self._head_deadline is None and not self._handlingRequest:
-                self._arm_head_deadline()
-            super().lineReceived(line)
-
-        def edge_head_complete(self) -> None:
-            if self._head_deadline is not None:
-                if self._head_deadline.active():
-                    self._head_deadline.cancel()
-                self._head_deadline = None
-
         def connectionLost(self, reason) -> None:  # noqa: N802
-            self.edge_head_complete()
+            self.edge_head_since = None
+            self.factory.edge_channels.discard(self)
             self.factory.edge_connections -= 1
             super().connectionLost(reason)
 
@@ -340,6 +414,31 @@ def daphne_factory_class(limits: ServerLimits):
             # while the application answers (so long streams are not cut).
             self.timeOut = limits.keepalive
             self.edge_connections = 0
+            self.edge_channels: set = set()
+            self._edge_sweeper = None
+
+        def startFactory(self) -> None:  # noqa: N802
+            super().startFactory()
+            if self._edge_sweeper is None:
+                from twisted.internet import task
+
+                self._edge_sweeper = task.LoopingCall(self._edge_sweep)
+                self._edge_sweeper.start(
+                    max(0.05, min(1.0, limits.header_timeout / 2)), now=False)
+
+        def stopFactory(self) -> None:  # noqa: N802
+            if self._edge_sweeper is not None and self._edge_sweeper.running:
+                self._edge_sweeper.stop()
+            self._edge_sweeper = None
+            super().stopFactory()
+
+        def _edge_sweep(self) -> None:
+            now = time.monotonic()
+            for channel in list(self.edge_channels):
+                try:
+                    channel.edge_sweep(now)
+                except Exception:  # one broken connection must not stop the sweeper
+                    logger.exception("header deadline sweep failed")
 
         def protocol(self):
             return http._GenericHTTPChannelProtocol(LimitedChannel())

@@ -122,14 +122,19 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
             and not await _authenticated(node, headers.authorization, send, agent_id):
         return
-    try:
-        body = await read_body(receive, cap)
-    except Disconnected:
-        return
-    except BodyTooLarge:
-        await _error(send, errors.REQUEST_TOO_LARGE, None, None,
-                     f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
-        return
+    # One receive() holds the whole of a small body: read it here, without a reader coroutine.
+    message = await receive()
+    body = message.get("body", b"")
+    if message.get("more_body") or message["type"] != "http.request" or len(body) > cap:
+        try:
+            body = await _read_rest(message, receive, cap)
+        except Disconnected:
+            return
+        except BodyTooLarge:
+            await _error(send, errors.REQUEST_TOO_LARGE, None, None,
+                         f"request body larger than {cap} bytes",
+                         extra=[(b"connection", b"close")])
+            return
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -147,10 +152,25 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         await _error(send, errors.INVALID_REQUEST, rpc_id, None,
                      "method must be a non-empty string")
         return
-    admitted = await _admit_to_agent(node, scope, send, headers, rpc_id, agent_id)
-    if admitted is None:
-        return
-    caller, route = admitted
+    # The common case without a coroutine: a known agent, a client verified within the token
+    # cache's lifetime, allowed to call it. Anything else takes the full path below (same
+    # checks, same answers); the rate limit is charged once either way.
+    caller = None
+    route = node.table.get(agent_id)
+    if route is not None and not route.credential_passthrough \
+            and AGENT_ID_RE.match(agent_id) is not None:
+        actor = node.tokens.fresh_client(headers.authorization)
+        if actor is not None and actor.may_call(agent_id):
+            if not node.limiter.allow(actor.client_id):
+                await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
+                             extra=[(b"retry-after", b"1")])
+                return
+            caller = actor.client_id
+    if caller is None:
+        admitted = await _admit_to_agent(node, scope, send, headers, rpc_id, agent_id)
+        if admitted is None:
+            return
+        caller, route = admitted
     metrics.count_request(agent_id, method)
     timeout = request_timeout(payload, settings)
     tags = headers.tags
@@ -174,7 +194,11 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     elif subscriber is not None and settings.A2A_LOCAL_FAST_PATH:
         # The local fast path, inline: the subscriber's own outbound timeout (the caller's,
         # shorter than the gateway's wait) always ends the call first, so no second timer.
-        await subscriber.handle(query, exchange.deliver, local=True)
+        call = subscriber.local_call(query, exchange.deliver)
+        if call is not None:
+            await call
+        else:
+            await subscriber.handle(query, exchange.deliver, local=True)
         if not exchange.done:
             await exchange.fail(errors.UNREACHABLE, "the subscriber gave no answer")
     else:
@@ -185,6 +209,18 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     recorder.record(agent_id, caller, method, exchange, len(body), seconds)
     if trace is not None:
         trace.end(exchange.outcome)
+
+
+async def _read_rest(first: dict[str, Any], receive, cap: int) -> bytes:
+    """The body from its first message on (gateway.bodies.read_body's rules)."""
+    if first["type"] == "http.disconnect":
+        raise Disconnected
+    pending = [first]
+
+    async def replay() -> dict[str, Any]:
+        return pending.pop() if pending else await receive()
+
+    return await read_body(replay, cap)
 
 
 def _invalid_json_detail(content_type: bytes) -> str:

@@ -74,6 +74,8 @@ CANCEL_NOTICE_TIMEOUT_SECONDS = 5.0
 HANDOVER_SIGNAL_SECONDS = 5.0
 #: Handover: the interval of a standby subscriber's probes until it hears one.
 PROBE_INTERVAL_SECONDS = 0.1
+#: Methods the subscriber handles itself (never forwarded as a sync call).
+_CONTROL_METHODS = frozenset({env.CANCEL_METHOD, env.CREDIT_METHOD, env.RESUME_METHOD})
 
 
 class StreamStalled(Exception):
@@ -338,6 +340,22 @@ class VirtualSubscriber:
                 logger.exception("%s: dispatch failed", self.client_id)
 
     # --- dispatch --------------------------------------------------------------------------
+
+    def local_call(self, query: dict[str, Any], sink: Sink) -> Awaitable[None] | None:
+        """The local fast path of a sync (non-streaming) method, for the gateway's handler:
+        the handler coroutine itself to await (one coroutine level fewer than :meth:`handle`),
+        or None when :meth:`handle` must decide (tracing on, stopping, at the concurrency cap,
+        or a control method)."""
+        tags = query["tags"]
+        if (
+            tracing.ENABLED
+            or self._stopping
+            or self.in_flight >= self.route.max_concurrency
+            or tags.get(env.TAG_METHOD) in _CONTROL_METHODS
+        ):
+            return None
+        self.in_flight += 1
+        return self._run_sync(query, sink, tags.get(env.TAG_REQUEST_ID, ""))
 
     async def handle(self, query: dict[str, Any], sink: Sink, *, local: bool) -> None:
         """Dispatch one Query. On the local path a sync request runs in the caller's task;

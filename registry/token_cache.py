@@ -227,6 +227,14 @@ class TokenCache:
         entry = self._entries.get(authorization) if authorization else None
         return entry is not None and entry[2] > time.monotonic() and not entry[0].is_anonymous
 
+    def fresh_client(self, authorization: str | None) -> Actor | None:
+        """The client this header names if it was verified within the cache lifetime (no
+        await, no lookup: the gateway's hot path), else None (then ask :meth:`actor`)."""
+        entry = self._entries.get(authorization) if authorization else None
+        if entry is not None and entry[1] > time.monotonic() and not entry[0].is_anonymous:
+            return entry[0]
+        return None
+
     async def actor(self, authorization: str | None) -> Actor | None:
         """The caller's actor; None when there is no Authorization header and anonymous access
         is off. Raises :class:`AuthFailed` for a bad header or token, and its subclass
