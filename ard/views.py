@@ -3,17 +3,27 @@
 Thin Django views (not the proxy hot path): authenticate the tier, parse with :mod:`ard.query`,
 read with :mod:`ard.selectors`, answer JSON. Errors are Appendix B's ``{errorCode, message}``;
 nothing answers a traceback.
+
+Search and explore (full-text ranking, tens of milliseconds at 10,000 agents) are async views
+whose work runs on a small pool of their own (:data:`WORKERS` threads, at most
+:data:`MAX_PENDING` searches admitted at once, beyond that a 503 ``UNAVAILABLE`` with
+``Retry-After``): the node's event loop and its other requests never wait for a search, and a
+burst of searches cannot take the threads other work (the console flusher, Django's sync
+views) runs on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
-from functools import wraps
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial, wraps
 from typing import Any
 
 import orjson
 from django.conf import settings
+from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -25,6 +35,11 @@ from registry.token_cache import AuthFailed, shared_token_cache
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
+#: Threads running searches and explores, and how many may be admitted (running or queued).
+WORKERS = 4
+MAX_PENDING = 64
+_pool: ThreadPoolExecutor | None = None
+_pending = [0]
 
 
 def base_url(request: HttpRequest) -> str:
@@ -93,6 +108,52 @@ def ard_view(methods: tuple[str, ...]) -> Callable:
     return decorate
 
 
+def _pool_executor() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ard-search")
+    return _pool
+
+
+def _in_worker(view: Callable, request: HttpRequest, *args, **kwargs) -> HttpResponse:
+    """Run a sync view on a pool thread; the thread's database connection is handled like a
+    request thread's (closed when too old or broken)."""
+    close_old_connections()
+    try:
+        return view(request, *args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+def ard_pooled_view(methods: tuple[str, ...]) -> Callable:
+    """:func:`ard_view`, run on the search pool from an async view (see the module docstring)."""
+
+    def decorate(fn: Callable) -> Callable:
+        sync_view = ard_view(methods)(fn)
+
+        @csrf_exempt
+        @wraps(fn)
+        async def view(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if _pending[0] >= MAX_PENDING:
+                return _json(
+                    503,
+                    {"errorCode": "UNAVAILABLE",
+                     "message": "too many searches in progress on this node; retry shortly"},
+                    Retry_After="1",
+                )
+            _pending[0] += 1
+            try:
+                return await asyncio.get_running_loop().run_in_executor(
+                    _pool_executor(), partial(_in_worker, sync_view, request, *args, **kwargs)
+                )
+            finally:
+                _pending[0] -= 1
+
+        return view
+
+    return decorate
+
+
 def _body(request: HttpRequest) -> Any:
     declared = request.META.get("CONTENT_LENGTH") or "0"
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -154,7 +215,7 @@ def api_root(request: HttpRequest) -> HttpResponse:
     )
 
 
-@ard_view(("POST",))
+@ard_pooled_view(("POST",))
 def search(request: HttpRequest) -> HttpResponse:
     """``POST /ard/v1/search`` (ARD §7.2)."""
     actor = request_tier(request)
@@ -162,7 +223,7 @@ def search(request: HttpRequest) -> HttpResponse:
     return _json(200, selectors.search(actor=actor, request=parsed, base_url=base_url(request)))
 
 
-@ard_view(("POST",))
+@ard_pooled_view(("POST",))
 def explore(request: HttpRequest) -> HttpResponse:
     """``POST /ard/v1/explore`` (ARD §7.3)."""
     actor = request_tier(request)

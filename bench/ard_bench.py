@@ -8,7 +8,9 @@ this script's load generator runs on core 1. Phases:
    realistic cards of tests/ard/corpus.py, each copy with its own name and a few extra words,
    all public (the search index is fed by the registry's events, as in production);
 2. search, closed loop at c=1 and c=8 for ``--seconds`` each: the 30 natural-language queries of
-   the relevance test in turn, anonymous; p50/p99 latency and requests/s;
+   the relevance test in turn, anonymous; p50/p99 latency and requests/s; meanwhile a probe
+   GETs ``/healthz`` every 20 ms (the node's other requests), its p50/p99 reported next to the
+   same probe on the idle node (``probe_idle``);
 3. ``ai-catalog.json``: generation time of the whole manifest in the node's own environment
    (``manage.py shell``, cache cleared each round, median and max of ``--catalog-rounds``), then
    HTTP GETs: warm (cached bytes) 200 and conditional 304.
@@ -106,11 +108,28 @@ async def register_all(session, base: str, token: str, count: int) -> dict:
     }
 
 
+async def probe_loop(session, base: str, seconds: float) -> dict:
+    """``GET /healthz`` every 20 ms for ``seconds``: how long the node's other requests wait."""
+    latencies: list[float] = []
+    statuses: dict = {}
+    started = time.perf_counter()
+    deadline = started + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        async with session.get(f"{base}/healthz") as response:
+            await response.read()
+            statuses[response.status] = statuses.get(response.status, 0) + 1
+        latencies.append(time.perf_counter() - t0)
+        await asyncio.sleep(0.02)
+    return figures(latencies, time.perf_counter() - started, statuses)
+
+
 async def search_loop(session, base: str, concurrency: int, seconds: float) -> dict:
     latencies: list[float] = []
     statuses: dict = {}
     deadline = time.perf_counter() + seconds
     counter = iter(range(10**9))
+    probe = asyncio.create_task(probe_loop(session, base, seconds))
 
     async def worker() -> None:
         while time.perf_counter() < deadline:
@@ -125,7 +144,9 @@ async def search_loop(session, base: str, concurrency: int, seconds: float) -> d
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return figures(latencies, time.perf_counter() - started, statuses)
+    out = figures(latencies, time.perf_counter() - started, statuses)
+    out["probe_healthz"] = await probe
+    return out
 
 
 async def catalog_gets(session, base: str, rounds: int) -> dict:
@@ -180,12 +201,17 @@ async def run_load(base: str, registrar: str, args) -> dict:
             flush=True,
         )
         result: dict = {"registration": registration}
+        result["probe_idle"] = await probe_loop(session, base, min(args.seconds, 3.0))
+        print(f"probe /healthz, idle node: p50 {result['probe_idle']['p50_ms']} ms "
+              f"p99 {result['probe_idle']['p99_ms']} ms", flush=True)
         for concurrency in (1, 8):
             figures_ = await search_loop(session, base, concurrency, args.seconds)
             result[f"search_c{concurrency}"] = figures_
             print(
                 f"search c={concurrency}: {figures_['per_s']}/s p50 {figures_['p50_ms']} ms "
-                f"p99 {figures_['p99_ms']} ms {figures_['statuses']}",
+                f"p99 {figures_['p99_ms']} ms {figures_['statuses']}; probe /healthz meanwhile "
+                f"p50 {figures_['probe_healthz']['p50_ms']} ms "
+                f"p99 {figures_['probe_healthz']['p99_ms']} ms",
                 flush=True,
             )
         result["catalog_http"] = await catalog_gets(session, base, args.catalog_rounds)

@@ -15,8 +15,15 @@ is created and dropped). ``--agents`` rows (default 100,000) are bulk-inserted (
    the incremental resync that sees the move spawns their virtual subscribers; the traced
    memory growth divided by their number (in-memory channel layer; each subscriber's task
    waits on its channel).
+4. **Admin agent list page** as a logged-in superuser (Django's test client, the whole
+   middleware stack and template rendering, no network): the first page, a search, a filter
+   and a sort by a column, each ``--admin-rounds`` times (median and worst ms) with its number
+   of SQL queries and the slowest query. The reference is the same pages measured in the same
+   run with ``--admin-reference`` agents (default 1,000) inserted, before the rest; both see
+   the same per-minute statistics rows (one for each of the first 1,000 agents).
 
     .venv/bin/python bench/scale_bench.py [--agents 100000] [--owned 10000] [--postgres]
+        [--admin-rounds 7] [--admin-reference 1000]
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ def _setup_django(tmp: str, database_url: str | None) -> None:
     call_command("migrate", verbosity=0)
 
 
-def _insert_agents(count: int) -> float:
+def _insert_agents(count: int, start: int = 0) -> float:
     from datetime import timedelta
 
     from django.utils import timezone
@@ -71,7 +78,7 @@ def _insert_agents(count: int) -> float:
     now = timezone.now()
     started = time.perf_counter()
     batch: list[Agent] = []
-    for index in range(count):
+    for index in range(start, start + count):
         agent_id = f"scale-{index:06d}"
         url = f"http://10.0.{index // 250 % 256}.{index % 250}:8000/"
         batch.append(
@@ -100,9 +107,113 @@ def _insert_agents(count: int) -> float:
     return time.perf_counter() - started
 
 
+#: The admin changelist pages timed: (name, query parameters). Every agent is on "other-node",
+#: so the filter matches (and counts) every row; the search matches one agent but scans all.
+ADMIN_PAGES = (
+    ("first_page", {}),
+    ("search", {"q": "scale-000421"}),
+    ("filter_node", {"node_id": "other-node"}),
+    ("sorted_last_seen_desc", {"o": "-4"}),
+    ("sorted_requests_desc", {"o": "-6"}),
+)
+
+
+def _insert_stats(count: int) -> None:
+    """One per-minute statistics row, in the list's 15-minute window, for each of ``count``
+    agents: the list's traffic columns then have rows to read."""
+    from django.utils import timezone
+
+    from console.histogram import BUCKETS
+    from console.models import AgentMinute
+
+    minute = timezone.now().replace(second=0, microsecond=0)
+    AgentMinute.objects.bulk_create(
+        [
+            AgentMinute(
+                agent_id=f"scale-{i:06d}", node_id=NODE, minute=minute, requests=i % 97 + 1,
+                errors_executed=i % 5, histogram=[0] * BUCKETS, last_call_at=minute,
+                last_outcome="ok",
+            )
+            for i in range(count)
+        ],
+        batch_size=2000,
+    )
+
+
+def admin_figures(rounds: int) -> dict:
+    """Each page of :data:`ADMIN_PAGES`: median and worst ms over ``rounds`` (after one warm-up
+    request) and this process's median CPU time (the machine is shared: wall time includes
+    waiting for a core; with SQLite the CPU time includes the queries, with PostgreSQL not),
+    its SQL query count, the slowest query's ms and the rows shown."""
+    import statistics
+
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+    from django.urls import reverse
+
+    user, _ = get_user_model().objects.get_or_create(
+        username="scale-bench-admin", defaults={"is_staff": True, "is_superuser": True}
+    )
+    client = Client()
+    client.force_login(user)
+    url = reverse("admin:registry_agent_changelist")
+    out: dict = {}
+    for name, params in ADMIN_PAGES:
+        client.get(url, params)
+        times: list[float] = []
+        cpu: list[float] = []
+        slowest: dict = {}
+        for _ in range(rounds):
+            with CaptureQueriesContext(connection) as ctx:
+                started, cpu_started = time.perf_counter(), time.process_time()
+                response = client.get(url, params)
+                times.append(time.perf_counter() - started)
+                cpu.append(time.process_time() - cpu_started)
+            if response.status_code != 200:
+                raise SystemExit(f"admin {name}: HTTP {response.status_code}")
+            worst = max(ctx.captured_queries, key=lambda q: float(q["time"]))
+            if float(worst["time"]) >= float(slowest.get("time", -1)):
+                slowest = worst
+        out[name] = {
+            "params": params,
+            "median_ms": round(statistics.median(times) * 1e3, 1),
+            "worst_ms": round(max(times) * 1e3, 1),
+            "median_cpu_ms": round(statistics.median(cpu) * 1e3, 1),
+            "queries": len(ctx.captured_queries),
+            "slowest_query_ms": round(float(slowest["time"]) * 1e3, 1),
+            "slowest_query": slowest["sql"][:300],
+            "rows_shown": response.content.count(b'class="field-agent_id"'),
+        }
+    return out
+
+
+def _print_admin(label: str, pages: dict) -> None:
+    for name, page in pages.items():
+        print(
+            f"admin {label} {name}: median {page['median_ms']} ms (worst {page['worst_ms']}, "
+            f"this process's CPU {page['median_cpu_ms']} ms), "
+            f"{page['queries']} queries, slowest {page['slowest_query_ms']} ms, "
+            f"{page['rows_shown']} rows",
+            flush=True,
+        )
+
+
 def _traced() -> int:
     gc.collect()
     return tracemalloc.get_traced_memory()[0]
+
+
+def _analyze(db_url: str | None) -> None:
+    """PostgreSQL: fresh planner statistics after the bulk insert (autovacuum would get there
+    a little later). SQLite is left as Django leaves it (no ANALYZE)."""
+    from django.db import connection
+
+    if not db_url:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
 
 
 def table_memory() -> dict:
@@ -259,6 +370,13 @@ def main() -> int:
         default=1_000,
         help="rows changed before the measured incremental resync",
     )
+    parser.add_argument("--admin-rounds", type=int, default=7)
+    parser.add_argument(
+        "--admin-reference",
+        type=int,
+        default=1_000,
+        help="agents inserted when the admin pages' reference is measured",
+    )
     parser.add_argument(
         "--postgres",
         action="store_true",
@@ -268,13 +386,23 @@ def main() -> int:
     args = parser.parse_args()
     if args.owned + args.changed > args.agents:
         parser.error("--owned + --changed must not exceed --agents")
+    if not 1_000 <= args.admin_reference < args.agents:
+        parser.error("--admin-reference must be at least 1000 and below --agents")
     started = time.time()
     db_url, db_name = create_postgres_db(args.postgres_url) if args.postgres else (None, None)
     try:
         with tempfile.TemporaryDirectory(prefix="a2a-scale-bench-") as tmp:
             _setup_django(tmp, db_url)
-            insert_seconds = _insert_agents(args.agents)
+            reference = args.admin_reference
+            insert_seconds = _insert_agents(reference)
+            _insert_stats(1_000)
+            admin_reference = admin_figures(args.admin_rounds)
+            _print_admin(f"{reference} agents", admin_reference)
+            insert_seconds += _insert_agents(args.agents - reference, start=reference)
             print(f"inserted {args.agents} agents in {insert_seconds:.1f} s", flush=True)
+            _analyze(db_url)
+            admin = admin_figures(args.admin_rounds)
+            _print_admin(f"{args.agents} agents", admin)
             table = table_memory()
             print(
                 f"routing table: {table['routes']} routes, {table['traced_mib']} MiB traced "
@@ -314,6 +442,12 @@ def main() -> int:
         "insert_seconds": round(insert_seconds, 1),
         "routing_table": table,
         **node,
+        "admin_changelist": {
+            "rounds": args.admin_rounds,
+            "reference_agents": args.admin_reference,
+            "reference": admin_reference,
+            "at_agents": admin,
+        },
         "elapsed_s": round(time.time() - started, 1),
     }
     path = write_results(f"scale-{result['database']}", result)

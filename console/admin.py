@@ -61,6 +61,7 @@ class CallRecordAdmin(ReadOnlyAdmin):
         "agent_id",
         "method",
         "outcome",
+        "count",
         "executed",
         "http_status",
         "latency_ms_display",

@@ -83,13 +83,17 @@ def take_batch() -> dict:
     recorder.clients.clear()
     calls = recorder.audit[:]
     del recorder.audit[: len(calls)]
+    refused = list(recorder.refused.items())
+    recorder.refused.clear()
+    for (caller, agent_id, outcome), (at, method, status, count) in refused:
+        calls.append((at, caller, agent_id, method, outcome, False, status, 0.0, 0, 0, count))
     return {"rows": rows, "clients": clients, "calls": calls, "changes": audit.take()}
 
 
 def _call_row(call: tuple, node_id: str):
     from console.models import CallRecord
 
-    at, caller, agent_id, method, outcome, executed, status, seconds, req, resp = call
+    at, caller, agent_id, method, outcome, executed, status, seconds, req, resp, *count = call
     return CallRecord(
         at=_ts(at),
         caller=caller,
@@ -102,6 +106,7 @@ def _call_row(call: tuple, node_id: str):
         request_bytes=req,
         response_bytes=resp,
         node_id=node_id,
+        count=count[0] if count else 1,
     )
 
 
@@ -227,7 +232,8 @@ async def start() -> None:
         recorder.reset()
         audit.pending.clear()
     recorder.configure(
-        stats_on=settings.A2A_STATS, audit=settings.A2A_AUDIT, cap=settings.A2A_AUDIT_MAX_PENDING
+        stats_on=settings.A2A_STATS, audit=settings.A2A_AUDIT, cap=settings.A2A_AUDIT_MAX_PENDING,
+        refused_per_minute=settings.A2A_AUDIT_MAX_REFUSED_PER_MINUTE,
     )
     if _task is not None and not _task.done():
         return

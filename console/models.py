@@ -62,6 +62,11 @@ class CallRecord(models.Model):
     request_bytes = models.PositiveBigIntegerField(default=0)
     response_bytes = models.PositiveBigIntegerField(default=0)
     node_id = models.CharField(max_length=200)
+    count = models.PositiveIntegerField(
+        default=1,
+        help_text="Calls this row stands for: calls refused before reaching the agent (401, "
+        "403, 429, agent_not_found) are one row per caller, agent and outcome per flush.",
+    )
 
     class Meta:
         ordering = ["-at", "-id"]

@@ -5,6 +5,12 @@ process: no locks, no await, no database). :mod:`console.flusher` moves what acc
 database every ``A2A_STATS_FLUSH_SECONDS``. Memory is bounded: at most ``MAX_KEYS`` pending
 agent-minutes and ``A2A_AUDIT_MAX_PENDING`` audit rows; what does not fit is counted as dropped.
 
+Calls the gateway refuses before any agent is involved (401, 403, 429, agent_not_found) are
+audited by :func:`refuse`, aggregated: one row per caller, agent and outcome with a count, and
+at most ``A2A_AUDIT_MAX_REFUSED_PER_MINUTE`` such rows per node and minute (the rest are counted
+as dropped). A flood of refused calls, which address-keyed rate limiting answers before any
+authentication, therefore adds a bounded number of rows whatever its rate.
+
 Kept per agent and minute (cells of a list, see the ``C_*`` indexes): requests, errors after
 and before the agent received the request, request and response bytes, latency sum, then the
 latency histogram (:mod:`console.histogram`).
@@ -30,22 +36,28 @@ OK_OUTCOMES = frozenset({"ok", "client_disconnect"})
 enabled = True
 audit_mode = "errors"  # off | errors | all
 audit_cap = 10_000
+refused_cap = 60  # refused-call rows per minute
 
 stats: dict[tuple[str, int], list] = {}  # (agent_id, minute) -> cells
 current: dict[str, list] = {}  # agent_id -> cells of the current minute (no tuple per call)
 current_minute = [0]
 clients: dict[str, float] = {}  # caller client id -> last call time, since last flush
 audit: list[tuple] = []
-dropped = {"audit": 0, "stats": 0}
+#: Refused calls since the last flush: (caller, agent_id, outcome) -> [first at, method,
+#: HTTP status, count]. At most ``refused_cap`` keys are created per minute.
+refused: dict[tuple[str, str, str], list] = {}
+refused_minute = [0, 0]  # [minute, rows created in it]
+dropped = {"audit": 0, "stats": 0, "refused": 0}
 
 
 def new_cells() -> list:
     return [0, 0, 0, 0, 0, 0.0, 0, 0.0, "", 0] + [0] * BUCKETS
 
 
-def configure(*, stats_on: bool, audit: str, cap: int) -> None:
-    global enabled, audit_mode, audit_cap
+def configure(*, stats_on: bool, audit: str, cap: int, refused_per_minute: int = 60) -> None:
+    global enabled, audit_mode, audit_cap, refused_cap
     enabled, audit_mode, audit_cap = stats_on, audit, cap
+    refused_cap = refused_per_minute
 
 
 def reset() -> None:
@@ -55,7 +67,29 @@ def reset() -> None:
     current_minute[0] = 0
     clients.clear()
     audit.clear()
-    dropped["audit"] = dropped["stats"] = 0
+    refused.clear()
+    refused_minute[0] = refused_minute[1] = 0
+    dropped["audit"] = dropped["stats"] = dropped["refused"] = 0
+
+
+def refuse(agent_id: str, caller: str, method: str, outcome: str, status: int) -> None:
+    """Count one call refused before reaching an agent (audited unless ``A2A_AUDIT=off``)."""
+    if audit_mode == "off":
+        return
+    key = (caller, agent_id, outcome)
+    row = refused.get(key)
+    if row is not None:
+        row[3] += 1
+        return
+    now = time.time()
+    minute = int(now) // 60
+    if minute != refused_minute[0]:
+        refused_minute[0], refused_minute[1] = minute, 0
+    if refused_minute[1] >= refused_cap or len(refused) >= refused_cap:
+        dropped["refused"] += 1
+        return
+    refused_minute[1] += 1
+    refused[key] = [now, method, status, 1]
 
 
 def record(

@@ -120,7 +120,7 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     # Authenticate before reading a large (or chunked) body: an unknown caller never gets to
     # upload one. A small body is read first so a refusal can carry the caller's id.
     if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
-            and not await _authenticated(node, headers.authorization, send, agent_id):
+            and not await _authenticated(node, scope, headers.authorization, send, agent_id):
         return
     # One receive() holds the whole of a small body: read it here, without a reader coroutine.
     message = await receive()
@@ -162,12 +162,14 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         actor = node.tokens.fresh_client(headers.authorization)
         if actor is not None and actor.may_call(agent_id):
             if not node.limiter.allow(actor.client_id):
+                _refused(scope, agent_id, actor.client_id, method, errors.RATE_LIMITED)
                 await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
                              extra=[(b"retry-after", b"1")])
                 return
             caller = actor.client_id
     if caller is None:
-        admitted = await _admit_to_agent(node, scope, send, headers, rpc_id, agent_id)
+        admitted = await _admit_to_agent(node, scope, send, headers, rpc_id, agent_id,
+                                         method)
         if admitted is None:
             return
         caller, route = admitted
@@ -245,7 +247,8 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive, s
     params, and its events are relayed."""
     started = time.perf_counter()
     headers = scan_request_headers(scope["headers"])
-    admitted = await _admit_to_agent(node, scope, send, headers, None, agent_id)
+    admitted = await _admit_to_agent(node, scope, send, headers, None, agent_id,
+                                     "message/stream")
     if admitted is None:
         return
     caller, route = admitted
@@ -335,9 +338,9 @@ def _last_event_id(scope: dict[str, Any]) -> str | None:
 # --- shared steps -----------------------------------------------------------------------------
 
 async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeaders, rpc_id,
-                          agent_id):
+                          agent_id, method: str = ""):
     """Check the agent id, the caller and the route: ``(caller id, route)``, or None once the
-    refusal has been answered."""
+    refusal has been answered (and audited: :func:`console.recorder.refuse`)."""
     if not AGENT_ID_RE.match(agent_id):
         await _error(send, errors.INVALID_REQUEST, rpc_id, None, "invalid agent id")
         return None
@@ -349,10 +352,12 @@ async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeader
         authorization = headers.gateway_authorization
         if headers.authorization is not None:
             headers.tags[AUTHORIZATION_TAG] = headers.authorization
-    caller = await _admit(node, scope, send, authorization, rpc_id, agent_id)
+    caller = await _admit(node, scope, send, authorization, rpc_id, agent_id, method)
     if caller is None:
         return None
     if route is None:
+        recorder.refuse(agent_id, caller, method, errors.AGENT_NOT_FOUND,
+                        errors.http_status_for(errors.AGENT_NOT_FOUND))
         expired = node.table.expired_at(agent_id)
         await _error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id,
                      errors.expired_detail(expired) if expired is not None else "")
@@ -360,7 +365,7 @@ async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeader
     return caller, route
 
 
-async def _authenticated(node: GatewayNode, authorization, send, agent_id: str) -> bool:
+async def _authenticated(node: GatewayNode, scope, authorization, send, agent_id: str) -> bool:
     """Whether the caller authenticates (answered 401 if not), checked before the body is
     read; ``_admit`` repeats it from the token cache with the request's id."""
     try:
@@ -371,20 +376,30 @@ async def _authenticated(node: GatewayNode, authorization, send, agent_id: str) 
         if actor is not None:
             return True
         detail = UNAUTHENTICATED_MESSAGE
+    _refused(scope, agent_id, None, "", errors.UNAUTHENTICATED)
     # Connection: close, so the server stops reading (and discarding) the unread body.
     await _error(send, errors.UNAUTHENTICATED, None, agent_id, detail,
                  extra=[(b"www-authenticate", b'Bearer realm="a2a"'), (b"connection", b"close")])
     return False
 
 
+def _refused(scope, agent_id: str, caller: str | None, method: str, kind: str) -> None:
+    """Audit a refused call; a caller not authenticated is named by its address."""
+    if caller is None:
+        client = scope.get("client")
+        caller = f"address:{client[0] if client else '-'}"
+    recorder.refuse(agent_id, caller, method, kind, errors.http_status_for(kind))
+
+
 async def _admit(node: GatewayNode, scope, send, authorization, rpc_id,
-                 agent_id) -> str | None:
+                 agent_id, method: str = "") -> str | None:
     """Rate-limit by address (calls refused earlier), authenticate, authorize and rate-limit
     by caller: the caller's client id, or None once the refusal has been answered."""
     limiter = node.limiter
     client = scope.get("client")
     address = client[0] if client else "-"
     if limiter.address_blocked(address) and not node.tokens.verified(authorization):
+        _refused(scope, agent_id, None, method, errors.RATE_LIMITED)
         await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
                      extra=[(b"retry-after", b"1")])
         return None
@@ -396,21 +411,25 @@ async def _admit(node: GatewayNode, scope, send, authorization, rpc_id,
         return None
     except AuthFailed as exc:
         limiter.charge_refused(address)
+        _refused(scope, agent_id, None, method, errors.UNAUTHENTICATED)
         await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, str(exc),
                      extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
         return None
     if actor is None:
         limiter.charge_refused(address)
+        _refused(scope, agent_id, None, method, errors.UNAUTHENTICATED)
         await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id,
                      UNAUTHENTICATED_MESSAGE,
                      extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
         return None
     if not actor.may_call(agent_id):
+        _refused(scope, agent_id, actor.client_id, method, errors.FORBIDDEN)
         await _error(send, errors.FORBIDDEN, rpc_id, agent_id,
                      f"this client may not call {agent_id}")
         return None
     key = actor.client_id if not actor.is_anonymous else f"anonymous:{address}"
     if not limiter.allow(key):
+        _refused(scope, agent_id, actor.client_id, method, errors.RATE_LIMITED)
         await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
                      extra=[(b"retry-after", b"1")])
         return None

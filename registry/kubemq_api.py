@@ -3,8 +3,9 @@
 Shapes and status codes follow the KubeMQ A2A connector's public docs (kubemq-io/kubemq-a2a,
 ``docs/reference/endpoints.md`` and ``docs/patterns/registry.md``):
 
-* ``POST /agents/register``: the body *is* the card (``agent_id``, ``name``, ``url`` required);
-  200 with the card enriched with ``registered_at`` / ``last_seen`` (new or re-registered alike).
+* ``POST /agents/register``: the body *is* the card (``agent_id``, ``name``, ``url`` required;
+  optional ``credential_passthrough`` and ``public`` booleans, as in /api/v1); 200 with the card
+  enriched with ``registered_at`` / ``last_seen`` (new or re-registered alike).
 * ``GET /agents`` (``skill_tags`` = any of the comma-separated tags, ``limit``): a JSON array
   of at most ``A2A_MAX_PAGE_SIZE`` agents, those the reader may see (registry.visibility).
 * ``GET /agents/{id}``: the enriched card; 404 ``{"error": "agent not found"}``.
@@ -305,6 +306,7 @@ class AgentItemView(KubeMQView):
             card=bytes(request.body),  # stored byte-exact: the card is the body
             source=Agent.Source.KUBEMQ,
             credential_passthrough=_optional_bool(data, "credential_passthrough"),
+            public=_optional_bool(data, "public"),  # as /api/v1: omitted keeps the flag
         )
         return Response(enriched_card(agent))  # KubeMQ answers 200 for new and re-registered
 

@@ -3,6 +3,8 @@ a token, checked against the specification's JSON Schema and its conformance che
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -366,3 +368,43 @@ def test_public_flag_and_expiry_follow_events(node, live_server_url):
     assert anonymous_ids() == []
     _register(node, "weather", public=True)
     assert anonymous_ids() == ["weather"]
+
+
+def test_searches_run_on_their_own_pool_and_never_hold_the_node(node, live_server_url,
+                                                                 monkeypatch):
+    """With every search thread busy, a search waits while the node's other requests (another
+    ARD operation, the health check) answer at once; past MAX_PENDING admitted searches the
+    next one is refused with a 503 and Retry-After; once a thread frees up, the queued search
+    answers normally."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ard import views
+
+    release = threading.Event()
+    monkeypatch.setattr(views, "MAX_PENDING", 1)
+    pool = views._pool_executor()
+    blockers = [pool.submit(release.wait, 30) for _ in range(views.WORKERS)]
+    body = {"query": {"text": "weather forecast"}}
+    try:
+        with httpx.Client(base_url=live_server_url, timeout=30) as http, \
+                ThreadPoolExecutor(1) as waiting:
+            queued = waiting.submit(http.post, "/ard/v1/search", json=body)
+            deadline = time.monotonic() + 10
+            while views._pending[0] < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert views._pending[0] == 1 and not queued.done()
+            assert http.get("/healthz").status_code == 200
+            assert http.get("/ard/v1/agents").status_code == 200
+            refused = http.post("/ard/v1/search", json=body)
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json()["errorCode"] == "UNAVAILABLE"
+            assert not queued.done()
+            release.set()
+            answered = queued.result(timeout=30)
+        assert answered.status_code == 200
+        assert answered.json()["results"][0]["metadata"]["agentId"] == "weather"
+    finally:
+        release.set()
+        for blocker in blockers:
+            blocker.result(timeout=30)

@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 from django.db import connections
-from django.db.models import Sum
+from django.db.models import Count, Sum
 
 from console import flusher, recorder
 from console.histogram import BUCKETS, bucket_of, percentile_ms
@@ -239,3 +239,66 @@ def test_open_streams_are_counted_per_minute(fast_flush, live_server_url, echo_a
     assert events >= 2
     assert wait_for(lambda: AgentMinute.objects.filter(agent_id=agent.agent_id)
                     .aggregate(n=Sum("requests"))["n"] == 1)
+
+
+def test_refused_calls_are_audited_aggregated(fast_flush, live_server_url, echo_agent,
+                                               register_agent, caller, make_caller, settings):
+    """401, 403, 429 and agent_not_found reach the call audit: one row per caller, agent and
+    outcome with the number of calls it stands for, the caller named by its address when it
+    did not authenticate."""
+    from gateway import runtime
+
+    ok = register_agent(echo_agent)
+    other = make_caller(agents=["someone-else"])
+    headers = {"Content-Type": "application/json"}
+    with httpx.Client(base_url=live_server_url, timeout=30) as http:
+        for _ in range(3):
+            r = http.post(f"/a2a/{ok.agent_id}", content=rpc("x"), headers=headers)
+            assert r.status_code == 401
+        r = http.post(f"/a2a/{ok.agent_id}", content=rpc("x"),
+                      headers={**headers, **other.auth})
+        assert r.status_code == 403
+        for _ in range(2):
+            r = http.post("/a2a/no-such-agent", content=rpc("x"),
+                          headers={**headers, **caller.auth})
+            assert r.json()["error"]["data"]["kind"] == "agent_not_found"
+        settings.A2A_RATE_LIMIT_PER_SECOND = 1
+        settings.A2A_RATE_LIMIT_BURST = 1
+        runtime.current_node().limiter.clock = lambda: 1000.0  # nothing refills
+        statuses = [http.post(f"/a2a/{ok.agent_id}", content=rpc("x"),
+                              headers={**headers, **caller.auth}).status_code for _ in range(3)]
+        assert statuses == [200, 429, 429]
+
+    def refused_rows():
+        return list(CallRecord.objects.exclude(outcome="ok").order_by("outcome").values_list(
+            "caller", "agent_id", "method", "outcome", "executed", "http_status", "count"))
+
+    assert wait_for(lambda: sum(row[-1] for row in refused_rows()) == 8)
+    assert db(refused_rows) == [
+        (caller.client_id, "no-such-agent", "message/send", "agent_not_found", False, 200, 2),
+        (other.client_id, ok.agent_id, "message/send", "forbidden", False, 403, 1),
+        (caller.client_id, ok.agent_id, "message/send", "rate_limited", False, 429, 2),
+        ("address:127.0.0.1", ok.agent_id, "message/send", "unauthenticated", False, 401, 3),
+    ]
+
+
+def test_a_flood_of_refused_calls_adds_a_bounded_number_of_rows(fast_flush, live_server_url,
+                                                                caller):
+    """Refusals to ever-new agent ids (a row each) stop making rows at the per-minute cap;
+    the rest are counted as dropped, and every refusal is either in a row's count or there."""
+    recorder.configure(stats_on=True, audit="errors", cap=100, refused_per_minute=3)
+    flood = 40
+    with httpx.Client(base_url=live_server_url, headers=caller.auth, timeout=30) as http:
+        for i in range(flood):
+            r = http.post(f"/a2a/missing-{i}", content=rpc("x"),
+                          headers={"Content-Type": "application/json"})
+            assert r.json()["error"]["data"]["kind"] == "agent_not_found"
+
+    def written():
+        return CallRecord.objects.aggregate(rows=Count("id"), calls=Sum("count"))
+
+    assert wait_for(lambda: (written()["calls"] or 0) + recorder.dropped["refused"] == flood)
+    figures = db(written)
+    # Three rows per minute; a minute boundary during the flood allows three more.
+    assert 3 <= figures["rows"] <= 6
+    assert recorder.dropped["refused"] >= flood - 6

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -284,3 +285,34 @@ def test_node_list_counts_agents_and_is_read_only(admin_client):
 def test_only_the_platforms_own_clients_are_offered(admin_client):
     html = admin_client.get(reverse("admin:index")).content.decode()
     assert "API clients" in html and "API keys" not in html
+
+
+def test_agent_changelist_query_count_is_the_same_for_5_and_50_agents(admin_client):
+    """Every page of the agent list (plain, searched, filtered, sorted by each sortable column)
+    reads the same number of queries whatever the rows shown: no per-row query for the
+    badges, relative times, owners, traffic columns or the node filter's choices."""
+    from console.models import AgentMinute
+
+    def add(start: int, count: int) -> None:
+        add_agents(count, start=start)
+        minute = timezone.now().replace(second=0, microsecond=0)
+        for i in range(start, start + count):
+            AgentMinute.objects.create(agent_id=f"agent-{i:03d}", node_id="n1", minute=minute,
+                                       requests=i + 1, last_call_at=minute, last_outcome="ok")
+
+    pages = [{}, {"q": "echo"}, {"node_id": "node-1"}, {"status__exact": "active"},
+             {"public__exact": "0"}, *({"o": str(column)} for column in (2, 3, 4, 5, 6, 7, 11))]
+
+    def counts() -> list[int]:
+        return [queries_for(admin_client, f"{AGENTS_URL}?{urlencode(page)}") for page in pages]
+
+    add(0, 5)
+    small = counts()
+    add(5, 45)
+    assert Agent.objects.count() == 50
+    html = admin_client.get(AGENTS_URL, {"q": "echo"}).content.decode()
+    assert html.count('class="field-agent_id"') == 50  # every row shown: one page of 100
+    # The node filter's choices are the nodes (read from the nodes table).
+    assert all(f"?node_id=node-{i}" in html for i in range(3))
+    assert counts() == small
+    assert max(small) <= 8

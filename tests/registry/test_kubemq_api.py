@@ -89,6 +89,31 @@ def test_reregistration_keeps_registered_at_and_updates_last_seen(api: httpx.Cli
     assert CardVersion.objects.count() == 2  # both cards are in the history
 
 
+def test_register_accepts_the_public_flag_as_api_v1_does(api: httpx.Client,
+                                                         live_server_url: str):
+    """``"public": true`` in the card body lists the agent to anonymous ARD discovery; a
+    re-registration without it keeps the flag; anything but a boolean is a 400."""
+    def anonymous_catalog() -> set[str]:
+        with httpx.Client(base_url=live_server_url, timeout=30) as http:
+            r = http.get("/.well-known/ai-catalog.json")
+        assert r.status_code == 200, r.text
+        return {agent_id for agent_id in ("echo-agent-01", "hidden-agent")
+                if f"/a2a/{agent_id}/" in r.text}
+
+    assert register(api, {**kcard("hidden-agent"), "public": False}).status_code == 200
+    assert register(api, {**kcard(), "public": True}).status_code == 200
+    assert Agent.objects.get(agent_id="echo-agent-01").public is True
+    assert Agent.objects.get(agent_id="hidden-agent").public is False
+    assert anonymous_catalog() == {"echo-agent-01"}
+    assert register(api, kcard(tags=("echo", "v2"))).status_code == 200  # flag omitted
+    assert Agent.objects.get(agent_id="echo-agent-01").public is True
+    r = register(api, {**kcard(), "public": "yes"})
+    assert r.status_code == 400 and r.json() == {"error": "public must be true or false"}
+    assert register(api, {**kcard(), "public": False}).status_code == 200
+    assert Agent.objects.get(agent_id="echo-agent-01").public is False
+    assert anonymous_catalog() == set()
+
+
 def test_register_accepts_a_body_sent_without_json_content_type(api: httpx.Client):
     r = api.post("/agents/register", content=orjson.dumps(kcard()),
                  headers={"Content-Type": "text/plain"})
