@@ -19,6 +19,7 @@ from registry.api.serializers import (
     AgentRegisterInput,
     AgentUpdateInput,
     HeartbeatOutput,
+    owner_output,
 )
 from registry.auth import request_actor
 from registry.models import Agent
@@ -74,7 +75,7 @@ def v1_register(*, actor, data, body: bytes | None) -> tuple[int, dict]:
     agent, created = services.agent_register(
         actor=actor, **_with_raw_card_of(body, validated.validated_data)
     )
-    return (201 if created else 200), AgentOutput(agent).data
+    return (201 if created else 200), owner_output(agent)
 
 
 class AgentFilter(django_filters.FilterSet):
