@@ -60,8 +60,13 @@ def _owns(actor: Actor, agent: Agent) -> bool:
     return agent.owner_id == actor.api_client_pk  # anonymous owns the unowned
 
 
-def _publish(kind: events.EventKind, agent: Agent) -> None:
-    events.publish(events.AgentEvent(kind=kind, agent_id=agent.agent_id, route=agent_route(agent)))
+def _publish(kind: events.EventKind, agent: Agent, actor: Actor | None = None) -> None:
+    owner = {}
+    if actor is not None and agent.owner_id is not None and \
+            agent.owner_id == actor.api_client_pk:
+        owner = {"owner_client_id": actor.client_id}  # the caller owns it: no owner read
+    events.publish(events.AgentEvent(kind=kind, agent_id=agent.agent_id,
+                                     route=agent_route(agent, **owner)))
 
 
 @tracing.traced("registry.register")
@@ -114,6 +119,7 @@ def agent_register(
     with transaction.atomic():
         agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
         old_sha = agent.card_sha256 if agent is not None else None
+        old_signature = agent.card_signature if agent is not None else None
         if agent is None:
             check_agent_quota(actor)
             fields["node_id"] = node_id or _owning_node(agent_id=agent_id, current=None)
@@ -127,7 +133,7 @@ def agent_register(
                 created = True
             except IntegrityError:  # a concurrent registration of the same id won the insert
                 agent = Agent.objects.select_for_update().get(agent_id=agent_id)
-                old_sha = agent.card_sha256
+                old_sha, old_signature = agent.card_sha256, agent.card_signature
         if not created:
             _authorize_register(actor, agent_id, agent)
             fields["node_id"] = node_id or _owning_node(agent_id=agent_id, current=agent)
@@ -135,8 +141,9 @@ def agent_register(
                 setattr(agent, key, value)
             _apply_card(agent, parsed)
             agent.save()
-        _record_card_version(agent, parsed, new_agent=created, unchanged=old_sha == parsed.sha256)
-        _publish("registered" if created else "updated", agent)
+        _record_card_version(agent, parsed, new_agent=created, unchanged=(
+            old_sha == parsed.sha256 and old_signature == agent.card_signature))
+        _publish("registered" if created else "updated", agent, actor)
         if created or old_sha != parsed.sha256:  # a plain renewal is not a change
             events.audit(
                 events.AuditRecord(

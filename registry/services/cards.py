@@ -64,10 +64,10 @@ def _record_card_version(agent: Agent, parsed: ParsedCard, *, new_agent: bool = 
                          unchanged: bool = False) -> None:
     """Keep ``parsed`` in the agent's card history. ``new_agent``: the row was inserted in
     this transaction (no history yet: one INSERT). ``unchanged``: the agent already had these
-    card bytes, so their version is recorded; only a signature verdict may need refreshing."""
+    card bytes with this signature verdict, so their version is recorded as it is."""
     sig = parsed.signature
-    if unchanged and sig is None:
-        return  # a renewal with the same unsigned card: nothing new to record
+    if unchanged:
+        return  # a renewal with the same card and verdict: nothing new to record
     signature = {
         "signature_status": sig.status if sig else "",
         "signature_kid": sig.kid[:200] if sig else "",
