@@ -20,13 +20,18 @@ times, so a figure without a resync inside its window shows as such.
 
     .venv/bin/python bench/registry_bench.py [--quick] [--postgres] [--server uvicorn]
         [--resync-seconds 5] [--full-resync-seconds 600] [--resync-overlap-seconds 5]
+        [--more-registrations 3000] [--registrations-only]
+    .venv/bin/python bench/registry_bench.py --baseline-ref REF --agents 1000 [--server uvicorn]
+        (registrations/s of this build against git REF, interleaved rounds, PostgreSQL)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
+import subprocess
 import sys
 import time
 from datetime import datetime
@@ -37,11 +42,13 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
+    ROOT,
     PlatformNode,
     create_postgres_db,
     drop_postgres_db,
     keep_logs,
     machine_info,
+    median,
     percentile,
     pin_self_to_load_core,
     temp_dir,
@@ -240,6 +247,92 @@ async def run_load(base: str, registrar: str, args) -> dict:
             "heartbeat_closed_c64": closed, "heartbeat_open": opened}
 
 
+def baseline_checkout(ref: str, tmp: Path) -> Path:
+    """The project's files at git ``ref`` (``git archive``), to run a baseline node from."""
+    root = tmp / "baseline-src"
+    root.mkdir()
+    archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    return root
+
+
+async def ab_load(arms: dict[str, tuple[str, str]], args) -> dict:
+    """Registrations/s of each arm (name -> (url, token)), interleaved: ``--ab-rounds`` rounds,
+    each registering ``--ab-batch`` new agents on every arm in turn (c=32), after ``--agents``
+    were registered on each."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0)
+    out: dict = {name: {"rounds": []} for name in arms}
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for name, (url, token) in arms.items():
+            ids = [f"hb-{index:05d}" for index in range(args.agents)]
+            out[name]["preload"] = await register_all(session, url, token, ids, 32)
+            print(f"{name}: {args.agents} registered at {out[name]['preload']['per_s']}/s",
+                  flush=True)
+        for round_no in range(args.ab_rounds):
+            for name, (url, token) in arms.items():
+                first = args.agents + round_no * args.ab_batch
+                ids = [f"new-{index:05d}" for index in range(first, first + args.ab_batch)]
+                figures_ = await register_all(session, url, token, ids, 32, first)
+                out[name]["rounds"].append(figures_)
+                print(f"round {round_no + 1} {name}: {figures_['per_s']}/s "
+                      f"p50 {figures_['p50_ms']} ms", flush=True)
+    for name in arms:
+        rates = [r["per_s"] for r in out[name]["rounds"]]
+        out[name]["median_per_s"] = median(rates)
+    return out
+
+
+def main_ab(args) -> int:
+    """``--baseline-ref``: registrations/s of this build and of REF, interleaved."""
+    started = time.time()
+    created: list[str] = []
+    result: dict = {}
+    try:
+        with temp_dir("a2a-registry-ab-") as tmp_name:
+            tmp = Path(tmp_name)
+            roots = {"baseline": baseline_checkout(args.baseline_ref, tmp), "current": ROOT}
+            procs, arms = [], {}
+            try:
+                for name, root in roots.items():
+                    db_url, db_name = create_postgres_db(args.postgres_url)
+                    created.append(db_name)
+                    node = PlatformNode(f"registry-{name}", tmp, database_url=db_url, root=root)
+                    _admin, registrar, _caller = node.prepare()
+                    procs.append(node.serve(args.server))
+                    arms[name] = (node.url, registrar)
+                load = asyncio.run(ab_load(arms, args))
+            finally:
+                for proc in procs:
+                    proc.stop()
+    finally:
+        for db_name in created:
+            drop_postgres_db(args.postgres_url, db_name)
+    ratio = load["current"]["median_per_s"] / load["baseline"]["median_per_s"]
+    sizes = [len(orjson.dumps(bench_card(i)))
+             for i in range(args.agents + args.ab_rounds * args.ab_batch)]
+    result = {
+        "benchmark": "registry-ab", "database": "postgresql", "server": args.server,
+        "baseline_ref": args.baseline_ref, "agents_preloaded": args.agents,
+        "rounds": args.ab_rounds, "batch": args.ab_batch, "machine": machine_info(),
+        "load_average_at_start": os.getloadavg(), "server_core": 0,
+        "load_generator": "aiohttp (core 1)", "command": " ".join(["python", *sys.argv]),
+        "card_bytes": {"min": min(sizes), "max": max(sizes),
+                       "mean": round(sum(sizes) / len(sizes))},
+        **load, "current_over_baseline": round(ratio, 2),
+        "elapsed_s": round(time.time() - started, 1),
+    }
+    print(f"\nregistrations/s, median of {args.ab_rounds} interleaved rounds: "
+          f"current {load['current']['median_per_s']}, baseline ({args.baseline_ref}) "
+          f"{load['baseline']['median_per_s']}: x{ratio:.2f}")
+    path = write_results("registry-ab-postgresql", result)
+    print(f"wrote {path} ({result['elapsed_s']} s)")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -262,12 +355,21 @@ def main() -> int:
     parser.add_argument("--resync-overlap-seconds", type=float, default=5.0,
                         help="the node's A2A_ROUTING_RESYNC_OVERLAP_SECONDS (production: 60; "
                              "one node has no clock skew; 60 re-reads the registration burst)")
+    parser.add_argument("--baseline-ref", metavar="REF",
+                        help="A/B instead: registrations/s of this build and of git REF, "
+                             "interleaved rounds on PostgreSQL (e.g. --agents 1000)")
+    parser.add_argument("--ab-rounds", type=int, default=4)
+    parser.add_argument("--ab-batch", type=int, default=300)
     args = parser.parse_args()
     args.agents = args.agents or (2000 if args.quick else 10_000)
+    if args.baseline_ref:
+        pin_self_to_load_core()
+        return main_ab(args)
     args.closed_seconds = args.closed_seconds or (5 if args.quick else 15)
     args.open_seconds = args.open_seconds or (5 if args.quick else 20)
     pin_self_to_load_core()
     started = time.time()
+    load_at_start = os.getloadavg()
     db_url, db_name = None, None
     if args.postgres:
         db_url, db_name = create_postgres_db(args.postgres_url)
@@ -298,6 +400,7 @@ def main() -> int:
                 "machine": machine_info(), "server_core": 0,
                 "load_generator": "aiohttp (core 1)",
                 "command": " ".join(["python", *sys.argv]), "node_env": resync_env, **load,
+                "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
                 "elapsed_s": round(time.time() - started, 1),
             }
     finally:
