@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from ard.documents import build_document
@@ -52,12 +53,15 @@ def _doc_fields(agent: Agent, updated_at) -> dict:
     }
 
 
-def index_agent(*, agent_id: str, force: bool = False) -> AgentDoc | None:
-    """(Re)index one agent from the registry; drop its document when the agent is gone."""
+def index_agent(*, agent_id: str, force: bool = False, new: bool = False) -> AgentDoc | None:
+    """(Re)index one agent from the registry; drop its document when the agent is gone.
+    ``new``: the agent was just registered (no up-to-date document to compare): write at once."""
     agent = Agent.objects.filter(agent_id=agent_id).only(*_AGENT_FIELDS).first()
     if agent is None:
         AgentDoc.objects.filter(agent_id=agent_id).delete()
         return None
+    if new:
+        return _upsert(agent)
     doc = (
         AgentDoc.objects.filter(agent_id=agent_id)
         .only("pk", "card_sha256", "registry_agent_id", "public", "active")
@@ -74,8 +78,21 @@ def index_agent(*, agent_id: str, force: bool = False) -> AgentDoc | None:
             doc.public, doc.active = agent.public, agent.is_routable
             doc.save(update_fields=["public", "active"])
         return doc
-    doc, _ = AgentDoc.objects.update_or_create(
-        agent_id=agent_id, defaults=_doc_fields(agent, timezone.now())
+    return _upsert(agent)
+
+
+def _upsert(agent: Agent) -> AgentDoc:
+    """Write ``agent``'s document in one statement (INSERT ... ON CONFLICT DO UPDATE)."""
+    fields = _doc_fields(agent, timezone.now())
+    doc = AgentDoc(agent_id=agent.agent_id, **fields)
+    meta = AgentDoc._meta
+    # QuerySet._insert is bulk_create's own statement, without its BEGIN/COMMIT around it.
+    AgentDoc.objects._insert(
+        [doc],
+        fields=[f for f in meta.concrete_fields if not f.primary_key],
+        on_conflict=OnConflict.UPDATE,
+        update_fields=[meta.get_field(name) for name in fields],
+        unique_fields=[meta.get_field("agent_id")],
     )
     return doc
 
@@ -83,7 +100,7 @@ def index_agent(*, agent_id: str, force: bool = False) -> AgentDoc | None:
 def on_registry_event(event: AgentEvent) -> None:
     """The ``registry.events`` subscriber (runs after the registry's commit)."""
     if event.kind in ("registered", "updated"):
-        index_agent(agent_id=event.agent_id)
+        index_agent(agent_id=event.agent_id, new=event.kind == "registered")
     elif event.kind == "expired":
         AgentDoc.objects.filter(agent_id=event.agent_id).update(active=False)
     elif event.kind == "deregistered":

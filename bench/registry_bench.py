@@ -20,39 +20,78 @@ times, so a figure without a resync inside its window shows as such.
 
     .venv/bin/python bench/registry_bench.py [--quick] [--postgres] [--server uvicorn]
         [--resync-seconds 5] [--full-resync-seconds 600] [--resync-overlap-seconds 5]
+        [--more-registrations 3000] [--registrations-only]
+    .venv/bin/python bench/registry_bench.py --baseline-ref REF --agents 1000 [--server uvicorn]
+        (registrations/s of this build against git REF, interleaved rounds, PostgreSQL)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
+import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
+import orjson
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
+    ROOT,
     PlatformNode,
     create_postgres_db,
     drop_postgres_db,
     keep_logs,
     machine_info,
+    median,
     percentile,
     pin_self_to_load_core,
     temp_dir,
     write_results,
 )
 
-CARD = {
-    "name": "HB Agent", "description": "Heartbeat bench agent.", "version": "1.0.0",
-    "url": "http://127.0.0.1:9/", "protocolVersion": "0.3.0", "preferredTransport": "JSONRPC",
-    "capabilities": {"streaming": False}, "defaultInputModes": ["text/plain"],
-    "defaultOutputModes": ["text/plain"],
-    "skills": [{"id": "hb", "name": "HB", "description": "hb", "tags": ["bench"]}],
-}
+_WORDS = ("route", "invoice", "customer", "ledger", "refund", "shipment", "warranty", "claim",
+          "summarise", "translate", "schedule", "forecast", "inventory", "contract", "audit")
+
+
+def bench_card(index: int) -> dict:
+    """A realistic A2A 0.3 card of 2-8 KiB (size varies with ``index``): provider, security
+    scheme, skills with descriptions, tags, examples and modes; its endpoint a host name
+    (``localhost``), so the URL check resolves it as it would a real agent's."""
+    target = 2048 + (index * 977) % 5800
+    card: dict = {
+        "name": f"Bench Agent {index}", "version": "1.4.2", "protocolVersion": "0.3.0",
+        "description": "Handles " + " ".join(_WORDS[(index + i) % len(_WORDS)] for i in range(12))
+        + " requests for the bench.",
+        "url": f"http://localhost:9/agents/hb-{index:05d}/", "preferredTransport": "JSONRPC",
+        "provider": {"organization": "Bench Corp", "url": "https://bench.example.com"},
+        "capabilities": {"streaming": True, "pushNotifications": False},
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "security": [{"bearer": []}],
+        "defaultInputModes": ["text/plain", "application/json"],
+        "defaultOutputModes": ["text/plain", "application/json"],
+        "skills": [],
+    }
+    size = len(orjson.dumps(card))
+    skill = 0
+    while size < target:
+        words = [_WORDS[(index + skill + i) % len(_WORDS)] for i in range(6)]
+        entry = {
+            "id": f"skill-{skill}", "name": f"{words[0].title()} {words[1]}",
+            "description": f"Takes a {words[2]} and returns its {words[3]}; "
+                           f"handles {words[4]} and {words[5]} cases.",
+            "tags": words[:4], "examples": [f"{words[0]} the {words[1]} for order {index}"],
+            "inputModes": ["text/plain"], "outputModes": ["application/json"],
+        }
+        card["skills"].append(entry)
+        size += len(orjson.dumps(entry)) + 1
+        skill += 1
+    return card
 
 
 def figures(latencies: list[float], statuses: dict, seconds: float) -> dict:
@@ -66,18 +105,21 @@ def figures(latencies: list[float], statuses: dict, seconds: float) -> dict:
     }
 
 
-async def register_all(session, base: str, token: str, ids: list[str], concurrency: int) -> dict:
+async def register_all(session, base: str, token: str, ids: list[str], concurrency: int,
+                       first_index: int = 0) -> dict:
     headers = {"Authorization": f"Bearer {token}"}
     latencies: list[float] = []
     statuses: dict[int, int] = {}
-    queue = iter(ids)
+    headers["Content-Type"] = "application/json"
+    bodies = [orjson.dumps({"agent_id": agent_id, "card": bench_card(first_index + index),
+                            "ttl_seconds": 3600}) for index, agent_id in enumerate(ids)]
+    queue = iter(bodies)
 
     async def worker() -> None:
-        for agent_id in queue:
+        for body in queue:
             started = time.perf_counter()
-            async with session.post(f"{base}/api/v1/agents", headers=headers, json={
-                    "agent_id": agent_id, "url": "http://127.0.0.1:9/", "card": CARD,
-                    "ttl_seconds": 3600}) as response:
+            async with session.post(f"{base}/api/v1/agents", headers=headers,
+                                    data=body) as response:
                 await response.read()
                 statuses[response.status] = statuses.get(response.status, 0) + 1
             latencies.append(time.perf_counter() - started)
@@ -187,14 +229,108 @@ async def run_load(base: str, registrar: str, args) -> dict:
         registration = await register_all(session, base, registrar, ids, 32)
         print(f"registered {registration['ok']}/{args.agents} at {registration['per_s']}/s "
               f"p50 {registration['p50_ms']} ms p99 {registration['p99_ms']} ms", flush=True)
+        # The target's figure: new registrations with --agents already registered.
+        more = [f"new-{index:05d}" for index in range(args.more_registrations)]
+        at_scale = await register_all(session, base, registrar, more, 32, len(ids))
+        print(f"{args.more_registrations} more with {args.agents} registered: "
+              f"{at_scale['per_s']}/s p50 {at_scale['p50_ms']} ms p99 {at_scale['p99_ms']} ms",
+              flush=True)
+        if args.registrations_only:
+            return {"registration_c32": registration, "registration_at_scale_c32": at_scale}
         closed = await heartbeat_closed(session, base, registrar, ids, 64, args.closed_seconds)
         print(f"heartbeats closed loop c=64: {closed['per_s']}/s p50 {closed['p50_ms']} ms "
               f"p99 {closed['p99_ms']} ms", flush=True)
         opened = await heartbeat_open(session, base, registrar, ids, args.rate, args.open_seconds)
         print(f"heartbeats open loop at {args.rate}/s: {opened['per_s']}/s "
               f"p50 {opened['p50_ms']} ms p99 {opened['p99_ms']} ms", flush=True)
-    return {"registration_c32": registration, "heartbeat_closed_c64": closed,
-            "heartbeat_open": opened}
+    return {"registration_c32": registration, "registration_at_scale_c32": at_scale,
+            "heartbeat_closed_c64": closed, "heartbeat_open": opened}
+
+
+def baseline_checkout(ref: str, tmp: Path) -> Path:
+    """The project's files at git ``ref`` (``git archive``), to run a baseline node from."""
+    root = tmp / "baseline-src"
+    root.mkdir()
+    archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    return root
+
+
+async def ab_load(arms: dict[str, tuple[str, str]], args) -> dict:
+    """Registrations/s of each arm (name -> (url, token)), interleaved: ``--ab-rounds`` rounds,
+    each registering ``--ab-batch`` new agents on every arm in turn (c=32), after ``--agents``
+    were registered on each."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0)
+    out: dict = {name: {"rounds": []} for name in arms}
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for name, (url, token) in arms.items():
+            ids = [f"hb-{index:05d}" for index in range(args.agents)]
+            out[name]["preload"] = await register_all(session, url, token, ids, 32)
+            print(f"{name}: {args.agents} registered at {out[name]['preload']['per_s']}/s",
+                  flush=True)
+        for round_no in range(args.ab_rounds):
+            for name, (url, token) in arms.items():
+                first = args.agents + round_no * args.ab_batch
+                ids = [f"new-{index:05d}" for index in range(first, first + args.ab_batch)]
+                figures_ = await register_all(session, url, token, ids, 32, first)
+                out[name]["rounds"].append(figures_)
+                print(f"round {round_no + 1} {name}: {figures_['per_s']}/s "
+                      f"p50 {figures_['p50_ms']} ms", flush=True)
+    for name in arms:
+        rates = [r["per_s"] for r in out[name]["rounds"]]
+        out[name]["median_per_s"] = median(rates)
+    return out
+
+
+def main_ab(args) -> int:
+    """``--baseline-ref``: registrations/s of this build and of REF, interleaved."""
+    started = time.time()
+    created: list[str] = []
+    result: dict = {}
+    try:
+        with temp_dir("a2a-registry-ab-") as tmp_name:
+            tmp = Path(tmp_name)
+            roots = {"baseline": baseline_checkout(args.baseline_ref, tmp), "current": ROOT}
+            procs, arms = [], {}
+            try:
+                for name, root in roots.items():
+                    db_url, db_name = create_postgres_db(args.postgres_url)
+                    created.append(db_name)
+                    node = PlatformNode(f"registry-{name}", tmp, database_url=db_url, root=root)
+                    _admin, registrar, _caller = node.prepare()
+                    procs.append(node.serve(args.server))
+                    arms[name] = (node.url, registrar)
+                load = asyncio.run(ab_load(arms, args))
+            finally:
+                for proc in procs:
+                    proc.stop()
+    finally:
+        for db_name in created:
+            drop_postgres_db(args.postgres_url, db_name)
+    ratio = load["current"]["median_per_s"] / load["baseline"]["median_per_s"]
+    sizes = [len(orjson.dumps(bench_card(i)))
+             for i in range(args.agents + args.ab_rounds * args.ab_batch)]
+    result = {
+        "benchmark": "registry-ab", "database": "postgresql", "server": args.server,
+        "baseline_ref": args.baseline_ref, "agents_preloaded": args.agents,
+        "rounds": args.ab_rounds, "batch": args.ab_batch, "machine": machine_info(),
+        "load_average_at_start": os.getloadavg(), "server_core": 0,
+        "load_generator": "aiohttp (core 1)", "command": " ".join(["python", *sys.argv]),
+        "card_bytes": {"min": min(sizes), "max": max(sizes),
+                       "mean": round(sum(sizes) / len(sizes))},
+        **load, "current_over_baseline": round(ratio, 2),
+        "elapsed_s": round(time.time() - started, 1),
+    }
+    print(f"\nregistrations/s, median of {args.ab_rounds} interleaved rounds: "
+          f"current {load['current']['median_per_s']}, baseline ({args.baseline_ref}) "
+          f"{load['baseline']['median_per_s']}: x{ratio:.2f}")
+    path = write_results("registry-ab-postgresql", result)
+    print(f"wrote {path} ({result['elapsed_s']} s)")
+    return 0
 
 
 def main() -> int:
@@ -205,6 +341,10 @@ def main() -> int:
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--server", choices=["daphne", "uvicorn"], default="daphne")
     parser.add_argument("--agents", type=int)
+    parser.add_argument("--more-registrations", type=int, default=3000,
+                        help="new agents registered after --agents (the registrations/s figure)")
+    parser.add_argument("--registrations-only", action="store_true",
+                        help="skip the heartbeat phases (profiling registrations)")
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--closed-seconds", type=float)
     parser.add_argument("--open-seconds", type=float)
@@ -215,12 +355,21 @@ def main() -> int:
     parser.add_argument("--resync-overlap-seconds", type=float, default=5.0,
                         help="the node's A2A_ROUTING_RESYNC_OVERLAP_SECONDS (production: 60; "
                              "one node has no clock skew; 60 re-reads the registration burst)")
+    parser.add_argument("--baseline-ref", metavar="REF",
+                        help="A/B instead: registrations/s of this build and of git REF, "
+                             "interleaved rounds on PostgreSQL (e.g. --agents 1000)")
+    parser.add_argument("--ab-rounds", type=int, default=4)
+    parser.add_argument("--ab-batch", type=int, default=300)
     args = parser.parse_args()
     args.agents = args.agents or (2000 if args.quick else 10_000)
+    if args.baseline_ref:
+        pin_self_to_load_core()
+        return main_ab(args)
     args.closed_seconds = args.closed_seconds or (5 if args.quick else 15)
     args.open_seconds = args.open_seconds or (5 if args.quick else 20)
     pin_self_to_load_core()
     started = time.time()
+    load_at_start = os.getloadavg()
     db_url, db_name = None, None
     if args.postgres:
         db_url, db_name = create_postgres_db(args.postgres_url)
@@ -241,31 +390,42 @@ def main() -> int:
             finally:
                 proc.stop()
                 keep_logs(Path(tmp_name), f"registry-{'postgresql' if db_url else 'sqlite'}")
-            load["heartbeat_open"]["resyncs_in_window"] = resyncs_in_window(
-                Path(tmp_name) / f"{proc.name}.log", load["heartbeat_open"].pop("window")
-            )
+            if "heartbeat_open" in load:
+                load["heartbeat_open"]["resyncs_in_window"] = resyncs_in_window(
+                    Path(tmp_name) / f"{proc.name}.log", load["heartbeat_open"].pop("window")
+                )
             result = {
                 "benchmark": "registry", "database": "postgresql" if db_url else "sqlite",
                 "server": args.server, "agents": args.agents, "quick": args.quick,
                 "machine": machine_info(), "server_core": 0,
                 "load_generator": "aiohttp (core 1)",
                 "command": " ".join(["python", *sys.argv]), "node_env": resync_env, **load,
+                "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
                 "elapsed_s": round(time.time() - started, 1),
             }
     finally:
         if db_name:
             drop_postgres_db(args.postgres_url, db_name)
+    sizes = [len(orjson.dumps(bench_card(index)))
+             for index in range(args.agents + args.more_registrations)]
+    result["card_bytes"] = {"min": min(sizes), "max": max(sizes),
+                            "mean": round(sum(sizes) / len(sizes))}
     target = ""
-    if db_url:
+    if db_url and "heartbeat_open" in result:
         opened = result["heartbeat_open"]
         resyncs = opened["resyncs_in_window"]
         inside = resyncs["full"]["count"] + resyncs["incremental"]["count"]
         met = opened["per_s"] >= 1000 and (opened["p99_ms"] or 1e9) < 50 and inside > 0
         target = (f" target (>= 1000/s, p99 < 50 ms, a resync inside the window): "
                   f"{'met' if met else 'NOT met'}")
-    resyncs = result["heartbeat_open"]["resyncs_in_window"]
-    print(f"resyncs inside the open-loop window: {resyncs['incremental']['count']} incremental, "
-          f"{resyncs['full']['count']} full")
+    if db_url:
+        at_scale = result["registration_at_scale_c32"]["per_s"]
+        target += (f" registrations at scale: {at_scale}/s "
+                   f"({'met' if at_scale >= 1000 else 'NOT met'}, target >= 1000/s)")
+    resyncs = result.get("heartbeat_open", {}).get("resyncs_in_window")
+    if resyncs:
+        print(f"resyncs inside the open-loop window: {resyncs['incremental']['count']} "
+              f"incremental, {resyncs['full']['count']} full")
     print(f"\n{result['database']} / {args.server}:{target}")
     path = write_results(f"registry-{result['database']}", result)
     print(f"wrote {path} ({result['elapsed_s']} s)")

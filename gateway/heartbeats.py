@@ -72,42 +72,53 @@ async def _answer(kind: str, agent_id: str | None, authorization: str | None, re
     except Disconnected:
         return
     except BodyTooLarge:
-        await _json(send, 413, {"error": f"request body too large: the limit is {limit} bytes"})
+        await send_json(send, 413, {"error": f"request body too large: the limit is {limit} bytes"})
         return
+    status, payload, extra, actor = await authenticate(authorization)
+    if actor is not None:
+        fn, kwargs = (v1_heartbeat, {"agent_id": agent_id}) if kind == "v1" \
+            else (kubemq_heartbeat, {"body": body})
+        status, payload = await call_registry(fn, extra, actor=actor, **kwargs)
+    await send_json(send, status, payload, extra)
+
+
+async def authenticate(authorization: str | None
+                       ) -> tuple[int, dict, list[tuple[bytes, bytes]], Actor | None]:
+    """The caller's actor from the process's token cache (the one DRF uses), or the refusal
+    (status, body, extra headers) every surface gives; ``actor`` None means refused."""
     extra: list[tuple[bytes, bytes]] = []
     try:
         actor: Actor | None = await shared_token_cache().actor(authorization)
     except AuthUnavailable:
-        status, payload, actor = 503, outage.payload(), None
         extra.append((b"retry-after", str(outage.RETRY_AFTER_SECONDS).encode()))
+        return 503, outage.payload(), extra, None
     except AuthFailed as exc:
-        status, payload = 401, {"error": str(exc)}
         extra.append((b"www-authenticate", b'Bearer realm="api"'))
-        actor = None
-    else:
-        if actor is None:
-            status, payload = 401, {"error": UNAUTHENTICATED_MESSAGE}
-            extra.append((b"www-authenticate", b'Bearer realm="api"'))
-    if actor is not None:
-        fn, kwargs = (v1_heartbeat, {"agent_id": agent_id}) if kind == "v1" \
-            else (kubemq_heartbeat, {"body": body})
-        try:
-            if outage.breaker.is_open:  # the database is down: answer at once (config.outage)
-                outage.breaker.ensure_probe()
-                raise outage.DatabaseUnavailable
-            status, payload = await database_sync_to_async(fn, thread_sensitive=False)(
-                actor=actor, **kwargs
-            )
-        except Exception as exc:
-            if not outage.is_database_outage(exc):
-                raise
-            outage.breaker.trip(exc)
-            status, payload = 503, outage.payload()
-            extra.append((b"retry-after", str(outage.RETRY_AFTER_SECONDS).encode()))
-    await _json(send, status, payload, extra)
+        return 401, {"error": str(exc)}, extra, None
+    if actor is None:
+        extra.append((b"www-authenticate", b'Bearer realm="api"'))
+        return 401, {"error": UNAUTHENTICATED_MESSAGE}, extra, None
+    return 0, {}, extra, actor
 
 
-async def _json(send, status: int, payload: dict,
+async def call_registry(fn: Callable[..., tuple[int, dict]], extra: list[tuple[bytes, bytes]],
+                        **kwargs: Any) -> tuple[int, dict]:
+    """``fn(**kwargs)`` (a registry function answering status and body) in a worker thread;
+    the JSON 503 (``Retry-After`` appended to ``extra``) while the database is down."""
+    try:
+        if outage.breaker.is_open:  # the database is down: answer at once (config.outage)
+            outage.breaker.ensure_probe()
+            raise outage.DatabaseUnavailable
+        return await database_sync_to_async(fn, thread_sensitive=False)(**kwargs)
+    except Exception as exc:
+        if not outage.is_database_outage(exc):
+            raise
+        outage.breaker.trip(exc)
+        extra.append((b"retry-after", str(outage.RETRY_AFTER_SECONDS).encode()))
+        return 503, outage.payload()
+
+
+async def send_json(send, status: int, payload: dict,
                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
     data = orjson.dumps(payload)
     await send({"type": "http.response.start", "status": status,

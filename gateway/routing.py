@@ -1,5 +1,5 @@
-"""HTTP routing: ``/a2a/...``, ``/metrics`` and heartbeats to lean ASGI handlers, the rest to
-Django.
+"""HTTP routing: ``/a2a/...``, ``/metrics``, heartbeats and registrations to lean ASGI handlers,
+the rest to Django.
 
 Django's view and middleware stack alone caps a core near 1,000 req/s (PERFORMANCE.md), so the
 gateway's hot path never enters it; the admin, the REST API and everything else do. The router
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 
-from gateway import heartbeats
+from gateway import heartbeats, registrations
 from gateway.handler import a2a_app
 from gateway.metrics import metrics_app
 from gateway.runtime import NodeHost
@@ -37,7 +37,7 @@ def http_application(django_app, host: NodeHost | None = None):
             return a2a_app(node, scope, receive, send)
         if path == "/metrics":
             return metrics_app(scope, receive, send)
-        fast = heartbeats.route(scope)
+        fast = heartbeats.route(scope) or registrations.route(scope)
         if fast is not None:
             return fast(scope, receive, send)
         return django_app(scope, receive, send)

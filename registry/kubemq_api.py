@@ -91,7 +91,7 @@ def _error(status: int, message: str, **extra: Any) -> Response:
     return Response({"error": message, **extra}, status=status)
 
 
-def _exception_handler(exc, context):
+def kubemq_exception_handler(exc, context):
     """KubeMQ's error shape ``{"error": "..."}`` for everything; JSON even for the unexpected."""
     if isinstance(exc, _KubeMQError):
         return _error(exc.status, str(exc))
@@ -114,17 +114,17 @@ def _read_object(request) -> dict[str, Any]:
     limit = settings.A2A_MAX_CARD_BYTES
     try:
         if int(request.META.get("CONTENT_LENGTH") or 0) > limit:
-            raise _too_large()
+            raise kubemq_too_large()
     except ValueError:
         raise _KubeMQError(400, "invalid Content-Length") from None
     try:
         body = request.body
     except RequestDataTooBig:
-        raise _too_large() from None
+        raise kubemq_too_large() from None
     return parse_object(body)
 
 
-def _too_large() -> _KubeMQError:
+def kubemq_too_large() -> _KubeMQError:
     return _KubeMQError(
         413, f"request body too large: the limit is {settings.A2A_MAX_CARD_BYTES} bytes"
     )
@@ -133,7 +133,7 @@ def _too_large() -> _KubeMQError:
 def parse_object(body: bytes) -> dict[str, Any]:
     """A KubeMQ request body (bytes) as a JSON object; :class:`_KubeMQError` (4xx) if not."""
     if len(body) > settings.A2A_MAX_CARD_BYTES:
-        raise _too_large()
+        raise kubemq_too_large()
     if not body.strip():
         raise _KubeMQError(400, "request body must be a JSON object")
     try:
@@ -237,7 +237,7 @@ class KubeMQView(APIView):
     permission_classes = [IsAuthenticatedOrAnonymousAllowed]
 
     def get_exception_handler(self):
-        return _exception_handler
+        return kubemq_exception_handler
 
     def _deregister(self, request, agent_id: Any) -> Response:
         agent_id = _valid_id(agent_id)
@@ -295,24 +295,35 @@ class AgentItemView(KubeMQView):
         return self._deregister(request, segment)
 
     def _register(self, request) -> Response:
+        # Under ASGI, gateway.registrations answers bearer-token registrations before Django;
+        # both use kubemq_register, so the answers are the same.
         data = _read_object(request)
-        agent_id = _valid_id(data.get("agent_id"))
-        _required_string(data, "name")
-        _required_string(data, "url")
-        agent, _created = services.agent_register(
-            actor=request_actor(request),
-            agent_id=agent_id,
-            url=data["url"],
-            card=bytes(request.body),  # stored byte-exact: the card is the body
-            source=Agent.Source.KUBEMQ,
-            credential_passthrough=_optional_bool(data, "credential_passthrough"),
-            public=_optional_bool(data, "public"),  # as /api/v1: omitted keeps the flag
-        )
-        return Response(enriched_card(agent))  # KubeMQ answers 200 for new and re-registered
+        return Response(kubemq_register(actor=request_actor(request), data=data,
+                                        body=bytes(request.body)))
 
     def _heartbeat(self, request) -> Response:
         status, body = kubemq_heartbeat(actor=request_actor(request), body=request.body)
         return Response(body, status=status)
+
+
+def kubemq_register(*, actor, data: dict[str, Any], body: bytes) -> dict[str, Any]:
+    """``POST /agents/register``: the answer (200) to a registration whose body ``body`` parsed
+    as ``data`` (:func:`parse_object`), for the view and the ASGI fast path
+    (gateway.registrations) alike. Refusals raise; both answer them with
+    :func:`kubemq_exception_handler`."""
+    agent_id = _valid_id(data.get("agent_id"))
+    _required_string(data, "name")
+    _required_string(data, "url")
+    agent, _created = services.agent_register(
+        actor=actor,
+        agent_id=agent_id,
+        url=data["url"],
+        card=body,  # stored byte-exact: the card is the body
+        source=Agent.Source.KUBEMQ,
+        credential_passthrough=_optional_bool(data, "credential_passthrough"),
+        public=_optional_bool(data, "public"),  # as /api/v1: omitted keeps the flag
+    )
+    return enriched_card(agent)  # KubeMQ answers 200 for new and re-registered
 
 
 def kubemq_heartbeat(*, actor, body: bytes) -> tuple[int, dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -103,16 +104,40 @@ def check_agent_url(
         if reason:
             raise UnsafeUrl(reason)
     elif resolve:
-        try:
-            infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-        except (OSError, UnicodeError):
-            infos = []
-        for info in infos:
-            try:
-                addr = ipaddress.ip_address(info[4][0].split("%")[0])
-            except ValueError:
-                continue
+        for addr in _resolved(host):
             reason = _forbidden_address(addr)
             if reason:
                 raise UnsafeUrl(f"{host} resolves to a refused address: {reason}")
     return url.strip()
+
+
+#: How long a name's addresses are reused by the registration check, and how many names are
+#: kept. Registrations of many agents behind one host name (a service, a load balancer) resolve
+#: it once per window instead of once each; the check at every outbound connection
+#: (``outbound.resolve``) still refuses a name re-pointed at a refused address since.
+RESOLVE_CACHE_SECONDS = 30.0
+RESOLVE_CACHE_ENTRIES = 4096
+_resolve_cache: dict[str, tuple[float, tuple]] = {}
+
+
+def _resolved(host: str) -> tuple:
+    """The addresses ``host`` resolves to (none if it does not resolve now), cached briefly."""
+    now = time.monotonic()
+    hit = _resolve_cache.get(host)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        infos = []
+    addresses = []
+    for info in infos:
+        try:
+            addresses.append(ipaddress.ip_address(info[4][0].split("%")[0]))
+        except ValueError:
+            continue
+    found = tuple(addresses)
+    if len(_resolve_cache) >= RESOLVE_CACHE_ENTRIES:
+        _resolve_cache.clear()  # bounded; refilled by the next registrations
+    _resolve_cache[host] = (now + RESOLVE_CACHE_SECONDS, found)
+    return found

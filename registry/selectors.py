@@ -6,6 +6,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Q, QuerySet
 from django.utils import timezone
@@ -56,8 +57,15 @@ def agent_list(
     return qs
 
 
-def agent_route(agent: Agent) -> AgentRoute:
-    owner = agent.owner.client_id if agent.owner_id and agent.owner else None
+_READ_OWNER: Any = object()
+
+
+def agent_route(agent: Agent, *, owner_client_id: Any = _READ_OWNER) -> AgentRoute:
+    """``agent``'s routing data; ``owner_client_id`` when the caller knows it (else read)."""
+    if owner_client_id is _READ_OWNER:
+        owner = agent.owner.client_id if agent.owner_id and agent.owner else None
+    else:
+        owner = owner_client_id
     return AgentRoute(
         agent_id=agent.agent_id,
         endpoint=agent.url,

@@ -15,13 +15,19 @@ _WHITESPACE = json.decoder.WHITESPACE.match
 _DECODER = json.JSONDecoder()
 
 
+def parse_json(raw: bytes) -> Any:
+    """The JSON document ``raw``; :class:`ParseError` (400) with the API's message if it is not
+    one (the DRF parser and the registration fast path alike)."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ParseError(f"JSON parse error - {exc}") from None
+
+
 class RawJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None) -> Any:
         raw = stream.read() if stream is not None else b""
-        try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise ParseError(f"JSON parse error - {exc}") from None
+        data = parse_json(raw)
         request = (parser_context or {}).get("request")
         if request is not None:
             request.raw_json_body = raw
@@ -31,7 +37,11 @@ class RawJSONParser(JSONParser):
 def raw_member(request, name: str) -> bytes | None:
     """The bytes of the top-level member ``name`` of the request's JSON object, as sent (the
     last one if repeated, as the parsed value is), or None."""
-    raw = getattr(request, "raw_json_body", None)
+    return raw_json_member(getattr(request, "raw_json_body", None), name)
+
+
+def raw_json_member(raw: bytes | None, name: str) -> bytes | None:
+    """:func:`raw_member` of a body given as bytes."""
     if not raw:
         return None
     try:

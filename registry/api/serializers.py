@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from rest_framework import serializers
 
 from registry import visibility
@@ -95,6 +97,19 @@ class AgentOutput(serializers.ModelSerializer):
         data["node_id"] = ""
         data["owner"] = None
         return data
+
+
+_owner_output = threading.local()
+
+
+def owner_output(agent: Agent) -> dict:
+    """``AgentOutput(agent).data`` (no request: the owner's view, as a registration answers),
+    from one serializer per thread: building a ModelSerializer's fields costs more than
+    rendering them (a registration's answer, PERFORMANCE.md)."""
+    serializer = getattr(_owner_output, "serializer", None)
+    if serializer is None:
+        serializer = _owner_output.serializer = AgentOutput()
+    return serializer.to_representation(agent)
 
 
 class HeartbeatOutput(serializers.Serializer):

@@ -13,12 +13,13 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from registry import selectors, services, visibility
-from registry.api.parsers import RawJSONParser, raw_member
+from registry.api.parsers import RawJSONParser, raw_json_member
 from registry.api.serializers import (
     AgentOutput,
     AgentRegisterInput,
     AgentUpdateInput,
     HeartbeatOutput,
+    owner_output,
 )
 from registry.auth import request_actor
 from registry.models import Agent
@@ -52,11 +53,29 @@ def require_json_body(request) -> None:
 
 def _with_raw_card(request, validated: dict) -> dict:
     """The card as the bytes the client sent (stored byte-exact), not re-serialized."""
+    return _with_raw_card_of(getattr(request, "raw_json_body", None), validated)
+
+
+def _with_raw_card_of(body: bytes | None, validated: dict) -> dict:
     if isinstance(validated.get("card"), dict):
-        raw = raw_member(request, "card")
+        raw = raw_json_member(body, "card")
         if raw is not None:
             return {**validated, "card": raw}
     return validated
+
+
+def v1_register(*, actor, data, body: bytes | None) -> tuple[int, dict]:
+    """``POST /api/v1/agents``: status and JSON body of a registration whose request body
+    ``body`` parsed as ``data`` (the DRF view and the ASGI fast path, gateway.registrations).
+    Refusals raise; both surfaces answer them with the API's exception handler
+    (:func:`registry.api.exceptions.exception_handler`).
+    """
+    validated = AgentRegisterInput(data=data)
+    validated.is_valid(raise_exception=True)
+    agent, created = services.agent_register(
+        actor=actor, **_with_raw_card_of(body, validated.validated_data)
+    )
+    return (201 if created else 200), owner_output(agent)
 
 
 class AgentFilter(django_filters.FilterSet):
@@ -91,16 +110,12 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     @extend_schema(request=AgentRegisterInput, responses={200: AgentOutput, 201: AgentOutput})
     def create(self, request):
+        # Under ASGI, gateway.registrations answers bearer-token JSON registrations before
+        # Django; both use v1_register, so the answers are the same.
         require_json_body(request)
-        data = AgentRegisterInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        agent, created = services.agent_register(
-            actor=request_actor(request), **_with_raw_card(request, data.validated_data)
-        )
-        return Response(
-            AgentOutput(agent).data,
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
-        )
+        status_code, body = v1_register(actor=request_actor(request), data=request.data,
+                                        body=getattr(request, "raw_json_body", None))
+        return Response(body, status=status_code)
 
     @extend_schema(request=AgentUpdateInput, responses=AgentOutput)
     def partial_update(self, request, agent_id: str):

@@ -60,8 +60,13 @@ def _owns(actor: Actor, agent: Agent) -> bool:
     return agent.owner_id == actor.api_client_pk  # anonymous owns the unowned
 
 
-def _publish(kind: events.EventKind, agent: Agent) -> None:
-    events.publish(events.AgentEvent(kind=kind, agent_id=agent.agent_id, route=agent_route(agent)))
+def _publish(kind: events.EventKind, agent: Agent, actor: Actor | None = None) -> None:
+    owner = {}
+    if actor is not None and agent.owner_id is not None and \
+            agent.owner_id == actor.api_client_pk:
+        owner = {"owner_client_id": actor.client_id}  # the caller owns it: no owner read
+    events.publish(events.AgentEvent(kind=kind, agent_id=agent.agent_id,
+                                     route=agent_route(agent, **owner)))
 
 
 @tracing.traced("registry.register")
@@ -90,11 +95,9 @@ def agent_register(
         raise InvalidInput(error)
     ttl = _check_ttl(ttl_seconds)
     concurrency = _check_concurrency(max_concurrency)
-    existing = Agent.objects.filter(agent_id=agent_id).first()
-    _authorize_register(actor, agent_id, existing)
-    if existing is None:
-        check_agent_quota(actor)
-    old_sha = existing.card_sha256 if existing is not None else None
+    _authorize_register(actor, agent_id, None)  # scopes: refused before any work
+    if credential_passthrough is not None:
+        credential_passthrough = _check_passthrough(credential_passthrough)
     parsed = _resolve_card(url=url, card=card, strict=strict)
     now = timezone.now()
     fields = {
@@ -104,35 +107,43 @@ def agent_register(
         "expires_at": now + timedelta(seconds=ttl),
         "status": Agent.Status.ACTIVE,
         "source": source,
-        "node_id": node_id or _owning_node(agent_id=agent_id, current=existing),
         "routing_changed_at": now,
     }
     if credential_passthrough is not None:
-        fields["credential_passthrough"] = _check_passthrough(credential_passthrough)
+        fields["credential_passthrough"] = credential_passthrough
     if public is not None:  # omitted on re-registration: the ARD listing stays as it was
         fields["public"] = bool(public)
     created = False
+    # One locked read, then one write: the owner and quota checks see the row the write
+    # replaces (a registration is a handful of statements, PERFORMANCE.md).
     with transaction.atomic():
         agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
+        old_sha = agent.card_sha256 if agent is not None else None
+        old_signature = agent.card_signature if agent is not None else None
         if agent is None:
+            check_agent_quota(actor)
+            fields["node_id"] = node_id or _owning_node(agent_id=agent_id, current=None)
             agent = Agent(agent_id=agent_id, registered_at=now, **fields)
             if actor.api_client_pk:
                 agent.owner_id = actor.api_client_pk
             _apply_card(agent, parsed)
             try:
                 with transaction.atomic():
-                    agent.save()
+                    agent.save(force_insert=True)
                 created = True
-            except IntegrityError:
+            except IntegrityError:  # a concurrent registration of the same id won the insert
                 agent = Agent.objects.select_for_update().get(agent_id=agent_id)
+                old_sha, old_signature = agent.card_sha256, agent.card_signature
         if not created:
             _authorize_register(actor, agent_id, agent)
+            fields["node_id"] = node_id or _owning_node(agent_id=agent_id, current=agent)
             for key, value in fields.items():
                 setattr(agent, key, value)
             _apply_card(agent, parsed)
             agent.save()
-        _record_card_version(agent, parsed)
-        _publish("registered" if created else "updated", agent)
+        _record_card_version(agent, parsed, new_agent=created, unchanged=(
+            old_sha == parsed.sha256 and old_signature == agent.card_signature))
+        _publish("registered" if created else "updated", agent, actor)
         if created or old_sha != parsed.sha256:  # a plain renewal is not a change
             events.audit(
                 events.AuditRecord(

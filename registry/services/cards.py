@@ -60,23 +60,31 @@ def _apply_card(agent: Agent, parsed: ParsedCard) -> None:
     agent.output_modes_index = _index(parsed.output_modes)
 
 
-def _record_card_version(agent: Agent, parsed: ParsedCard) -> None:
+def _record_card_version(agent: Agent, parsed: ParsedCard, *, new_agent: bool = False,
+                         unchanged: bool = False) -> None:
+    """Keep ``parsed`` in the agent's card history. ``new_agent``: the row was inserted in
+    this transaction (no history yet: one INSERT). ``unchanged``: the agent already had these
+    card bytes with this signature verdict, so their version is recorded as it is."""
     sig = parsed.signature
+    if unchanged:
+        return  # a renewal with the same card and verdict: nothing new to record
     signature = {
         "signature_status": sig.status if sig else "",
         "signature_kid": sig.kid[:200] if sig else "",
         "signature_detail": sig.detail[:300] if sig else "",
     }
+    fields = {
+        "card": parsed.card,
+        "card_raw": agent.card_raw,
+        "endpoint": agent.url,
+        "skill_ids": parsed.skill_ids,
+        **signature,
+    }
+    if new_agent:
+        CardVersion.objects.create(agent=agent, sha256=parsed.sha256, **fields)
+        return
     version, created = CardVersion.objects.get_or_create(
-        agent=agent,
-        sha256=parsed.sha256,
-        defaults={
-            "card": parsed.card,
-            "card_raw": agent.card_raw,
-            "endpoint": agent.url,
-            "skill_ids": parsed.skill_ids,
-            **signature,
-        },
+        agent=agent, sha256=parsed.sha256, defaults=fields,
     )
     if not created and sig is not None and version.signature_status != sig.status:
         # Same bytes, new verdict (a key rotated in or out): the history shows the latest.

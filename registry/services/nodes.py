@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -18,6 +18,11 @@ def _node_dead_after() -> timedelta:
     return timedelta(seconds=max(60.0, 6 * settings.A2A_NODE_HEARTBEAT_SECONDS))
 
 
+#: node id -> when this process last wrote its heartbeat row (``node_heartbeat``): a node known
+#: live from its own recent beat needs no query to own the registrations it serves.
+_own_beats: dict[str, datetime] = {}
+
+
 def _owning_node(*, agent_id: str, current: Agent | None) -> str:
     """The node whose virtual subscriber will serve a new or renewed registration.
 
@@ -28,6 +33,9 @@ def _owning_node(*, agent_id: str, current: Agent | None) -> str:
     """
     this_node = node_config.node_id()
     since = timezone.now() - _node_dead_after()
+    beat = _own_beats.get(this_node)
+    if beat is not None and beat >= since:
+        return this_node  # live by its own beat (the query below would list it): no query
     live = sorted(Node.objects.filter(last_heartbeat__gte=since).values_list("node_id", flat=True))
     if not live or this_node in live:
         return this_node
@@ -41,6 +49,8 @@ def node_heartbeat(*, node_id: str, address: str = "") -> Node:
     node, _ = Node.objects.update_or_create(
         node_id=node_id, defaults={"last_heartbeat": now, "address": address}
     )
+    if node_id == node_config.node_id():
+        _own_beats[node_id] = now
     return node
 
 

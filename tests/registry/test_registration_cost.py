@@ -1,0 +1,82 @@
+"""What one registration costs the database and the resolver: a fixed handful of statements
+whatever the registry's size, and a host name resolved once per window, not per agent."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from ard.models import AgentDoc
+from config import node as node_config
+from registry import netcheck, services
+from registry.models import Agent, CardVersion
+from registry.services import InvalidInput, nodes
+from tests.conftest import make_client
+from tests.registry.cards import card_03
+from tests.services_helpers import actor_of
+
+
+def _statements(ctx) -> list[str]:
+    return [q["sql"].split()[0] for q in ctx.captured_queries]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_registration_is_a_fixed_handful_of_statements(settings):
+    settings.A2A_MAX_AGENTS_PER_CLIENT = 0  # no quota: its COUNT is the one optional read
+    client, _ = make_client(["register"], name="reg")
+    actor = actor_of(client)
+    nodes.node_heartbeat(node_id=node_config.node_id())  # a serving node knows it is live
+    for index in range(30):
+        services.agent_register(actor=actor, agent_id=f"pre-{index}", card=card_03())
+    with CaptureQueriesContext(connection) as new:
+        services.agent_register(actor=actor, agent_id="new-one", card=card_03())
+    with CaptureQueriesContext(connection) as renewal:
+        services.agent_register(actor=actor, agent_id="new-one", card=card_03())
+    # New: BEGIN, the locked read, SAVEPOINT/INSERT/RELEASE, the card version, COMMIT; then
+    # the search index: one read, one upsert (the audit record goes to the console's batch or
+    # is one more INSERT).
+    assert _statements(new)[:9] == ["BEGIN", "SELECT", "SAVEPOINT", "INSERT", "RELEASE",
+                                    "INSERT", "COMMIT", "SELECT", "INSERT"], _statements(new)
+    assert len(_statements(new)) <= 12, _statements(new)
+    # A renewal with the same card: the locked read and one UPDATE, then the index's two
+    # reads (nothing to rewrite); no owner read, no card-history read.
+    assert _statements(renewal) == ["BEGIN", "SELECT", "UPDATE", "COMMIT", "SELECT", "SELECT"]
+    assert Agent.objects.get(agent_id="new-one").owner_id == client.pk
+    assert CardVersion.objects.filter(agent__agent_id="new-one").count() == 1
+    assert AgentDoc.objects.filter(agent_id="new-one", active=True).exists()
+
+
+@pytest.mark.django_db
+def test_a_host_name_is_resolved_once_per_window_and_still_refused(monkeypatch):
+    calls: list[str] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        calls.append(host)
+        if host == "meta.cache.test":
+            return real("169.254.169.254", port, *args, **kwargs)
+        if host == "fine.cache.test":
+            return real("127.0.0.1", port, *args, **kwargs)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(netcheck, "_resolve_cache", {})
+    actor = actor_of(make_client(["register"], name="dns")[0])
+    for index in range(3):
+        services.agent_register(actor=actor, agent_id=f"fine-{index}",
+                                card=card_03(f"http://fine.cache.test:{9000 + index}/"))
+    assert calls.count("fine.cache.test") == 1
+    for _ in range(2):  # a refused address stays refused when it comes from the cache
+        with pytest.raises(InvalidInput, match="refused address"):
+            services.agent_register(actor=actor, agent_id="meta-1",
+                                    card=card_03("http://meta.cache.test/"))
+    assert calls.count("meta.cache.test") == 1
+    later = time.monotonic() + netcheck.RESOLVE_CACHE_SECONDS + 1
+    monkeypatch.setattr(netcheck.time, "monotonic", lambda: later)  # the window has passed
+    services.agent_register(actor=actor, agent_id="fine-9", card=card_03("http://fine.cache.test/"))
+    services.agent_register(actor=actor, agent_id="fine-9", card=card_03("http://fine.cache.test/"))
+    assert calls.count("fine.cache.test") >= 2
