@@ -16,9 +16,13 @@ growing queue, as in production, instead of a politely waiting client). The mix:
 ``--nodes 2`` (with ``--distributed``) starts two nodes on the same PostgreSQL and Redis, with
 half the agents registered on each, and spreads the load over both; ``--rolling-restart N``
 restarts every node in turn (SIGTERM, wait for it to exit, start it again on the same port,
-then the next one) every N seconds during the run. A connection the restarting node refuses
-(the request never left the client) is sent to the other node, as a load balancer would; a
-call that still fails counts as failed. The summary reports the restarts and the failed calls
+then the next one) every N seconds during the run. A request the restarting node did not take -- its
+connection refused, or a kept-alive connection closed or reset before any answer began (a node
+shutting down closes its idle connections; a request crossing that close is never read, and a
+node finishes every request it has read before it exits) -- is sent to the other node, as a
+load balancer would; a call that fails in any other way counts as failed. The load generator
+is aiohttp (one pool per node): httpx's pool fell behind at 200 req/s once restarts left
+half-closed connections in it. The summary reports the restarts and the failed calls
 during them. RSS growth is then measured from the first window after the last restart.
 
     DATABASE_URL=... REDIS_URL=... .venv/bin/python bench/soak.py --distributed --nodes 2 \
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import os
 import random
 import signal
@@ -46,6 +51,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -64,9 +70,12 @@ from bench.common import (  # noqa: E402
 from tests.faults import AgentProcess  # noqa: E402
 
 MIX = (("send", 0.60), ("stream", 0.10), ("heartbeat", 0.25), ("churn", 0.05))
-#: httpx's words for a connection closed with no answer at all (a node shutting down closed
-#: it while idle): the request was never read.
-_NO_ANSWER = "without sending a response"
+
+
+class _NotServed(Exception):
+    """The node refused the connection (restarting), or closed a kept-alive one before
+    answering anything (shutting down): the request goes to the other node."""
+
 MAX_IN_FLIGHT = 5000  # beyond this the generator counts a request as failed instead of queueing
 ERROR_TARGET = 0.001
 RSS_TARGET = 0.10
@@ -113,7 +122,7 @@ class Soak:
     def _headers(self, role: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
 
-    async def one(self, client: dict[str, httpx.AsyncClient], kind: str,
+    async def one(self, client: dict[str, aiohttp.ClientSession], kind: str,
                   window: Window) -> None:
         """One request of ``kind``; ``client``: a client (connection pool) per node."""
         self.in_flight += 1
@@ -128,14 +137,11 @@ class Soak:
                 try:
                     ok, detail = await getattr(self, f"_{kind}")(client[base], base)
                     break
-                except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
-                    # Refused (the node is restarting), or a kept-alive connection closed with
-                    # no answer at all as the node shut down: the other node gets the request.
-                    if len(self.bases) == 1 or (isinstance(exc, httpx.RemoteProtocolError)
-                                                and _NO_ANSWER not in str(exc)):
+                except _NotServed as exc:
+                    if len(self.bases) == 1:
                         raise
                     self.redirected += 1
-                    detail = f"{type(exc).__name__}: {exc}"
+                    detail = f"not served: {exc}"
                     await asyncio.sleep(0.05)
             else:
                 ok = False
@@ -152,6 +158,22 @@ class Soak:
             window.kinds[kind] = window.kinds.get(kind, 0) + 1
             if len(self.error_samples) < 20:
                 self.error_samples.append(f"{kind}: {detail}"[:300])
+
+    @staticmethod
+    async def _request(session: aiohttp.ClientSession, method: str, url: str, **kwargs):
+        """The response (its head read); :class:`_NotServed` when no answer began."""
+        try:
+            return await session.request(method, url, **kwargs)
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+            raise _NotServed(f"{type(exc).__name__}: {exc}") from exc
+        except aiohttp.ClientOSError as exc:
+            # Reset before any answer: a node shutting down closes its idle kept-alive
+            # connections, and a request crossing that close is reset unread (a node drains
+            # every request it has read before it exits; the failover tests count at the agent
+            # that nothing runs twice). Any reset once an answer began counts as a failure.
+            if exc.errno in (errno.ECONNRESET, errno.EPIPE):
+                raise _NotServed(f"{type(exc).__name__}: {exc}") from exc
+            raise
 
     def _rpc(self, method: str, text: str) -> dict:
         self.sequence += 1
@@ -170,56 +192,59 @@ class Soak:
 
     async def _send(self, client, base):
         agent_id = random.choice(self.agent_ids)
-        response = await client.post(
-            f"{base}/a2a/{agent_id}",
-            json=self._rpc("message/send", "hi"),
-            headers=self._headers("caller"),
-        )
-        ok = response.status_code == 200 and "result" in response.json()
-        return ok, f"{response.status_code} {response.text[:200]}"
+        async with await self._request(
+            client, "POST", f"{base}/a2a/{agent_id}",
+            json=self._rpc("message/send", "hi"), headers=self._headers("caller"),
+        ) as response:
+            body = await response.read()
+        ok = response.status == 200 and b'"result"' in body and b'"error"' not in body
+        return ok, f"{response.status} {body[:200]!r}"
 
     async def _stream(self, client, base):
         agent_id = random.choice(self.agent_ids)
         body = b""
-        async with client.stream(
-            "POST",
-            f"{base}/a2a/{agent_id}",
-            headers=self._headers("caller"),
-            json=self._rpc("message/stream", "task soak"),
+        async with await self._request(
+            client, "POST", f"{base}/a2a/{agent_id}",
+            headers=self._headers("caller"), json=self._rpc("message/stream", "task soak"),
         ) as response:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.content.iter_any():
                 body += chunk
-        ok = response.status_code == 200 and b'"completed"' in body and b'"error"' not in body
-        return ok, f"{response.status_code} {body[-200:]!r}"
+        ok = response.status == 200 and b'"completed"' in body and b'"error"' not in body
+        return ok, f"{response.status} {body[-200:]!r}"
 
     async def _heartbeat(self, client, base):
         agent_id = random.choice(self.agent_ids)
-        response = await client.post(
-            f"{base}/api/v1/agents/{agent_id}/heartbeat", headers=self._headers("registrar")
-        )
-        return response.status_code == 200, f"{response.status_code} {response.text[:200]}"
+        async with await self._request(
+            client, "POST", f"{base}/api/v1/agents/{agent_id}/heartbeat",
+            headers=self._headers("registrar"),
+        ) as response:
+            body = await response.read()
+        return response.status == 200, f"{response.status} {body[:200]!r}"
 
     async def _churn(self, client, base):
         if self.churn and (len(self.churn) > 20 or random.random() < 0.5):
             agent_id = self.churn.pop(0)
-            response = await client.delete(
-                f"{base}/api/v1/agents/{agent_id}", headers=self._headers("registrar")
-            )
-            return response.status_code == 204, f"{response.status_code} {response.text[:200]}"
+            async with await self._request(
+                client, "DELETE", f"{base}/api/v1/agents/{agent_id}",
+                headers=self._headers("registrar"),
+            ) as response:
+                body = await response.read()
+            return response.status == 204, f"{response.status} {body[:200]!r}"
         agent_id = f"churn-{os.urandom(4).hex()}"
-        response = await client.post(
-            f"{base}/api/v1/agents",
+        async with await self._request(
+            client, "POST", f"{base}/api/v1/agents",
             headers=self._headers("registrar"),
             json={
                 "agent_id": agent_id,
                 "url": self.agent_url,
                 "card": {"name": "Churn agent", "url": self.agent_url},
             },
-        )
-        if response.status_code in (200, 201):
+        ) as response:
+            body = await response.read()
+        if response.status in (200, 201):
             self.churn.append(agent_id)
             return True, ""
-        return False, f"{response.status_code} {response.text[:200]}"
+        return False, f"{response.status} {body[:200]!r}"
 
     async def run(self, *, rate: float, seconds: float, interval: float, node_pid,
                   restart=None, restart_every: float = 0.0) -> None:
@@ -227,15 +252,22 @@ class Soak:
         ``restart(index)``: restarts node ``index`` (blocking), every ``restart_every`` s."""
         kinds = [k for k, _ in MIX]
         weights = [w for _, w in MIX]
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
         pid_of = node_pid if callable(node_pid) else (lambda: node_pid)
         self.started_perf = time.perf_counter()
         self.interval = interval
-        # A connection pool per node: httpcore's pool scans all its connections for every
-        # queued request, and one shared by two nodes (one of them restarting) melts down.
+        # A connection pool per node, aiohttp's: httpx's (httpcore) scans every connection of
+        # its pool for each queued request and, once a node restart left half-closed
+        # connections in it, made the generator itself fall behind (5,000 requests queued in
+        # the generator, the nodes idle). Idle connections are dropped well before the node's
+        # keep-alive timeout (A2A_HTTP_KEEPALIVE_SECONDS, 5 s) would close them.
         async with contextlib.AsyncExitStack() as stack:
-            client = {base: await stack.enter_async_context(
-                httpx.AsyncClient(timeout=30, limits=limits)) for base in self.bases}
+            client = {
+                base: await stack.enter_async_context(aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=30),
+                    connector=aiohttp.TCPConnector(limit=256, keepalive_timeout=2.0),
+                ))
+                for base in self.bases
+            }
             loop = asyncio.get_running_loop()
             start = loop.time()
             restarter = None
