@@ -297,6 +297,14 @@ class _Address:
             self.ssl = ssl.create_default_context()
         self.connect_timeout = float(host.get("socket_connect_timeout") or 2)
         self.timeout = float(host.get("socket_timeout") or 10)
+        db = (url.path or "/").strip("/") or "0"
+        if not db.isdigit():
+            raise ValueError(f"the Redis database in {host.get('address')!r} must be a number")
+        #: Prepended to every pub/sub name on the wire. Redis pub/sub ignores the database
+        #: number, so without it two deployments sharing a Redis server on different
+        #: databases (staging on /1, production on /0) would hear each other's Queries.
+        self.namespace = f"db{int(db)}."
+
 
 
 class _LoopLayer:
@@ -306,6 +314,7 @@ class _LoopLayer:
         self.address = address
         self.prefix = prefix
         self.capacity = capacity
+        self.namespace = address.namespace
         self.loop = asyncio.get_running_loop()
         self.channels: dict[str, _Mailbox] = {}
         self.groups: dict[str, set[str]] = {}  # group channel name -> member channels
@@ -350,7 +359,7 @@ class _LoopLayer:
         conn = self._pub
         if conn is None or conn.closed:
             conn = await self.publisher()
-        name = channel.encode()
+        name = (self.namespace + channel).encode()
         return await conn.request(b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
                                   % (len(name), name, len(data), data))
 
@@ -358,6 +367,9 @@ class _LoopLayer:
         if len(value) < 3:
             return
         name = value[1].decode()
+        if not name.startswith(self.namespace):
+            return
+        name = name[len(self.namespace):]
         mailbox = self.channels.get(name)
         if mailbox is not None:
             mailbox.put(value[2])
@@ -408,7 +420,7 @@ class _LoopLayer:
             try:
                 names = [*self.channels, *self.groups]
                 for start in range(0, len(names), 1000):
-                    part = [n.encode() for n in names[start:start + 1000]]
+                    part = [(self.namespace + n).encode() for n in names[start:start + 1000]]
                     async with asyncio.timeout(self.address.timeout):
                         await conn.request(command(b"SUBSCRIBE", *part), len(part))
             except BaseException:
@@ -432,13 +444,14 @@ class _LoopLayer:
         # Subscribed again even if the (re)connection just did (it may have listed the
         # channels before this one was registered); Redis ignores a repeated SUBSCRIBE.
         async with asyncio.timeout(self.address.timeout):
-            await conn.request(command(b"SUBSCRIBE", name.encode()))
+            await conn.request(command(b"SUBSCRIBE", (self.namespace + name).encode()))
 
     def _unsubscribe(self, name: str) -> None:
         conn = self._sub
         if conn is not None and not conn.closed:
             # The confirmation is not awaited (a cancelled receive() cannot wait for it).
-            conn.request(command(b"UNSUBSCRIBE", name.encode())).add_done_callback(_retrieve)
+            conn.request(command(b"UNSUBSCRIBE", (self.namespace + name).encode())) \
+                .add_done_callback(_retrieve)
 
     # --- Channels layer API ------------------------------------------------------------------
 
@@ -545,6 +558,10 @@ class RedisDirectChannelLayer:
             layer = self._layers[loop] = _LoopLayer(self.address, self.prefix, self.capacity)
             _close_with_loop(self, loop)
         return layer
+
+    def wire_name(self, channel: str) -> str:
+        """``channel``'s Redis pub/sub name (``PUBSUB NUMSUB`` takes it)."""
+        return self.address.namespace + channel
 
     async def send(self, channel: str, message: dict) -> int:
         """Publish ``message``; returns how many processes received it (0: nobody listens)."""

@@ -119,3 +119,11 @@ def serve_agent(agent, path: str = "/rpc"):
     with serve_app(agent) as server:
         agent.url = server.url + path
         yield agent
+
+
+def wire_name(channel: str) -> str:
+    """``channel``'s Redis pub/sub name under the process's channel layer (the direct layer
+    namespaces names by Redis database; channels-redis's layers do not)."""
+    from channels.layers import get_channel_layer
+
+    return getattr(get_channel_layer(), "wire_name", str)(channel)

@@ -28,7 +28,7 @@ from tests.conftest import make_client
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import rpc
 from tests.gateway.test_streaming import read_events, wait_until
-from tests.servers import free_port, wait_until_serving
+from tests.servers import free_port, wait_until_serving, wire_name
 
 agent = proxy.agent
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def test_cross_node_routing(live_server_url, node_b, agent):
 
     probe = redis.Redis.from_url(settings.REDIS_URL)
     # Single owner: node B's subscriber is the only listener on the agent's channel.
-    assert probe.pubsub_numsub("_AGENTS_.on-b")[0][1] == 1
+    assert probe.pubsub_numsub(wire_name("_AGENTS_.on-b"))[0][1] == 1
 
     # A request entering node A reaches the agent through node B's subscriber.
     r = httpx.post(f"{live_server_url}/a2a/on-b", headers={**auth, "X-Trace": "via-a"},
@@ -138,7 +138,7 @@ def test_cross_node_routing(live_server_url, node_b, agent):
     wait_until(lambda: node_a.table.get("on-b") is None, timeout=1)
     r = httpx.post(f"{node_b_url}/a2a/on-b", headers=auth, json=rpc())
     assert r.json()["error"]["data"]["kind"] == "agent_not_found"
-    wait_until(lambda: probe.pubsub_numsub("_AGENTS_.on-b")[0][1] == 0, timeout=1)
+    wait_until(lambda: probe.pubsub_numsub(wire_name("_AGENTS_.on-b"))[0][1] == 0, timeout=1)
 
 
 @pytest.mark.parametrize("node_b", [{"A2A_FAILOVER": "expire"}], indirect=True)

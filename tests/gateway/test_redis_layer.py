@@ -85,7 +85,7 @@ async def test_single_owner_teardown_unsubscribes(pair, kind, redis_url):
     probe = aioredis.Redis.from_url(redis_url)
     try:
         for _ in range(50):
-            (_, listeners), = await probe.pubsub_numsub(channel)
+            (_, listeners), = await probe.pubsub_numsub(getattr(b, "wire_name", str)(channel))
             if listeners == 1:
                 break
             await asyncio.sleep(0.02)
@@ -221,3 +221,24 @@ async def _send_or_zero(layer, channel, message) -> int:
         return await layer.send(channel, message)
     except ConnectionError:
         return 0
+
+
+async def test_direct_layers_on_two_databases_never_hear_each_other(redis_url):
+    """Redis pub/sub ignores the database number; the direct layer namespaces its names by it,
+    so two deployments sharing one Redis server on different databases (staging and
+    production) never receive each other's Queries for an agent id they both serve."""
+    base, _, db = redis_url.rpartition("/")
+    other_db = (int(db) + 1) % 16 if db.isdigit() else 1
+    here, there = make("direct", redis_url), make("direct", f"{base}/{other_db}")
+    channel = name("shared-id")
+    try:
+        listener = await _listening(there, channel)
+        assert await here.send(channel, {"type": "staging"}) == 0  # nobody here listens
+        done, _ = await asyncio.wait({listener}, timeout=0.3)
+        assert not done  # the other database's listener heard nothing
+        assert await there.send(channel, {"type": "own"}) == 1
+        async with asyncio.timeout(5):
+            assert (await listener)["type"] == "own"
+    finally:
+        await here.flush()
+        await there.flush()

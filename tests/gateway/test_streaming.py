@@ -20,6 +20,7 @@ from registry import services
 from registry.permissions import SYSTEM
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import _metric, register, rpc
+from tests.servers import wire_name
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
 pytestmark = pytest.mark.usefixtures("outbound_client")
@@ -235,7 +236,8 @@ def test_deregistration_tears_the_subscriber_down(gw: httpx.Client, agent, setti
         import redis
 
         client = redis.Redis.from_url(settings.REDIS_URL)
-        wait_until(lambda: client.pubsub_numsub("_AGENTS_.life-agent")[0][1] == 0, timeout=1.0)
+        channel = wire_name("_AGENTS_.life-agent")
+        wait_until(lambda: client.pubsub_numsub(channel)[0][1] == 0, timeout=1.0)
     reader.join(timeout=5)
     assert not reader.is_alive()
     assert data_of(result["events"][-1][1])["error"]["data"]["kind"] == "unreachable"
