@@ -565,10 +565,14 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
         await subscriber.handle(query, buffer.put, local=True)
     exchange.send = flow_controlled(exchange.send)
 
+    gone = False
+
     async def watch() -> None:
+        nonlocal gone
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                gone = True  # handled before anything still buffered for the caller
                 buffer.push(_DISCONNECT)
                 return
 
@@ -614,7 +618,7 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                                         "no live subscriber for this agent", executed=acked)
                 await stop()
                 return
-            if message is _DISCONNECT:
+            if message is _DISCONNECT or gone:
                 exchange.outcome = "client_disconnect"
                 await stop()
                 return
@@ -647,7 +651,7 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
             if credit is not None:
                 body = message.get("body")
                 if body:
-                    await credit.delivered(len(body))
+                    credit.delivered(len(body))
         if exchange.mapped:  # answered already; the rest of the agent's body is not wanted
             await stop()
     finally:
@@ -695,9 +699,14 @@ async def _end_stalled(exchange: Exchange, stall: float, detail: str) -> None:
 class _Credit:
     """The caller's side of a stream's flow control through the broker: tells the owning
     subscriber how many body bytes the caller has taken (cumulative, so a lost credit is made
-    good by the next one), every quarter window."""
+    good by the next one), every quarter window.
 
-    __slots__ = ("node", "tags", "agent_id", "step", "total", "reported")
+    Sent from a task of its own, one at a time (a later total replaces an unsent one): the
+    relay never waits on a publish, so a caller leaving is acted on at once even while the
+    layer's publishes queue up (the Redis pub/sub layer publishes one message at a time per
+    connection; issue 9.7)."""
+
+    __slots__ = ("node", "tags", "agent_id", "step", "total", "reported", "_sending")
 
     def __init__(self, node, query, agent_id: str, window: int) -> None:
         self.node = node
@@ -706,17 +715,29 @@ class _Credit:
         self.step = max(window // 4, 1)
         self.total = 0
         self.reported = 0
+        self._sending = False
 
-    async def delivered(self, size: int) -> None:
+    def delivered(self, size: int) -> None:
         self.total += size
-        if self.total - self.reported < self.step:
+        if self._sending or self.total - self.reported < self.step:
             return
-        self.reported = self.total
+        self._sending = True
+        _background(asyncio.get_running_loop(), self._send())
+
+    async def _send(self) -> None:
+        try:
+            while self.total - self.reported >= self.step:
+                self.reported = self.total
+                await self._publish(self.total)
+        finally:
+            self._sending = False
+
+    async def _publish(self, total: int) -> None:
         tags = self.tags
         message = env.query(b"", {
             env.TAG_METHOD: env.CREDIT_METHOD,
             env.TAG_STREAM_ID: tags[env.TAG_REQUEST_ID],
-            env.TAG_CREDIT: str(self.total),
+            env.TAG_CREDIT: str(total),
             env.TAG_REQUEST_ID: tags[env.TAG_REQUEST_ID] + ".credit",
             env.TAG_REPLY_CHANNEL: tags.get(env.TAG_REPLY_CHANNEL, ""),
         })

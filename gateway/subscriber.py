@@ -76,6 +76,12 @@ HANDOVER_SIGNAL_SECONDS = 5.0
 PROBE_INTERVAL_SECONDS = 0.1
 #: Methods the subscriber handles itself (never forwarded as a sync call).
 _CONTROL_METHODS = frozenset({env.CANCEL_METHOD, env.CREDIT_METHOD, env.RESUME_METHOD})
+#: How many stream_cancels for not-yet-seen streams a subscriber remembers.
+EARLY_CANCELS = 1024
+#: A cancelled stream task still running after this long is cancelled again (at most
+#: CANCEL_RETRIES times): its cancellation was swallowed by something it awaited.
+CANCEL_RETRY_SECONDS = 0.5
+CANCEL_RETRIES = 20
 
 
 class StreamStalled(Exception):
@@ -177,6 +183,8 @@ class VirtualSubscriber:
         self.streams: dict[str, asyncio.Task] = {}
         self._stream_sinks: dict[str, BrokerSink] = {}  # flow-controlled streams (broker)
         self._cancel_requested: dict[str, Any] = {}  # request id -> the stream's JSON-RPC id
+        #: stream_cancels for request ids with no stream here (oldest first, bounded)
+        self._cancelled_early: dict[str, bool] = {}
         # Resumable streams (A2A_SSE_RESUME_SECONDS > 0): by public stream id, and by the
         # request id of each caller connection attached to one (gateway.resume).
         self._replays: dict[str, ReplayStream] = {}
@@ -377,16 +385,19 @@ class VirtualSubscriber:
         if method == env.RESUME_METHOD:
             self._resume(query, sink, local)
             return
+        if not local and self._cancelled_early.pop(request_id, None) is not None:
+            return  # its caller left (stream_cancel came first): nobody wants the answer
         if tracing.ENABLED:  # a child span of the entry node's; the agent gets its context
             sink = tracing.subscriber_sink(query, sink, agent_id=self.agent_id,
                                            endpoint=self.route.endpoint, local=local,
                                            node_id=self.settings.NODE_ID)
         if self._stopping:
-            await sink(env.error(request_id, errors.UNREACHABLE, "agent is deregistering"))
+            await self._refuse(sink, env.error(request_id, errors.UNREACHABLE,
+                                               "agent is deregistering"), local)
             return
         if self.in_flight >= self.route.max_concurrency:
             m.count_busy(self.agent_id)
-            await sink(env.error(request_id, errors.BUSY))
+            await self._refuse(sink, env.error(request_id, errors.BUSY), local)
             return
         self.in_flight += 1
         if not local:
@@ -418,6 +429,18 @@ class VirtualSubscriber:
         else:
             _spawn(self._tasks, self._run_sync(query, sink, request_id))
 
+    async def _refuse(self, sink: Sink, message: dict[str, Any], local: bool) -> None:
+        """Answer a Query without running it. Through the broker the reply is sent from a task
+        of its own: the receive loop must never wait on a publish (issue 9.7: the Redis pub/sub
+        layer publishes one message at a time per connection, so a busy reply queued behind
+        the relayed streams' publishes held the loop for seconds while the stream_cancel and
+        stream_credit messages piled up on the agent's channel, and every waiting stream kept
+        its slot, so more Queries were answered busy - the loop never caught up)."""
+        if local:
+            await sink(message)
+        else:
+            _spawn(self._tasks, sink(message))
+
     def _stream_done(self, request_id: str) -> None:
         # The slot is released here, not in the stream task: a stream cancelled before its
         # task first ran never enters ``_run_stream`` (its ``finally`` never runs), and a
@@ -446,11 +469,33 @@ class VirtualSubscriber:
                 self._drop_replay(replay)
                 request_id = replay.origin
         task = self.streams.get(request_id)
-        if task is None or task.done():
+        if task is None:
+            # Its Query may still be on the way (a layer need not keep one sender's messages
+            # in order): remembered, bounded, so that Query is dropped instead of run.
+            early = self._cancelled_early
+            early[request_id] = True
+            if len(early) > EARLY_CANCELS:
+                del early[next(iter(early))]
             return False
+        if task.done():
+            return False
+        self._cancel(request_id, task)
+        return True
+
+    def _cancel(self, request_id: str, task: asyncio.Task, tries: int = CANCEL_RETRIES) -> None:
+        """Cancel a stream's task, and cancel it again while it keeps running: a cancellation
+        can be swallowed by code the relay awaits (issue 9.7: redis-py's asyncio client, under
+        channels-redis, sometimes completes a ``publish`` whose task was cancelled meanwhile;
+        the relay then went on to wait for stream credit until the credit timeout)."""
+        if task.done():
+            return
         self._cancel_requested[request_id] = True
         task.cancel()
-        return True
+        if tries > 0:
+            asyncio.get_running_loop().call_later(
+                CANCEL_RETRY_SECONDS, self._cancel, request_id, task, tries - 1)
+        else:
+            logger.warning("%s: stream %s ignores cancellation", self.client_id, request_id)
 
     # --- resumable streams (gateway.resume) ---------------------------------------------------
 
@@ -494,9 +539,8 @@ class VirtualSubscriber:
         """The resume window passed with nobody back: cancel the stream as a disconnect does."""
         self._drop_replay(replay)
         task = self.streams.get(replay.origin)
-        if task is not None and not task.done():
-            self._cancel_requested[replay.origin] = True
-            task.cancel()
+        if task is not None:
+            self._cancel(replay.origin, task)
 
     def _replay_ended(self, replay: ReplayStream) -> None:
         """The stream's end went to its caller: still resumable for the window, then gone."""

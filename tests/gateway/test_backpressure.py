@@ -186,8 +186,10 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
         LOG_LEVEL="WARNING",
         NODE_ID=f"bp-{server}-{port}",
         A2A_SSE_STALL_TIMEOUT_SECONDS=str(STALL_SECONDS),
-        **extra,
+        # the test's outbound client (the ``outbound_client`` fixture sets the setting)
+        A2A_OUTBOUND_CLIENT=settings.A2A_OUTBOUND_CLIENT,
     )
+    env.update(extra)
     with tempfile.TemporaryDirectory() as data_dir:
         env["A2A_DATA_DIR"] = data_dir
         if distributed:
