@@ -207,18 +207,26 @@ class GatewayNode:
         targets = self.liveness.live_nodes() if self.liveness is not None else []
         if not targets:
             return
-        try:
-            moved = await database_sync_to_async(services.agents_move_off_node,
-                                                 thread_sensitive=False)(
-                node_id=node_id, to_nodes=targets)
-        except Exception as exc:
-            logger.warning("adopting the agents of node %s failed: %s: %s (the expiry job "
-                           "expires them once its heartbeat lapses)", node_id,
-                           type(exc).__name__, exc)
-            return
+        moved = await self._move_off(
+            node_id, targets, f"adopting the agents of node {node_id} failed",
+            "the expiry job expires them once its heartbeat lapses")
         if moved:
             logger.warning("adopted %d agent(s) of dead node %s over %s", len(moved), node_id,
                            ", ".join(targets))
+
+    @staticmethod
+    async def _move_off(node_id: str, targets: list[str], failure: str,
+                        fallback: str) -> list[str] | None:
+        """Move ``node_id``'s agents over ``targets`` (one transaction, in a worker thread):
+        the agents moved, or None when the database refused (logged with what happens
+        instead)."""
+        try:
+            return await database_sync_to_async(services.agents_move_off_node,
+                                                thread_sensitive=False)(
+                node_id=node_id, to_nodes=targets)
+        except Exception as exc:
+            logger.warning("%s: %s: %s (%s)", failure, type(exc).__name__, exc, fallback)
+            return None
 
     async def _hand_over(self) -> None:
         """A clean stop: hand this node's agents to the live nodes before stopping; each old
@@ -232,13 +240,10 @@ class GatewayNode:
         if not targets:
             logger.info("no live node to hand %d agent(s) to", len(self.manager.subscribers))
             return
-        try:
-            moved = await database_sync_to_async(services.agents_move_off_node,
-                                                 thread_sensitive=False)(
-                node_id=node_id, to_nodes=targets)
-        except Exception as exc:
-            logger.warning("handover failed: %s: %s (peers adopt the agents once this node's "
-                           "liveness key is gone)", type(exc).__name__, exc)
+        moved = await self._move_off(
+            node_id, targets, "handover failed",
+            "peers adopt the agents once this node's liveness key is gone")
+        if moved is None:
             return
         await asyncio.sleep(0)  # the moves' events, applied on this loop
         logger.info("handing %d agent(s) over to %s", len(moved), ", ".join(targets))
