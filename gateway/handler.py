@@ -454,7 +454,8 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float, owner: str)
     # Bounded: an agent answering a sync method with an endless event stream, to a caller that
     # does not read, must not grow this node (replies beyond the response cap end the call).
     queue = StreamBuffer(node.settings.A2A_MAX_RESPONSE_BYTES)
-    if not await _send_query(node, query, queue, exchange):
+    received = await _send_query(node, query, queue, exchange)
+    if received is None:
         return
     calls = node.inflight.get(owner)
     if calls is None:
@@ -462,7 +463,10 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float, owner: str)
     calls[request_id] = queue.push
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    acked = False
+    # A subscriber known to have the Query (a checked send) is waited for until the deadline
+    # (its node dying ends the call at once: owner_lost); only an unchecked send is taken for
+    # lost when no ack comes.
+    acked = received
     try:
         while not exchange.done:
             remaining = deadline - loop.time()
@@ -500,11 +504,14 @@ def _forget_call(node, owner: str, request_id: str) -> None:
             del node.inflight[owner]
 
 
-async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> bool:
+async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> bool | None:
+    """Publish the Query on the agent's channel. None: refused and answered (no broker, or
+    nobody listens); True: a subscriber received it (a checked send); False: sent, and
+    whether anyone received it is unknown (channels-redis's layers) until an ack comes."""
     tags = query["tags"]
     if not node.inbox.ready:
         await exchange.fail(errors.UNREACHABLE, "broker unavailable")
-        return False
+        return None
     tags[env.TAG_REPLY_CHANNEL] = node.inbox.channel
     node.inbox.pending[tags[env.TAG_REQUEST_ID]] = queue.put_nowait
     try:
@@ -512,14 +519,16 @@ async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> b
     except Exception as exc:  # broker down: answer at once, never queue
         node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
         await exchange.fail(errors.UNREACHABLE, f"broker unavailable: {type(exc).__name__}")
-        return False
+        return None
     # A checked send (gateway.redis_layer returns how many processes got it; channels-redis's
     # layers return None, and the missing ack answers instead, after ACK_TIMEOUT_SECONDS).
     if listeners == 0:
         node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
         await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
+        return None
+    if listeners is None:
         return False
-    if listeners is not None and listeners > 1:
+    if listeners > 1:
         logger.warning("%d subscribers got the query for %s: more than one owner",
                        listeners, exchange.agent_id)
     return True
@@ -552,9 +561,11 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     buffer = StreamBuffer(window)
     remote = subscriber is None or not settings.A2A_LOCAL_FAST_PATH
     credit: _Credit | None = None
+    received: bool | None = None
     if remote:
         tags[env.TAG_WINDOW] = str(window)
-        if not await _send_query(node, query, buffer, exchange):
+        received = await _send_query(node, query, buffer, exchange)
+        if received is None:
             return
         credit = _Credit(node, query, exchange.agent_id, window)
         calls = node.inflight.get(owner)
@@ -595,7 +606,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     # An event stream relayed through the broker gets a keepalive at least every
     # A2A_SSE_KEEPALIVE_SECONDS from its owner: two missed ones mean the owner is gone.
     missed = 2 * settings.A2A_SSE_KEEPALIVE_SECONDS + buffer_seconds
-    acked = not remote
+    # Local, or a subscriber known to have the Query (checked send): no ack to wait for.
+    acked = not remote or bool(received)
     try:
         while not exchange.done:
             if not acked:
