@@ -463,10 +463,7 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float, owner: str)
     calls[request_id] = queue.push
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    # A subscriber known to have the Query (a checked send) is waited for until the deadline
-    # (its node dying ends the call at once: owner_lost); only an unchecked send is taken for
-    # lost when no ack comes.
-    acked = received
+    acked = False
     try:
         while not exchange.done:
             remaining = deadline - loop.time()
@@ -476,7 +473,11 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float, owner: str)
                     message = await queue.get()
             except TimeoutError:
                 if not acked and remaining > ACK_TIMEOUT_SECONDS:
-                    await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
+                    # No subscriber acknowledged it. With a checked send one received it (a
+                    # loaded owner, or one in a handover's standby): it may have run, so never
+                    # executed false then.
+                    await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent",
+                                        executed=received)
                 else:  # the subscriber had it: the agent may have it (a reply lost between nodes)
                     await exchange.fail(errors.TIMEOUT, executed=True)
                 return
@@ -606,8 +607,7 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     # An event stream relayed through the broker gets a keepalive at least every
     # A2A_SSE_KEEPALIVE_SECONDS from its owner: two missed ones mean the owner is gone.
     missed = 2 * settings.A2A_SSE_KEEPALIVE_SECONDS + buffer_seconds
-    # Local, or a subscriber known to have the Query (checked send): no ack to wait for.
-    acked = not remote or bool(received)
+    acked = not remote
     try:
         while not exchange.done:
             if not acked:
@@ -627,7 +627,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                     await exchange.fail(errors.TIMEOUT, "stream lost")
                 else:
                     await exchange.fail(errors.UNREACHABLE if not acked else errors.TIMEOUT,
-                                        "no live subscriber for this agent", executed=acked)
+                                        "no live subscriber for this agent",
+                                        executed=acked or bool(received))
                 await stop()
                 return
             if message is _DISCONNECT or gone:
