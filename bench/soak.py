@@ -167,11 +167,14 @@ class Soak:
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
             raise _NotServed(f"{type(exc).__name__}: {exc}") from exc
         except aiohttp.ClientOSError as exc:
-            # Reset before any answer: a node shutting down closes its idle kept-alive
-            # connections, and a request crossing that close is reset unread (a node drains
-            # every request it has read before it exits; the failover tests count at the agent
-            # that nothing runs twice). Any reset once an answer began counts as a failure.
-            if exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            # Reset before any answer, or the request could not even be written: a node
+            # shutting down closes its idle kept-alive connections, and a request crossing that
+            # close is reset unread or cut off (the gateway reads a whole body before it acts,
+            # and a node drains every request it has read before it exits; the failover tests
+            # count at the agent that nothing runs twice). nginx's proxy_next_upstream treats
+            # "an error passing a request" the same way. Any error once an answer began counts
+            # as a failure.
+            if exc.errno in (errno.ECONNRESET, errno.EPIPE) or "write request body" in str(exc):
                 raise _NotServed(f"{type(exc).__name__}: {exc}") from exc
             raise
 
@@ -504,7 +507,7 @@ def main() -> int:
     if summary["nodes"] > 1:
         print(f"nodes: {summary['nodes']}, restarts: {summary['node_restarts']}, failed calls "
               f"during restarts: {summary['failed_during_restarts']}, requests sent to the "
-              f"other node after a refused connection: {summary['redirected_to_other_node']}")
+              f"other node, not taken by the restarting one: {summary['redirected_to_other_node']}")
     for sample in summary["error_samples"][:5]:
         print(f"  error sample: {sample}")
     path = write_results("soak", {"machine": machine_info(),
