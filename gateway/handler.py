@@ -162,9 +162,7 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         actor = node.tokens.fresh_client(headers.authorization)
         if actor is not None and actor.may_call(agent_id):
             if not node.limiter.allow(actor.client_id):
-                _refused(scope, agent_id, actor.client_id, method, errors.RATE_LIMITED)
-                await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
-                             extra=[(b"retry-after", b"1")])
+                await _rate_limited(scope, send, rpc_id, agent_id, actor.client_id, method)
                 return
             caller = actor.client_id
     if caller is None:
@@ -391,6 +389,14 @@ def _refused(scope, agent_id: str, caller: str | None, method: str, kind: str) -
     recorder.refuse(agent_id, caller, method, kind, errors.http_status_for(kind))
 
 
+async def _rate_limited(scope, send, rpc_id, agent_id: str, caller: str | None,
+                        method: str) -> None:
+    """Answer (and audit) a call refused by a rate limit: 429 with ``Retry-After``."""
+    _refused(scope, agent_id, caller, method, errors.RATE_LIMITED)
+    await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
+                 extra=[(b"retry-after", b"1")])
+
+
 async def _admit(node: GatewayNode, scope, send, authorization, rpc_id,
                  agent_id, method: str = "") -> str | None:
     """Rate-limit by address (calls refused earlier), authenticate, authorize and rate-limit
@@ -399,9 +405,7 @@ async def _admit(node: GatewayNode, scope, send, authorization, rpc_id,
     client = scope.get("client")
     address = client[0] if client else "-"
     if limiter.address_blocked(address) and not node.tokens.verified(authorization):
-        _refused(scope, agent_id, None, method, errors.RATE_LIMITED)
-        await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
-                     extra=[(b"retry-after", b"1")])
+        await _rate_limited(scope, send, rpc_id, agent_id, None, method)
         return None
     try:
         actor = await node.tokens.actor(authorization)
@@ -429,9 +433,7 @@ async def _admit(node: GatewayNode, scope, send, authorization, rpc_id,
         return None
     key = actor.client_id if not actor.is_anonymous else f"anonymous:{address}"
     if not limiter.allow(key):
-        _refused(scope, agent_id, actor.client_id, method, errors.RATE_LIMITED)
-        await _error(send, errors.RATE_LIMITED, rpc_id, agent_id, "rate limit exceeded",
-                     extra=[(b"retry-after", b"1")])
+        await _rate_limited(scope, send, rpc_id, agent_id, actor.client_id, method)
         return None
     return actor.client_id
 
