@@ -53,6 +53,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -89,6 +90,8 @@ class Window:
     errors: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
     rss_kib: int = 0
+    #: Latencies of the successful requests, by kind (send, stream, heartbeat, churn).
+    by_kind: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def requests(self) -> int:
@@ -118,6 +121,8 @@ class Soak:
         self.sequence = 0
         self.windows: list[Window] = []
         self.error_samples: list[str] = []
+        #: With ``--trace``: (start s since the run began, kind, node index, latency s or None).
+        self.trace: list[tuple[float, str, int, float | None]] | None = None
 
     def _headers(self, role: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[role]}"}
@@ -149,8 +154,13 @@ class Soak:
             detail = f"{type(exc).__name__}: {exc}"
         finally:
             self.in_flight -= 1
+        if self.trace is not None:
+            self.trace.append((started - self.started_perf, kind, first,
+                               time.perf_counter() - started if ok else None))
         if ok:
-            window.latencies.append(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            window.latencies.append(elapsed)
+            window.by_kind.setdefault(kind, []).append(elapsed)
         else:
             if self.restarts and self.restarts[-1][1] >= time.perf_counter() - 30:
                 self.restart_errors += 1  # during (or within 30 s after) a node restart
@@ -332,6 +342,13 @@ class Soak:
             f"  RSS {window.rss_kib / 1024:7.1f} MiB  {window.kinds or ''}",
             flush=True,
         )
+        print(
+            "            p99 by kind: " + "  ".join(
+                f"{kind} {percentile([v * 1000 for v in values], 99):.1f} ms"
+                for kind, values in sorted(window.by_kind.items())
+            ),
+            flush=True,
+        )
 
 
 def summarize(soak: Soak, rate: float) -> dict:
@@ -365,6 +382,10 @@ def summarize(soak: Soak, rate: float) -> dict:
                 "p50_ms": percentile([v * 1000 for v in w.latencies], 50),
                 "p99_ms": percentile([v * 1000 for v in w.latencies], 99),
                 "rss_kib": w.rss_kib,
+                "p99_ms_by_kind": {
+                    kind: percentile([v * 1000 for v in values], 99)
+                    for kind, values in sorted(w.by_kind.items())
+                },
             }
             for w in windows
         ],
@@ -395,6 +416,10 @@ def main() -> int:
     parser.add_argument(
         "--results", type=Path, default=None,
         help="where the result JSON goes (default bench/results/; the CI soak: test-artifacts/)",
+    )
+    parser.add_argument(
+        "--trace", type=Path, default=None, metavar="FILE",
+        help="write every request (start, kind, node, latency) and the restarts as JSON",
     )
     parser.add_argument(
         "--check", action="store_true", help="exit 1 if errors > 0.1 %% or RSS growth > 10 %%"
@@ -476,6 +501,8 @@ def main() -> int:
                 target.serve(args.server)
                 return time.perf_counter() - began
 
+            if args.trace:
+                soak.trace = []
             asyncio.run(
                 soak.run(
                     rate=args.rate,
@@ -487,6 +514,11 @@ def main() -> int:
                 )
             )
             summary = summarize(soak, args.rate)
+            if args.trace:
+                restarts = [(a - soak.started_perf, b - soak.started_perf)
+                            for a, b in soak.restarts]
+                args.trace.write_text(orjson.dumps({"restarts": restarts,
+                                                    "requests": soak.trace}).decode())
         finally:
             for agent in agents:
                 agent.kill()
