@@ -70,7 +70,8 @@ class Proc:
     cwd: Path = ROOT  # another checkout of the project (a baseline build) runs from its own
 
     def start(self) -> Proc:
-        log = open(self.log_dir / f"{self.name}.log", "wb")  # noqa: SIM115 (lives with the child)
+        # Appended: a restarted node (bench/soak.py --rolling-restart) keeps its earlier lines.
+        log = open(self.log_dir / f"{self.name}.log", "ab")  # noqa: SIM115 (lives with the child)
         self.popen = subprocess.Popen(["taskset", "-c", self.core, *self.argv], cwd=self.cwd,
                                       env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True)

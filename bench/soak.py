@@ -44,6 +44,7 @@ import contextlib
 import errno
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -422,6 +423,10 @@ def main() -> int:
         help="write every request (start, kind, node, latency) and the restarts as JSON",
     )
     parser.add_argument(
+        "--keep-logs", type=Path, default=None, metavar="DIR",
+        help="copy the nodes' logs into DIR at the end",
+    )
+    parser.add_argument(
         "--check", action="store_true", help="exit 1 if errors > 0.1 %% or RSS growth > 10 %%"
     )
     args = parser.parse_args()
@@ -519,6 +524,10 @@ def main() -> int:
                             for a, b in soak.restarts]
                 args.trace.write_text(orjson.dumps({"restarts": restarts,
                                                     "requests": soak.trace}).decode())
+            if args.keep_logs:
+                args.keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp_name).glob("*.log"):
+                    shutil.copyfile(log, args.keep_logs / log.name)
         finally:
             for agent in agents:
                 agent.kill()
@@ -543,7 +552,9 @@ def main() -> int:
     for sample in summary["error_samples"][:5]:
         print(f"  error sample: {sample}")
     path = write_results("soak", {"machine": machine_info(),
-                                 "args": {**vars(args), "results": str(args.results or "")},
+                                 "args": {**vars(args), "results": str(args.results or ""),
+                                          "trace": str(args.trace or ""),
+                                          "keep_logs": str(args.keep_logs or "")},
                                  **summary}, args.results)
     print(f"results: {path}")
     if args.check and (summary["error_rate"] > ERROR_TARGET

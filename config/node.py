@@ -5,6 +5,10 @@ Subscriber Manager does, from its AppConfig). Uvicorn reaches them through the A
 protocol (:func:`lifespan_app`); Daphne has no lifespan, so ``manage.py serve`` calls
 :func:`start` and :func:`stop` itself.
 
+A stop drains first (:func:`begin_drain`): the server stops accepting connections, closes its
+idle ones and lets the requests in flight finish for up to ``A2A_SHUTDOWN_DRAIN_SECONDS``; then
+the shutdown hooks run (the gateway hands its agents over).
+
 The process's node id is decided here once: ``NODE_ID`` when configured, else what ``manage.py
 serve`` derives from the port it serves on (:func:`serve_as`). The gateway's settings object and
 the registry's ownership rule both read it through :func:`node_id`; nothing mutates Django's
@@ -23,6 +27,25 @@ _startup: list[Hook] = []
 _shutdown: list[Hook] = []
 _started = False
 _served_id: str | None = None
+_draining = False
+
+
+def begin_drain() -> None:
+    """The server stopped taking new work (SIGTERM / SIGINT): the requests it is answering
+    get ``A2A_SHUTDOWN_DRAIN_SECONDS`` to finish; those the server then cancels are answered
+    ``node_stopping`` (gateway.handler) instead of being cut off. Signal-safe: sets a flag."""
+    global _draining
+    _draining = True
+
+
+def serving() -> bool:
+    """Whether this process serves as a node (its startup hooks ran, its stop has not)."""
+    return _started
+
+
+def draining() -> bool:
+    """Whether this node is stopping (its server drains the requests in flight)."""
+    return _draining
 
 
 def serve_as(default_node_id: str) -> None:

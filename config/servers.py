@@ -385,6 +385,10 @@ def daphne_factory_class(limits: ServerLimits):
                 host = self._edge_host = super().getHost()
             return host
 
+        def checkPersistence(self, request, version) -> bool:  # noqa: N802
+            # A draining node answers the request in progress and then closes the connection.
+            return not self.factory.edge_draining and super().checkPersistence(request, version)
+
         def edge_sweep(self, now: float) -> None:
             if self._handlingRequest or self.transport is None:
                 return
@@ -415,7 +419,20 @@ def daphne_factory_class(limits: ServerLimits):
             self.timeOut = limits.keepalive
             self.edge_connections = 0
             self.edge_channels: set = set()
+            self.edge_draining = False
             self._edge_sweeper = None
+
+        def edge_drain(self) -> None:
+            """The node is stopping: close the idle connections; the busy ones close once
+            their request is answered (checkPersistence)."""
+            self.edge_draining = True
+            for channel in list(self.edge_channels):
+                if channel.transport is None:
+                    continue
+                if channel._handlingRequest or channel.requests:
+                    channel.persistent = False
+                else:
+                    channel.transport.loseConnection()
 
         def startFactory(self) -> None:  # noqa: N802
             super().startFactory()

@@ -379,6 +379,9 @@ A2A_FAILOVER = env_choice("A2A_FAILOVER", "adopt", ("adopt", "expire"))
 # A node stopping cleanly waits at most this long for its handed-over subscribers to drain
 # (in-flight calls finish on the old owner); what still runs then is cancelled.
 A2A_HANDOVER_TIMEOUT_SECONDS = env_float("A2A_HANDOVER_TIMEOUT_SECONDS", 30, minimum=0.1)
+# A node stopping (SIGTERM/SIGINT) stops accepting connections, then lets the requests it is
+# answering finish for up to this long; those still running are answered `node_stopping`.
+A2A_SHUTDOWN_DRAIN_SECONDS = env_float("A2A_SHUTDOWN_DRAIN_SECONDS", 25, minimum=0)
 # Hand a Query straight to the subscriber when it lives in the receiving process (no broker
 # hop). Off: every request goes through the channel layer (same behaviour, slower).
 A2A_LOCAL_FAST_PATH = env_bool("A2A_LOCAL_FAST_PATH", True)

@@ -48,6 +48,9 @@ AUTH_UNAVAILABLE = "auth_unavailable"
 # The node owning the agent died (its liveness key expired, or a relayed stream missed two
 # keepalives) while the call was in flight: executed true (the owner may have reached the agent).
 OWNER_LOST = "owner_lost"
+# The node answering the caller stopped (SIGTERM) and its drain (A2A_SHUTDOWN_DRAIN_SECONDS)
+# ended before the call did: executed true (the agent may have received it); retry elsewhere.
+NODE_STOPPING = "node_stopping"
 
 # kind: (code in profile "a2a", code in profile "kubemq", retryable, HTTP status)
 # The a2a profile keeps gateway codes outside A2A's own -32001..-32009 (TaskNotFound, ...);
@@ -70,6 +73,7 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     REQUEST_TOO_LARGE: (-32059, -32600, False, 413),
     AUTH_UNAVAILABLE: (-32061, -32603, True, 503),
     OWNER_LOST: (-32063, -32603, True, 200),
+    NODE_STOPPING: (-32064, -32603, True, 200),
 }
 
 _PREFIX = {
@@ -79,6 +83,7 @@ _PREFIX = {
     STREAM_STALLED: "stream stalled: ",
     STREAM_NOT_FOUND: "stream not found: ",
     OWNER_LOST: "owning node lost: ",
+    NODE_STOPPING: "node stopping: ",
 }
 
 

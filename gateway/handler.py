@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from config import node as node_config
 from console import recorder
 from gateway import envelope as env
 from gateway import errors, metrics, tracing
@@ -187,28 +188,54 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     exchange = Exchange(send, rpc_id, agent_id, settings.A2A_ERROR_PROFILE)
     query = env.query(body, tags)
     subscriber = _subscriber_of(node, route)
-    if subscriber is _NOWHERE:
-        await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
-    elif method in env.STREAMING_METHODS:
-        await _relay_stream(node, subscriber, query, exchange, receive, route.node_id)
-    elif subscriber is not None and settings.A2A_LOCAL_FAST_PATH:
-        # The local fast path, inline: the subscriber's own outbound timeout (the caller's,
-        # shorter than the gateway's wait) always ends the call first, so no second timer.
-        call = subscriber.local_call(query, exchange.deliver)
-        if call is not None:
-            await call
+    try:
+        if subscriber is _NOWHERE:
+            await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
+        elif method in env.STREAMING_METHODS:
+            await _relay_stream(node, subscriber, query, exchange, receive, route.node_id)
+        elif subscriber is not None and settings.A2A_LOCAL_FAST_PATH:
+            # The local fast path, inline: the subscriber's own outbound timeout (the
+            # caller's, shorter than the gateway's wait) always ends the call first, so no
+            # second timer.
+            call = subscriber.local_call(query, exchange.deliver)
+            if call is not None:
+                await call
+            else:
+                await subscriber.handle(query, exchange.deliver, local=True)
+            if not exchange.done:
+                await exchange.fail(errors.UNREACHABLE, "the subscriber gave no answer")
         else:
-            await subscriber.handle(query, exchange.deliver, local=True)
-        if not exchange.done:
-            await exchange.fail(errors.UNREACHABLE, "the subscriber gave no answer")
-    else:
-        await _remote_sync(node, query, exchange,
-                           timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS, route.node_id)
+            await _remote_sync(node, query, exchange,
+                               timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS,
+                               route.node_id)
+    except asyncio.CancelledError:
+        if not await _answer_stopping(exchange):
+            raise
     seconds = time.perf_counter() - started
     metrics.observe_latency(agent_id, exchange.outcome, seconds)
     recorder.record(agent_id, caller, method, exchange, len(body), seconds)
     if trace is not None:
         trace.end(exchange.outcome)
+
+
+async def _answer_stopping(exchange: Exchange) -> bool:
+    """A call cancelled by its server: when the node is stopping (its drain ended before the
+    call did), answer ``node_stopping`` -- a JSON-RPC error, or a terminal ``event: error`` in
+    a stream -- instead of a cut connection or a bare 500, and say the cancellation is handled
+    (the server ends the request either way). Executed true: the call had been forwarded."""
+    if not node_config.draining():
+        return False
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    try:
+        async with asyncio.timeout(1.0):  # a caller that stopped reading cannot hold the stop
+            await exchange.fail(errors.NODE_STOPPING,
+                                "the node stopped before the call ended; retry on another node",
+                                executed=True)
+    except (TimeoutError, OSError):
+        pass
+    return True
 
 
 async def _read_rest(first: dict[str, Any], receive, cap: int) -> bytes:
@@ -269,11 +296,15 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive, s
         send = trace.send
     exchange = Exchange(send, rpc_id, agent_id, node.settings.A2A_ERROR_PROFILE)
     subscriber = _subscriber_of(node, route)
-    if subscriber is _NOWHERE:
-        await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
-    else:
-        await _relay_stream(node, subscriber, env.query(body, tags), exchange, receive,
-                            route.node_id)
+    try:
+        if subscriber is _NOWHERE:
+            await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
+        else:
+            await _relay_stream(node, subscriber, env.query(body, tags), exchange, receive,
+                                route.node_id)
+    except asyncio.CancelledError:
+        if not await _answer_stopping(exchange):
+            raise
     seconds = time.perf_counter() - started
     metrics.observe_latency(agent_id, exchange.outcome, seconds)
     recorder.record(agent_id, caller, "message/stream", exchange, 0, seconds)
@@ -313,11 +344,15 @@ async def handle_resume(node: GatewayNode, scope: dict[str, Any], receive, send,
     }
     exchange = Exchange(send, None, agent_id, node.settings.A2A_ERROR_PROFILE)
     subscriber = _subscriber_of(node, route)
-    if subscriber is _NOWHERE:
-        await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
-    else:
-        await _relay_stream(node, subscriber, env.query(b"", tags), exchange, receive,
-                            route.node_id)
+    try:
+        if subscriber is _NOWHERE:
+            await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
+        else:
+            await _relay_stream(node, subscriber, env.query(b"", tags), exchange, receive,
+                                route.node_id)
+    except asyncio.CancelledError:
+        if not await _answer_stopping(exchange):
+            raise
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
 
 

@@ -32,6 +32,10 @@ def _owning_node(*, agent_id: str, current: Agent | None) -> str:
     agents spread over the cluster. With no live node known, this process's id.
     """
     this_node = node_config.node_id()
+    if node_config.serving():
+        # Answering this request proves it alive, even before its first heartbeat row lands
+        # (right after a start, the rows could name only nodes that just died).
+        return this_node
     since = timezone.now() - _node_dead_after()
     beat = _own_beats.get(this_node)
     if beat is not None and beat >= since:

@@ -214,6 +214,23 @@ def test_registrations_made_off_node_go_to_a_live_node(settings):
         == "node-b"
 
 
+@pytest.mark.django_db
+def test_a_serving_node_owns_what_registers_there_before_its_first_beat(settings, monkeypatch):
+    """A node just started (its heartbeat row not written yet) while the database still lists
+    other nodes as live (ones that just died): a registration arriving at it is its own, not
+    handed to a node that may be dead."""
+    from config import node as node_config
+    from registry.models import Node
+
+    settings.NODE_ID = "fresh-node"
+    Node.objects.create(node_id="just-killed", last_heartbeat=timezone.now())
+    assert services.agent_register(actor=SYSTEM, agent_id="off", card=card_03())[0].node_id \
+        == "just-killed"  # a process that is no node: a live node by the rows
+    monkeypatch.setattr(node_config, "_started", True)  # this process serves as a node
+    assert services.agent_register(actor=SYSTEM, agent_id="on", card=card_03())[0].node_id \
+        == "fresh-node"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_heartbeat_landing_during_the_expiry_job_is_kept(recorded_events):
     """The expiry job and a heartbeat interleaved: the heartbeat (another connection, another

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -156,6 +157,11 @@ def run_uvicorn(sock, limits: ServerLimits) -> None:
     from config.asgi import application
     from config.servers import uvicorn_protocol
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            node.begin_drain()  # before uvicorn's own shutdown: calls it cancels get an answer
+            super().handle_exit(sig, frame)
+
     config = uvicorn.Config(
         application,
         loop="uvloop",
@@ -164,12 +170,14 @@ def run_uvicorn(sock, limits: ServerLimits) -> None:
         log_level="warning",
         access_log=False,
         timeout_keep_alive=max(1, round(limits.keepalive)),
-        timeout_graceful_shutdown=5,
+        # SIGTERM: stop accepting, close idle connections, let the requests in flight finish
+        # for up to the drain; what uvicorn then cancels is answered `node_stopping`.
+        timeout_graceful_shutdown=settings.A2A_SHUTDOWN_DRAIN_SECONDS,
         # X-Forwarded-* are believed only from A2A_TRUSTED_PROXIES (gateway.cards), not
         # from whatever uvicorn's own default (127.0.0.1) trusts.
         proxy_headers=False,
     )
-    uvicorn.Server(config).run(sockets=[sock])
+    Server(config).run(sockets=[sock])
 
 
 def run_daphne(sock, limits: ServerLimits) -> None:
@@ -195,7 +203,45 @@ def run_daphne(sock, limits: ServerLimits) -> None:
     daphne.server.serverFromString = endpoint
 
     def ready() -> None:
-        asyncio.get_event_loop().create_task(node.start())
+        loop = asyncio.get_event_loop()
+        loop.create_task(node.start())
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, on_signal)
+
+    # Daphne's own signal handling stops the reactor at once, and its "before shutdown" trigger
+    # cancels every request in flight: a rolling restart would cut them all. Drain first, as
+    # uvicorn does: stop accepting, close idle connections (busy ones close after their
+    # answer), let the requests in flight finish for up to A2A_SHUTDOWN_DRAIN_SECONDS, then
+    # stop the reactor (what Daphne cancels then is answered `node_stopping`). A second
+    # signal stops at once.
+    def on_signal() -> None:
+        if node.draining():
+            reactor.callFromThread(reactor.stop)
+            return
+        node.begin_drain()
+        asyncio.get_event_loop().create_task(drain())
+
+    async def drain() -> None:
+        loop = asyncio.get_event_loop()
+        deadline = loop.time() + settings.A2A_SHUTDOWN_DRAIN_SECONDS
+        try:
+            for listening in list(server.listeners):  # Deferreds of the listening ports
+                listening.addCallback(lambda port: port.stopListening())
+            sock.close()  # the listener adopted a duplicate: the bound socket itself stops too
+            server.http_factory.edge_drain()
+            logger.warning("stopping: no new connections; draining the requests in flight "
+                           "for up to %s s (A2A_SHUTDOWN_DRAIN_SECONDS)",
+                           settings.A2A_SHUTDOWN_DRAIN_SECONDS)
+            await asyncio.sleep(0.1)
+            while loop.time() < deadline and any(
+                details.get("application_instance") is not None
+                and not details["application_instance"].done()
+                for details in list(server.connections.values())
+            ):
+                await asyncio.sleep(0.1)
+        finally:
+            if reactor.running:
+                reactor.stop()
 
     server = Server(
         application=application,
@@ -205,6 +251,7 @@ def run_daphne(sock, limits: ServerLimits) -> None:
         websocket_timeout=None,
         application_close_timeout=10,
         verbosity=0,
+        signal_handlers=False,  # ready() installs the draining ones
     )
 
     # Daphne has no lifespan protocol: stop the node's hooks when the reactor stops. Twisted
