@@ -190,10 +190,12 @@ class PlatformNode:
                 create, (("admin", "admin"), ("registrar", "register"), ("caller", "call")))
         return admin, registrar, caller
 
-    def serve(self, server: str, *extra: str) -> Proc:
+    def serve(self, server: str, *extra: str, core: str = SERVER_CORE) -> Proc:
+        """Start ``manage.py serve`` pinned to ``core`` (a taskset list: "0", "0-1")."""
         argv = [PYTHON, "manage.py", "serve", "--port", str(self.port), "--server", server,
                 *extra]
-        self.proc = Proc(f"{self.name}", argv, self.env, self.tmp, cwd=self.root).start()
+        self.proc = Proc(f"{self.name}", argv, self.env, self.tmp, cwd=self.root,
+                         core=core).start()
         self.proc.url = self.url
         self.proc.wait_ready(f"{self.url}/healthz", timeout=90)
         return self.proc

@@ -14,7 +14,8 @@ growing queue, as in production, instead of a politely waiting client). The mix:
 (register or deregister a throwaway agent, 5 %).
 
 ``--nodes 2`` (with ``--distributed``) starts two nodes on the same PostgreSQL and Redis, with
-half the agents registered on each, and spreads the load over both; ``--rolling-restart N``
+half the agents registered on each, and spreads the load over both (nothing pinned then: the
+nodes, agents, databases and generator share the cores as a cluster on one host would); ``--rolling-restart N``
 restarts every node in turn (SIGTERM, wait for it to exit, start it again on the same port,
 then the next one) every N seconds during the run. A request the restarting node did not take -- its
 connection refused, or a kept-alive connection closed or reset before any answer began (a node
@@ -59,6 +60,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
+    SERVER_CORE,
     PlatformNode,
     create_postgres_db,
     drop_postgres_db,
@@ -434,7 +436,15 @@ def main() -> int:
         parser.error("--nodes 2 needs --distributed")
     if args.rolling_restart and args.nodes < 2:
         parser.error("--rolling-restart needs --nodes 2")
-    pin_self_to_load_core()
+    # One node: pinned to core 0, this generator (and the agents it starts) to core 1. Two
+    # nodes: nothing pinned -- the nodes, agents, PostgreSQL, Redis and the generator share the
+    # cores as a small cluster on one host would (two nodes pinned to one core measured the
+    # core's contention, each restart starving the surviving node while the other booted).
+    cores = SERVER_CORE
+    if args.nodes == 1:
+        pin_self_to_load_core()
+    else:
+        cores = f"0-{(os.cpu_count() or 1) - 1}"
     db_name = admin_url = None
     agents = [AgentProcess(steps=3, step_delay=0.02) for _ in range(args.agents)]
     with temp_dir("a2a-soak-") as tmp_name:
@@ -451,13 +461,13 @@ def main() -> int:
                 "soak-node", Path(tmp_name), extra_env=extra, database_url=database_url
             )
             admin, registrar, caller = node.prepare()
-            proc = node.serve(args.server)
+            proc = node.serve(args.server, core=cores)
             nodes = [node]
             if args.nodes == 2:
                 second = PlatformNode(
                     "soak-node-2", Path(tmp_name), extra_env=extra, database_url=database_url
                 )
-                second.serve(args.server)
+                second.serve(args.server, core=cores)
                 nodes.append(second)
             for agent in agents:
                 agent.start()
@@ -503,7 +513,7 @@ def main() -> int:
                     target.proc.popen.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     target.proc.stop()
-                target.serve(args.server)
+                target.serve(args.server, core=cores)
                 return time.perf_counter() - began
 
             if args.trace:
