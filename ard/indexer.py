@@ -53,10 +53,13 @@ def _doc_fields(agent: Agent, updated_at) -> dict:
     }
 
 
-def index_agent(*, agent_id: str, force: bool = False, new: bool = False) -> AgentDoc | None:
+def index_agent(*, agent_id: str, force: bool = False, new: bool = False,
+                agent: Agent | None = None) -> AgentDoc | None:
     """(Re)index one agent from the registry; drop its document when the agent is gone.
-    ``new``: the agent was just registered (no up-to-date document to compare): write at once."""
-    agent = Agent.objects.filter(agent_id=agent_id).only(*_AGENT_FIELDS).first()
+    ``new``: the agent was just registered (no up-to-date document to compare): write at once.
+    ``agent``: the row as the registration that announced it committed it (no read back)."""
+    if agent is None or agent.agent_id != agent_id:
+        agent = Agent.objects.filter(agent_id=agent_id).only(*_AGENT_FIELDS).first()
     if agent is None:
         AgentDoc.objects.filter(agent_id=agent_id).delete()
         return None
@@ -100,7 +103,7 @@ def _upsert(agent: Agent) -> AgentDoc:
 def on_registry_event(event: AgentEvent) -> None:
     """The ``registry.events`` subscriber (runs after the registry's commit)."""
     if event.kind in ("registered", "updated"):
-        index_agent(agent_id=event.agent_id, new=event.kind == "registered")
+        index_agent(agent_id=event.agent_id, new=event.kind == "registered", agent=event.agent)
     elif event.kind == "expired":
         AgentDoc.objects.filter(agent_id=event.agent_id).update(active=False)
     elif event.kind == "deregistered":

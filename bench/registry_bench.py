@@ -107,6 +107,8 @@ def figures(latencies: list[float], statuses: dict, seconds: float) -> dict:
 
 async def register_all(session, base: str, token: str, ids: list[str], concurrency: int,
                        first_index: int = 0) -> dict:
+    import aiohttp
+
     headers = {"Authorization": f"Bearer {token}"}
     latencies: list[float] = []
     statuses: dict[int, int] = {}
@@ -118,10 +120,16 @@ async def register_all(session, base: str, token: str, ids: list[str], concurren
     async def worker() -> None:
         for body in queue:
             started = time.perf_counter()
-            async with session.post(f"{base}/api/v1/agents", headers=headers,
-                                    data=body) as response:
-                await response.read()
-                statuses[response.status] = statuses.get(response.status, 0) + 1
+            try:
+                async with session.post(f"{base}/api/v1/agents", headers=headers,
+                                        data=body) as response:
+                    await response.read()
+                    statuses[response.status] = statuses.get(response.status, 0) + 1
+            except aiohttp.ClientError as exc:
+                # Counted, never fatal (not an ok): e.g. a kept-alive connection the server
+                # closed after its idle timeout while an A/B's other arm ran its round.
+                key = type(exc).__name__
+                statuses[key] = statuses.get(key, 0) + 1
             latencies.append(time.perf_counter() - started)
 
     started = time.perf_counter()

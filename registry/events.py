@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from django.db import transaction
 
@@ -42,6 +42,9 @@ class AgentEvent:
     kind: EventKind
     agent_id: str
     route: AgentRoute | None = None  # set for registered/updated
+    # The row as this process just committed it (registrations): in-process subscribers may
+    # use it instead of reading it back. Never sent to other nodes (not in as_dict()).
+    agent: Any = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict:
         return {

@@ -82,7 +82,12 @@ class AgentOutput(serializers.ModelSerializer):
         ]
 
     def get_owner(self, agent: Agent) -> str | None:
-        return agent.owner.client_id if agent.owner_id and agent.owner else None
+        if agent.owner_id is None:
+            return None
+        known = getattr(agent, "_owner_client_id", None)  # set by a registration by its owner
+        if known is not None:
+            return known
+        return agent.owner.client_id if agent.owner else None
 
     def to_representation(self, agent: Agent):
         data = super().to_representation(agent)

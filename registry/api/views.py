@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import django_filters
 import orjson
@@ -35,6 +36,26 @@ def v1_heartbeat(*, actor, agent_id: str) -> tuple[int, dict]:
     except PermissionDenied as exc:
         return 403, {"error": str(exc)}
     return 200, dict(HeartbeatOutput(beat).data)
+
+
+_register_input = threading.local()
+
+
+def register_input(data) -> dict:
+    """``AgentRegisterInput(data=data)``'s validated data (its ValidationError as DRF raises it),
+    from one serializer per thread: building a Serializer's fields (a deep copy of each
+    declared field) cost more than validating a registration (py-spy on a loaded node)."""
+    serializer = getattr(_register_input, "serializer", None)
+    if serializer is None:
+        serializer = _register_input.serializer = AgentRegisterInput(data={})
+    for attr in ("_validated_data", "_errors", "_data"):  # is_valid()'s results of the last
+        serializer.__dict__.pop(attr, None)
+    serializer.initial_data = data
+    try:
+        serializer.is_valid(raise_exception=True)
+        return serializer.validated_data
+    finally:
+        serializer.initial_data = None  # hold no request's data past its validation
 
 
 def require_json_body(request) -> None:
@@ -70,10 +91,8 @@ def v1_register(*, actor, data, body: bytes | None) -> tuple[int, dict]:
     Refusals raise; both surfaces answer them with the API's exception handler
     (:func:`registry.api.exceptions.exception_handler`).
     """
-    validated = AgentRegisterInput(data=data)
-    validated.is_valid(raise_exception=True)
     agent, created = services.agent_register(
-        actor=actor, **_with_raw_card_of(body, validated.validated_data)
+        actor=actor, **_with_raw_card_of(body, register_input(data))
     )
     return (201 if created else 200), owner_output(agent)
 

@@ -6,7 +6,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from config import tracing
@@ -60,13 +61,61 @@ def _owns(actor: Actor, agent: Agent) -> bool:
     return agent.owner_id == actor.api_client_pk  # anonymous owns the unowned
 
 
-def _publish(kind: events.EventKind, agent: Agent, actor: Actor | None = None) -> None:
+def _publish(kind: events.EventKind, agent: Agent, actor: Actor | None = None,
+             committed: bool = False) -> None:
+    """``committed``: the event carries ``agent`` itself for in-process subscribers (the
+    search index), who then need not read back the row this transaction writes."""
     owner = {}
     if actor is not None and agent.owner_id is not None and \
             agent.owner_id == actor.api_client_pk:
         owner = {"owner_client_id": actor.client_id}  # the caller owns it: no owner read
     events.publish(events.AgentEvent(kind=kind, agent_id=agent.agent_id,
-                                     route=agent_route(agent, **owner)))
+                                     route=agent_route(agent, **owner),
+                                     agent=agent if committed else None))
+
+
+_LOCKED_SQL: dict[str, str] = {}
+
+
+def _locked(agent_id: str) -> Agent | None:
+    """The agent's row, locked for this transaction (``SELECT ... FOR UPDATE`` where the
+    database has it, as ``select_for_update()``; SQLite's BEGIN IMMEDIATE already holds the
+    write lock). The statement is built once per database vendor: compiling the ORM query
+    cost more CPU than the rest of the registration's reads (py-spy on a loaded node)."""
+    sql = _LOCKED_SQL.get(connection.vendor)
+    if sql is None:
+        quote = connection.ops.quote_name
+        meta = Agent._meta
+        columns = ", ".join(quote(f.column) for f in meta.concrete_fields)
+        sql = (f"SELECT {columns} FROM {quote(meta.db_table)} "
+               f"WHERE {quote(meta.get_field('agent_id').column)} = %s")
+        if connection.features.has_select_for_update:
+            sql += " FOR UPDATE"
+        _LOCKED_SQL[connection.vendor] = sql
+    rows = list(Agent.objects.raw(sql, [agent_id]))
+    return rows[0] if rows else None
+
+
+def _insert_new(agent: Agent) -> bool:
+    """INSERT ``agent`` unless its id exists. True when inserted, with the new key set.
+
+    PostgreSQL: ``ON CONFLICT DO NOTHING`` (agent_id is the one unique column besides the key,
+    and only unique violations are ignored), one statement where a savepoint around a plain
+    INSERT took three. SQLite: a plain INSERT (its ``OR IGNORE`` would hide any constraint
+    failure); the transaction began IMMEDIATE, holding the database's write lock, so no other
+    registration can have inserted the id the locked read just found absent."""
+    meta = Agent._meta
+    ignore = OnConflict.IGNORE if connection.vendor == "postgresql" else None
+    rows = Agent.objects._insert(
+        [agent], fields=[f for f in meta.concrete_fields if not f.primary_key],
+        returning_fields=[meta.pk], on_conflict=ignore,
+    )
+    if not rows or rows[0] is None:
+        return False
+    agent.pk = rows[0][0]
+    agent._state.adding = False
+    agent._state.db = Agent.objects.db
+    return True
 
 
 @tracing.traced("registry.register")
@@ -117,7 +166,7 @@ def agent_register(
     # One locked read, then one write: the owner and quota checks see the row the write
     # replaces (a registration is a handful of statements, PERFORMANCE.md).
     with transaction.atomic():
-        agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
+        agent = _locked(agent_id)
         old_sha = agent.card_sha256 if agent is not None else None
         old_signature = agent.card_signature if agent is not None else None
         if agent is None:
@@ -127,12 +176,11 @@ def agent_register(
             if actor.api_client_pk:
                 agent.owner_id = actor.api_client_pk
             _apply_card(agent, parsed)
-            try:
-                with transaction.atomic():
-                    agent.save(force_insert=True)
-                created = True
-            except IntegrityError:  # a concurrent registration of the same id won the insert
-                agent = Agent.objects.select_for_update().get(agent_id=agent_id)
+            created = _insert_new(agent)
+            if not created:  # a concurrent registration of the same id won the insert
+                agent = _locked(agent_id)
+                if agent is None:  # ... and was deregistered since: nothing left to renew
+                    raise IntegrityError(f"agent {agent_id} vanished during its registration")
                 old_sha, old_signature = agent.card_sha256, agent.card_signature
         if not created:
             _authorize_register(actor, agent_id, agent)
@@ -143,7 +191,9 @@ def agent_register(
             agent.save()
         _record_card_version(agent, parsed, new_agent=created, unchanged=(
             old_sha == parsed.sha256 and old_signature == agent.card_signature))
-        _publish("registered" if created else "updated", agent, actor)
+        if agent.owner_id is not None and agent.owner_id == actor.api_client_pk:
+            agent._owner_client_id = actor.client_id  # the answer names the owner: no read
+        _publish("registered" if created else "updated", agent, actor, committed=True)
         if created or old_sha != parsed.sha256:  # a plain renewal is not a change
             events.audit(
                 events.AuditRecord(

@@ -54,3 +54,37 @@ def test_channels_still_has_the_private_hook_we_override():
             f"Channels' {method}() no longer calls _clean_expired: revisit gateway/layers.py"
         )
     assert InMemoryChannelLayer._clean_expired is not ChannelsLayer._clean_expired
+
+
+async def test_the_sweep_skips_waiting_receivers_and_still_expires_what_was_sent():
+    """Waiting subscribers' empty queues are not walked; a channel that held a message is, until
+    it is empty again (then it is not walked either)."""
+    layer = InMemoryChannelLayer(expiry=0.05, capacity=100)
+    waiters = [asyncio.create_task(layer.receive(f"_AGENTS_.w{i}")) for i in range(100)]
+    await asyncio.sleep(0)
+    assert len(layer.channels) == 100 and not layer._holding
+    await layer.send("_AGENTS_.w7", {"type": "for-w7"})
+    await layer.send("_AGENTS_.nobody", {"type": "stale"})
+    assert (await waiters[7])["type"] == "for-w7"
+    assert layer._holding == {"_AGENTS_.w7", "_AGENTS_.nobody"}
+    await asyncio.sleep(0.1)
+    walked: list[int] = []
+    original = InMemoryChannelLayer.__mro__[1]._clean_expired
+
+    def counting(self):
+        walked.append(len(self.channels))
+        original(self)
+
+    InMemoryChannelLayer.__mro__[1]._clean_expired = counting
+    try:
+        layer._next_sweep = 0
+        layer._clean_expired()
+    finally:
+        InMemoryChannelLayer.__mro__[1]._clean_expired = original
+    assert walked == [1]  # only the channel holding a message, not the 99 waiting receivers
+    assert "_AGENTS_.nobody" not in layer.channels  # expired and dropped, as Channels does
+    assert not layer._holding  # both empty now: neither is walked again
+    assert len(layer.channels) == 99  # the other receivers still wait
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)

@@ -1,0 +1,106 @@
+"""The insert race of two registrations of one new id, forced deterministically: the second
+registration's locked read finds no row (the first's INSERT is not committed yet), its
+``INSERT ... ON CONFLICT DO NOTHING`` waits for the first transaction, inserts nothing once it
+commits, and the registration renews the winner's row instead: one row, the loser's card
+recorded as a new version, its answer "not created". PostgreSQL only: on SQLite the locked
+read's transaction (BEGIN IMMEDIATE) already holds the database's write lock, so the race
+cannot happen there."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+
+from registry import services
+from registry.models import Agent, CardVersion
+from registry.permissions import PermissionDenied
+from tests.conftest import make_client
+from tests.registry.cards import card_03
+from tests.services_helpers import actor_of
+
+
+def _race(first_actor, second_actor, agent_id: str) -> dict:
+    """Run ``first_actor``'s registration up to its uncommitted INSERT, then
+    ``second_actor``'s registration, then commit the first. Answers what each got."""
+    inserted, release = threading.Event(), threading.Event()
+    out: dict = {}
+    real_insert = services.agents._insert_new
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                agent, created = services.agent_register(
+                    actor=first_actor, agent_id=agent_id, card=card_03(name="First"))
+                out["first"] = created
+                inserted.set()
+                release.wait(10)  # hold the transaction (and its uncommitted row) open
+        except Exception as exc:  # pragma: no cover - reported by the assertions
+            out["first"] = exc
+            inserted.set()
+        finally:
+            connections.close_all()
+
+    def second() -> None:
+        try:
+            out["second"] = services.agent_register(
+                actor=second_actor, agent_id=agent_id, card=card_03(name="Second"))[1]
+        except Exception as exc:
+            out["second"] = exc
+        finally:
+            connections.close_all()
+
+    waits: list[float] = []
+
+    def timed_insert(agent):
+        started = time.monotonic()
+        try:
+            return real_insert(agent)
+        finally:
+            waits.append(time.monotonic() - started)
+
+    one = threading.Thread(target=first)
+    one.start()
+    assert inserted.wait(10)
+    services.agents._insert_new = timed_insert
+    try:
+        two = threading.Thread(target=second)
+        two.start()
+        time.sleep(0.5)  # the second registration is now blocked in its INSERT
+        assert "second" not in out
+        release.set()
+        one.join(10)
+        two.join(10)
+    finally:
+        services.agents._insert_new = real_insert
+    out["second_insert_waited"] = waits and waits[-1] >= 0.4
+    return out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_loser_of_the_insert_race_renews_the_winners_row():
+    if connection.vendor != "postgresql":
+        pytest.skip("the insert race exists on PostgreSQL only (see the module docstring)")
+    actor = actor_of(make_client(["register"], name="racer")[0])
+    out = _race(actor, actor, "raced")
+    assert out["first"] is True and out["second"] is False, out
+    assert out["second_insert_waited"], out  # it did meet the first's row in its INSERT
+    assert Agent.objects.filter(agent_id="raced").count() == 1
+    assert Agent.objects.get(agent_id="raced").name == "Second"
+    assert CardVersion.objects.filter(agent__agent_id="raced").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_loser_of_the_insert_race_is_still_refused_another_clients_agent():
+    if connection.vendor != "postgresql":
+        pytest.skip("the insert race exists on PostgreSQL only (see the module docstring)")
+    owner = actor_of(make_client(["register"], name="owner")[0])
+    other = actor_of(make_client(["register"], name="other")[0])
+    out = _race(owner, other, "owned")
+    assert out["first"] is True, out
+    assert isinstance(out["second"], PermissionDenied), out  # the owner check saw the row
+    agent = Agent.objects.get(agent_id="owned")
+    assert agent.name == "First" and agent.owner_id == owner.api_client_pk
+    assert CardVersion.objects.filter(agent__agent_id="owned").count() == 1
