@@ -16,8 +16,8 @@ growing queue, as in production, instead of a politely waiting client). The mix:
 ``--nodes 2`` (with ``--distributed``) starts two nodes on the same PostgreSQL and Redis, with
 half the agents registered on each, and spreads the load over both (nothing pinned then: the
 nodes, agents, databases and generator share the cores as a cluster on one host would);
-``--rolling-restart N`` restarts every node in turn (SIGTERM, wait for it to exit, start it again on the same port,
-then the next one) every N seconds during the run. A request the restarting node did not take -- its
+``--rolling-restart N`` restarts every node in turn (SIGTERM, wait for it to exit, start it
+again on the same port, then the next one) every N seconds during the run. A request the restarting node did not take -- its
 connection refused, or a kept-alive connection closed or reset before any answer began (a node
 shutting down closes its idle connections; a request crossing that close is never read, and a
 node finishes every request it has read before it exits) -- is sent to the other node, as a
