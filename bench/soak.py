@@ -24,7 +24,8 @@ crossing that close is never read, and a node finishes every request it has read
 exits, within its drain) -- is sent to the other node, as a load balancer would; a call that
 fails in any other way counts as failed. The load generator is aiohttp (one pool per node):
 httpx's pool fell behind at 200 req/s once restarts left half-closed connections in it. The
-summary reports the restarts and the failed calls during them. RSS growth is then measured from the first window after the last restart.
+summary reports the restarts and the failed calls during them. RSS growth is then measured
+from the first window after the last restart.
 
     DATABASE_URL=... REDIS_URL=... .venv/bin/python bench/soak.py --distributed --nodes 2 \
         --rolling-restart 60 --minutes 3 --interval 20
