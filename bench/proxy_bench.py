@@ -16,6 +16,8 @@ SSE) on core 1, a fast local agent answering a fixed JSON-RPC result. Arms:
                    OTLP/HTTP to a sink on the load core; compare with gateway-uvicorn (off)
   gateway-baseline (--baseline-ref REF) the uvicorn gateway built from git REF (e.g. the
                    commit before a feature): "compiled in but off" / "without it", same run
+  gateway-variant  (--variant-env K=V[,K=V...]) the uvicorn gateway of this tree with those
+                   settings in its environment: a setting's effect, same code, same run
   gateway-stats-on / gateway-stats-off (``--stats``): two more uvicorn gateways, one with
                    per-agent statistics on and A2A_AUDIT=errors (the defaults), one with
                    A2A_STATS=false and A2A_AUDIT=off: the console's cost on the hot path
@@ -29,7 +31,7 @@ are migrated, get API clients, and the agent is registered through the API) and 
 end. ``--quick`` takes about a minute; the default run a few minutes. Loopback only.
 
     .venv/bin/python bench/proxy_bench.py [--quick] [--rounds N] [--duration S] [--streams N]
-        [--tracing] [--baseline-ref REF]
+        [--tracing] [--baseline-ref REF] [--variant-env K=V[,K=V...]]
 """
 
 from __future__ import annotations
@@ -324,6 +326,10 @@ def start_arms(tmp: Path, args, database_url: str | None = None
         # Daphne too: the default server's figure against the same ref, same rounds.
         arms.append(start_gateway("daphne", tmp, upstream_url, procs, upstream,
                                   name="gateway-daphne-baseline", root=root))
+    if args.variant_env:
+        variant = dict(item.split("=", 1) for item in args.variant_env.split(",") if item)
+        arms.append(start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
+                                  name="gateway-variant", extra_env=variant))
     if args.tracing_compiled_out:
         # The current commit with the tracing hooks compiled out (``tracing.ENABLED`` replaced
         # by ``False``: the compiler drops those branches), against gateway-uvicorn (compiled
@@ -513,6 +519,7 @@ ROUND_PAIRS = (
     ("gateway-uvicorn", "gateway-baseline"),
     ("gateway-daphne", "gateway-daphne-baseline"),
     ("gateway-uvicorn", "gateway-untraced"),
+    ("gateway-uvicorn", "gateway-variant"),
     ("gateway-traced", "gateway-uvicorn"),
     ("gateway-uvicorn", "aiohttp-proxy"),
     ("gateway-daphne", "aiohttp-proxy"),
@@ -620,6 +627,12 @@ def ratios(summary: dict) -> list[dict]:
                          "value": ratio(get(scenario, "gateway-uvicorn"),
                                         get(scenario, "gateway-untraced")),
                          "target": ">= 0.97 (tracing compiled in but off / compiled out)"})
+    if "gateway-variant" in summary.get("1KiB c=64", {}):
+        for scenario in summary:
+            rows.append({"figure": f"{scenario}: gateway-uvicorn / gateway-variant (req/s)",
+                         "value": ratio(get(scenario, "gateway-uvicorn"),
+                                        get(scenario, "gateway-variant")),
+                         "target": "reported (this tree's settings / --variant-env's)"})
     if "gateway-stats-on" in summary.get("1KiB c=64", {}):
         for scenario in summary:
             rows.append({"figure": f"{scenario}: stats+audit(errors) on / off (req/s)",
@@ -718,6 +731,8 @@ def main() -> int:
                              "(gateway-traced), side by side with tracing off")
     parser.add_argument("--baseline-ref", metavar="REF",
                         help="also a uvicorn gateway built from this git ref (gateway-baseline)")
+    parser.add_argument("--variant-env", metavar="K=V[,K=V...]",
+                        help="one more uvicorn gateway of this tree with these settings")
     parser.add_argument("--tracing-compiled-out", action="store_true",
                         help="also the uvicorn gateway of this commit with the tracing hooks "
                              "compiled out (gateway-untraced)")

@@ -389,6 +389,12 @@ A2A_LOCAL_FAST_PATH = env_bool("A2A_LOCAL_FAST_PATH", True)
 # collection of a Django process costs ~60 ms of stalled requests. Off for test processes,
 # which start and stop many nodes.
 A2A_GC_FREEZE = env_bool("A2A_GC_FREEZE", True)
+# With A2A_GC_FREEZE: the young generation's threshold (gc.set_threshold's first value; Python's
+# default is 700). Every request allocates coroutines, tasks, dicts and lists that live until
+# it ends, so at 700 the cyclic GC ran a young collection every few requests over the objects
+# of every request in flight; a larger threshold runs it that much less often (cyclic garbage
+# waits for at most this many allocations). 0: Python's default.
+A2A_GC_GEN0_THRESHOLD = env_int("A2A_GC_GEN0_THRESHOLD", 10_000)
 # --- the node's edge (config/servers.py, config/edge.py) ---
 # Both servers: an incomplete request head is cut after this long, an idle kept-alive
 # connection after A2A_HTTP_KEEPALIVE_SECONDS; connections beyond the limit get 503 at once.

@@ -60,6 +60,7 @@ class NodeSettings:
     A2A_HANDOVER_TIMEOUT_SECONDS: float
     A2A_EXPIRY_INTERVAL_SECONDS: float
     A2A_GC_FREEZE: bool
+    A2A_GC_GEN0_THRESHOLD: int
 
     @classmethod
     def from_django(cls, **overrides: Any) -> NodeSettings:

@@ -143,53 +143,101 @@ class RequestHeaders:
         self.tags: dict[str, str] = {}
 
 
+# What scan_request_headers does with a request header, by name (decided once per name):
+_FORWARD, _DROP, _LENGTH, _AUTHORIZATION, _HOST, _CONNECTION, _GATEWAY, _CONTENT_TYPE, \
+    _FORWARDED_PROTO, _FORWARDED_HOST = range(10)
+_DROPPED_KINDS = {b"content-length": _LENGTH, b"authorization": _AUTHORIZATION, b"host": _HOST,
+                  b"connection": _CONNECTION}
+_READ_AND_FORWARDED = {b"content-type": _CONTENT_TYPE, b"x-forwarded-proto": _FORWARDED_PROTO,
+                       b"x-forwarded-host": _FORWARDED_HOST}
+
+
+class _RequestRules:
+    """The per-name decisions of :func:`scan_request_headers` for one caller-identity header
+    name: name -> (what to do, the ``a2a_hdr_*`` tag of a forwarded header or None)."""
+
+    __slots__ = ("source", "caller_name", "decisions")
+
+    def __init__(self, caller_header: str) -> None:
+        self.source = caller_header
+        self.caller_name = _caller_header(caller_header)[0]
+        self.decisions: dict[bytes, tuple[int, str | None]] = {}
+
+    def decide(self, name: bytes) -> tuple[int, str | None]:
+        caller_name = self.caller_name
+        if name in DROPPED_REQUEST_HEADERS:
+            decision: tuple[int, str | None] = (_DROPPED_KINDS.get(name, _DROP), None)
+        elif name == caller_name:
+            decision = (_DROP, None)
+        elif name == _GATEWAY_AUTH:
+            decision = (_GATEWAY, None)
+        elif b"_" in name and _is_protected_alias(name, caller_name):
+            decision = (_DROP, None)
+        else:
+            decision = (_READ_AND_FORWARDED.get(name, _FORWARD), _tag_key(name))
+        if len(self.decisions) < _CACHE_LIMIT:
+            self.decisions[name] = decision
+        return decision
+
+
+_request_rules = _RequestRules(conf.active.A2A_CALLER_ID_HEADER)
+
+
 def scan_request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
     """Read the framing/auth headers and build the ``a2a_hdr_*`` tags of the forwarded ones.
 
     Invalid Content-Length makes ``content_length`` -1 (the caller answers 400-ish -32700).
-    Repeated headers are joined with ", " as HTTP allows.
+    Repeated headers are joined with ", " as HTTP allows. What to do with a header is decided
+    once per name (:class:`_RequestRules`): the hot path pays one dict lookup per header.
     """
+    global _request_rules
+    rules = _request_rules
+    caller_header = conf.active.A2A_CALLER_ID_HEADER
+    if rules.source != caller_header:  # a node started with other settings, or a test
+        rules = _request_rules = _RequestRules(caller_header)
+    decisions = rules.decisions
     out = RequestHeaders()
     tags = out.tags
-    caller_name = _caller_header(conf.active.A2A_CALLER_ID_HEADER)[0]
-    connection_tokens: list[str] = []
+    connection_tokens: list[str] | None = None
     for name, value in raw:
-        if name in DROPPED_REQUEST_HEADERS:
-            if name == b"content-length":
+        decision = decisions.get(name)
+        if decision is None:
+            decision = rules.decide(name)
+        kind, key = decision
+        if key is None:
+            if kind == _LENGTH:
                 try:
                     out.content_length = int(value)
                 except ValueError:
                     out.content_length = -1
-            elif name == b"authorization":
+            elif kind == _AUTHORIZATION:
                 out.authorization = value.decode("latin-1")
-            elif name == b"host":
+            elif kind == _HOST:
                 out.host = value.decode("latin-1")
-            elif name == b"connection":
+            elif kind == _CONNECTION:
+                if connection_tokens is None:
+                    connection_tokens = []
                 connection_tokens.extend(
                     t.strip().lower() for t in value.decode("latin-1").split(",")
                 )
+            elif kind == _GATEWAY:
+                out.gateway_authorization = value.decode("latin-1")
             continue
-        if name == caller_name:
-            continue
-        if name == _GATEWAY_AUTH:
-            out.gateway_authorization = value.decode("latin-1")
-            continue
-        if b"_" in name and _is_protected_alias(name, caller_name):
-            continue
-        if name == b"content-type":
+        if kind == _CONTENT_TYPE:
             out.content_type = value
-        elif name == b"x-forwarded-proto":
+        elif kind == _FORWARDED_PROTO:
             out.forwarded_proto = value.decode("latin-1")
-        elif name == b"x-forwarded-host":
+        elif kind == _FORWARDED_HOST:
             out.forwarded_host = value.decode("latin-1")
-        key = _tag_key(name)
         text = value.decode("latin-1")
         previous = tags.get(key)
         tags[key] = text if previous is None else f"{previous}, {text}"
-    for token in connection_tokens:
-        # Headers named in Connection are hop-by-hop for this connection only (RFC 9110 7.6.1).
-        if token and token not in ("close", "keep-alive"):
-            tags.pop(HDR_TAG_PREFIX + token, None)
+    if connection_tokens:
+        for token in connection_tokens:
+            # Headers named in Connection are hop-by-hop for this connection only
+            # (RFC 9110 7.6.1).
+            if token and token not in ("close", "keep-alive"):
+                tags.pop(HDR_TAG_PREFIX + token, None)
     return out
 
 

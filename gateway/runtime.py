@@ -160,6 +160,9 @@ class GatewayNode:
             # cyclic GC's scans (a full collection of a Django process costs ~60 ms).
             gc.collect()
             gc.freeze()
+            if settings.A2A_GC_GEN0_THRESHOLD > 0:
+                # Fewer young collections: each scans the objects of every request in flight.
+                gc.set_threshold(settings.A2A_GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         logger.info("gateway node %s up: %d route(s), %d local subscriber(s)",
                     settings.NODE_ID, len(self.table), len(self.manager.subscribers))
 

@@ -6,6 +6,7 @@ subscriber and back, with the real /a2a handler in front (through the ASGI route
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import httpx
 import orjson
@@ -135,3 +136,24 @@ async def test_a_node_keeps_its_own_settings():
         assert r.status_code == 413 and "1234 bytes" in r.json()["error"]["message"]
     finally:
         await host.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("threshold", [12345, 0])
+async def test_a_serving_node_tunes_the_cyclic_gc_at_start(threshold):
+    """A2A_GC_FREEZE: everything loaded at start is frozen, and the young generation's
+    threshold becomes A2A_GC_GEN0_THRESHOLD (0: Python's own is left alone)."""
+    saved = gc.get_threshold()
+    gc.set_threshold(700, *saved[1:])
+    node_settings = NodeSettings.from_django().but(
+        NODE_ID="gc-node", A2A_GC_FREEZE=True, A2A_GC_GEN0_THRESHOLD=threshold
+    )
+    host = NodeHost(lambda: GatewayNode(node_settings))
+    try:
+        await host.ensure()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == ((threshold or 700), *saved[1:])
+    finally:
+        await host.stop()
+        gc.unfreeze()
+        gc.set_threshold(*saved)
