@@ -66,10 +66,14 @@ class PortInUse(Exception):
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port``, bound before anything says "serving".
+    """A socket bound to ``host:port`` before anything says "serving", not listening yet.
 
     Binding here (not inside the server) turns a busy port into one clear error at once, and
-    hands both servers the same socket.
+    hands both servers the same socket. It listens only once the node has started (uvicorn
+    after its lifespan startup, Daphne after :func:`config.node.start`): until then a
+    connection is refused at once -- a restarting node is never a port that accepts and then
+    answers nothing for the seconds its startup takes, so a client or load balancer goes to
+    another node instead of waiting.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -81,9 +85,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
         if exc.errno == errno.EADDRINUSE:
             raise PortInUse(f"port {port} is in use on {host}") from None
         raise
-    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+#: The listen backlog of both servers (uvicorn's default).
+BACKLOG = 2048
 
 
 def _raw_response(status: int, reason: str, body: bytes, *, a2a: bool) -> bytes:

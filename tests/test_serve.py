@@ -90,6 +90,40 @@ def test_serve_fresh_embedded_node(tmp_path, server):
     assert proc.returncode == expected, output_after
 
 
+@pytest.mark.parametrize("server", ["daphne", "uvicorn"])
+def test_a_node_refuses_connections_until_it_has_started(tmp_path, server):
+    """The port listens only once the node is up: a client (or load balancer) reaching a
+    node that is still starting -- a rolling restart -- is refused at once and goes elsewhere,
+    instead of waiting out the startup on a port that accepts and answers nothing."""
+    env = _env(tmp_path)
+    _manage(env, "migrate", "--no-input")
+    port = free_port()
+    log = tmp_path / "node.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--port", str(port), "--server", server],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        refused = 0
+        while True:
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                refused += 1
+                time.sleep(0.01)
+        # The first accepted connection comes after the node's startup finished.
+        assert "gateway node" in log.read_text() and " up: " in log.read_text(), log.read_text()
+        assert refused > 0  # it was starting for a while, refusing
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
 def test_serve_refuses_unmigrated_database(tmp_path):
     result = _manage(_env(tmp_path), "serve", "--port", str(free_port()), check=False)
     assert result.returncode != 0

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from config import node
-from config.servers import PortInUse, ServerLimits, bind_socket
+from config.servers import BACKLOG, PortInUse, ServerLimits, bind_socket
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +170,7 @@ def run_uvicorn(sock, limits: ServerLimits) -> None:
         log_level="warning",
         access_log=False,
         timeout_keep_alive=max(1, round(limits.keepalive)),
+        backlog=BACKLOG,  # uvicorn listens on the bound socket after its lifespan startup
         # SIGTERM: stop accepting, close idle connections, let the requests in flight finish
         # for up to the drain; what uvicorn then cancels is answered `node_stopping`.
         timeout_graceful_shutdown=settings.A2A_SHUTDOWN_DRAIN_SECONDS,
@@ -202,9 +203,15 @@ def run_daphne(sock, limits: ServerLimits) -> None:
 
     daphne.server.serverFromString = endpoint
 
+    async def start_then_listen() -> None:
+        try:
+            await node.start()
+        finally:
+            sock.listen(BACKLOG)  # the adopted duplicate shares the socket: it accepts now
+
     def ready() -> None:
         loop = asyncio.get_event_loop()
-        loop.create_task(node.start())
+        loop.create_task(start_then_listen())
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, on_signal)
 
