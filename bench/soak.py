@@ -151,7 +151,10 @@ class Soak:
                         raise
                     self.redirected += 1
                     detail = f"not served: {exc}"
-                    await asyncio.sleep(0.05)
+                    if attempt % len(self.bases) == len(self.bases) - 1:
+                        # Every node refused it once: wait a little before the next round. A
+                        # load balancer tries the next node at once (nginx's proxy_next_upstream).
+                        await asyncio.sleep(0.05)
             else:
                 ok = False
         except Exception as exc:  # transport errors count as errors, never stop the soak
