@@ -605,34 +605,30 @@ def ratios(summary: dict) -> list[dict]:
                      "value": ratio(get("1KiB c=64", "dist-single-node"),
                                     get("1KiB c=64", "gateway-uvicorn")),
                      "target": ""})
-    if "gateway-traced" in summary.get("1KiB c=64", {}):
-        for scenario in summary:
-            rows.append({"figure": f"{scenario}: tracing on / off, gateway-uvicorn (req/s)",
-                         "value": ratio(get(scenario, "gateway-traced"),
-                                        get(scenario, "gateway-uvicorn")),
-                         "target": "reported (README)"})
+
+    def each_scenario(arm: str, over: str, figure: str, target: str) -> None:
+        """When the run had ``arm``: a row per scenario, ``arm`` / ``over`` (req/s)."""
+        if arm in summary.get("1KiB c=64", {}):
+            for scenario in summary:
+                rows.append({"figure": f"{scenario}: {figure} (req/s)",
+                             "value": ratio(get(scenario, arm), get(scenario, over)),
+                             "target": target})
+
+    each_scenario("gateway-traced", "gateway-uvicorn", "tracing on / off, gateway-uvicorn",
+                  "reported (README)")
     if "gateway-baseline" in summary.get("1KiB c=64", {}):
-        for scenario in summary:
-            rows.append({"figure": f"{scenario}: gateway-uvicorn / gateway-baseline (req/s)",
-                         "value": ratio(get(scenario, "gateway-uvicorn"),
-                                        get(scenario, "gateway-baseline")),
-                         "target": ">= 0.97 (tracing compiled in but off)"})
-            rows.append({"figure": f"{scenario}: gateway-daphne / gateway-daphne-baseline (req/s)",
-                         "value": ratio(get(scenario, "gateway-daphne"),
-                                        get(scenario, "gateway-daphne-baseline")),
-                         "target": "reported (the default server against the ref)"})
+        each_scenario("gateway-uvicorn", "gateway-baseline",
+                      "gateway-uvicorn / gateway-baseline",
+                      ">= 0.97 (tracing compiled in but off)")
+        each_scenario("gateway-daphne", "gateway-daphne-baseline",
+                      "gateway-daphne / gateway-daphne-baseline",
+                      "reported (the default server against the ref)")
     if "gateway-untraced" in summary.get("1KiB c=64", {}):
-        for scenario in summary:
-            rows.append({"figure": f"{scenario}: gateway-uvicorn / gateway-untraced (req/s)",
-                         "value": ratio(get(scenario, "gateway-uvicorn"),
-                                        get(scenario, "gateway-untraced")),
-                         "target": ">= 0.97 (tracing compiled in but off / compiled out)"})
+        each_scenario("gateway-uvicorn", "gateway-untraced", "gateway-uvicorn / gateway-untraced",
+                      ">= 0.97 (tracing compiled in but off / compiled out)")
     if "gateway-variant" in summary.get("1KiB c=64", {}):
-        for scenario in summary:
-            rows.append({"figure": f"{scenario}: gateway-uvicorn / gateway-variant (req/s)",
-                         "value": ratio(get(scenario, "gateway-uvicorn"),
-                                        get(scenario, "gateway-variant")),
-                         "target": "reported (this tree's settings / --variant-env's)"})
+        each_scenario("gateway-uvicorn", "gateway-variant", "gateway-uvicorn / gateway-variant",
+                      "reported (this tree's settings / --variant-env's)")
     if "gateway-stats-on" in summary.get("1KiB c=64", {}):
         for scenario in summary:
             rows.append({"figure": f"{scenario}: stats+audit(errors) on / off (req/s)",
