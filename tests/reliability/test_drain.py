@@ -24,7 +24,7 @@ from tests import faults
 from tests.a2a_agents import EchoAgent
 from tests.reliability.conftest import register, rpc_ids_received
 from tests.reliability.test_agent_faults import ScriptedAgent
-from tests.reliability.test_failover import _events, _send, _wait
+from tests.reliability.test_failover import _send, _wait, start_sync_and_stream
 from tests.servers import serve_app
 
 pytestmark = pytest.mark.timeout(180)
@@ -102,21 +102,7 @@ def test_a_call_outliving_the_drain_is_answered_node_stopping(server, tokens, no
         caller = httpx.Client(base_url=node.url, timeout=90,
                               headers={"Authorization": f"Bearer {tokens['caller']}"})
         results: dict = {}
-
-        def sync_call() -> None:
-            results["sync"] = caller.post(f"/a2a/{slow_id}", json=_send("sync-1", timeout=60))
-
-        def stream_call() -> None:
-            events = []
-            with caller.stream("POST", f"/a2a/{echo_id}",
-                               json=_send("stream-1", "task long", "message/stream")) as response:
-                for event in _events(response):
-                    events.append(event)
-            results["stream"] = events
-
-        threads = [threading.Thread(target=sync_call), threading.Thread(target=stream_call)]
-        for thread in threads:
-            thread.start()
+        threads = start_sync_and_stream(caller, slow_id, echo_id, results)
         _wait(lambda: (slow.ids == ["sync-1"] and "stream-1" in rpc_ids_received(echo))
               or results, 30, "both calls to reach their agents")
         assert not results, results  # neither call may end before the stop
@@ -128,7 +114,7 @@ def test_a_call_outliving_the_drain_is_answered_node_stopping(server, tokens, no
         assert not any(t.is_alive() for t in threads), "a call outlived the drain"
         assert time.monotonic() - stopped < 15
 
-        response = results["sync"]
+        _, response = results["sync"]
         assert response.status_code == 200, response.text
         error = response.json()["error"]
         assert error["code"] == -32064, error
@@ -136,7 +122,7 @@ def test_a_call_outliving_the_drain_is_answered_node_stopping(server, tokens, no
         assert error["data"]["executed"] is True and error["data"]["retryable"] is True
         assert response.headers["x-a2a-executed"] == "true"
 
-        events = results["stream"]
+        _, events = results["stream"]
         assert len(events) >= 2 and "result" in events[0], events
         assert events[-1]["error"]["data"]["kind"] == "node_stopping", events[-1]
         caller.close()

@@ -62,6 +62,30 @@ def _wait(predicate, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def start_sync_and_stream(caller: httpx.Client, slow_id: str, echo_id: str,
+                          results: dict) -> list[threading.Thread]:
+    """A sync call ("sync-1", 60 s timeout) to ``slow_id`` and a long stream ("stream-1") from
+    ``echo_id``, each in a thread of its own, started; each ends with ``results["sync"]`` =
+    (time it ended, the response) and ``results["stream"]`` = (time it ended, its events)."""
+
+    def sync_call() -> None:
+        response = caller.post(f"/a2a/{slow_id}", json=_send("sync-1", timeout=60))
+        results["sync"] = (time.monotonic(), response)
+
+    def stream_call() -> None:
+        events = []
+        with caller.stream("POST", f"/a2a/{echo_id}",
+                           json=_send("stream-1", "task long", "message/stream")) as response:
+            for event in _events(response):
+                events.append(event)
+        results["stream"] = (time.monotonic(), events)
+
+    threads = [threading.Thread(target=sync_call), threading.Thread(target=stream_call)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
 def test_calls_in_flight_on_a_killed_owner_end_at_once(tokens, start_node):
     """kill -9 of the owning node mid-stream and mid-sync-call: both calls, made through the
     other node, end with ``owner_lost`` (executed true: the agent had them) within a few
@@ -76,22 +100,7 @@ def test_calls_in_flight_on_a_killed_owner_end_at_once(tokens, start_node):
         caller = httpx.Client(base_url=entry.url, timeout=120,
                               headers={"Authorization": f"Bearer {tokens['caller']}"})
         results: dict = {}
-
-        def sync_call() -> None:
-            response = caller.post(f"/a2a/{slow_id}", json=_send("sync-1", timeout=60))
-            results["sync"] = (time.monotonic(), response)
-
-        def stream_call() -> None:
-            events = []
-            with caller.stream("POST", f"/a2a/{echo_id}",
-                               json=_send("stream-1", "task long", "message/stream")) as response:
-                for event in _events(response):
-                    events.append(event)
-            results["stream"] = (time.monotonic(), events)
-
-        threads = [threading.Thread(target=sync_call), threading.Thread(target=stream_call)]
-        for thread in threads:
-            thread.start()
+        threads = start_sync_and_stream(caller, slow_id, echo_id, results)
         _wait(lambda: slow.ids == ["sync-1"] and "stream-1" in rpc_ids_received(echo), 30,
               "both calls to reach their agents")
         time.sleep(1.0)  # a few stream events relayed
