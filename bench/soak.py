@@ -232,39 +232,32 @@ class Soak:
         ok = response.status == 200 and b'"completed"' in body and b'"error"' not in body
         return ok, f"{response.status} {body[-200:]!r}"
 
+    async def _registry(self, client, method: str, url: str, ok: tuple[int, ...], **kwargs):
+        """A registry call as the registrar: (answered with a status in ``ok``, detail)."""
+        async with await self._request(client, method, url, headers=self._headers("registrar"),
+                                       **kwargs) as response:
+            body = await response.read()
+        return response.status in ok, f"{response.status} {body[:200]!r}"
+
     async def _heartbeat(self, client, base):
         agent_id = random.choice(self.agent_ids)
-        async with await self._request(
-            client, "POST", f"{base}/api/v1/agents/{agent_id}/heartbeat",
-            headers=self._headers("registrar"),
-        ) as response:
-            body = await response.read()
-        return response.status == 200, f"{response.status} {body[:200]!r}"
+        return await self._registry(client, "POST", f"{base}/api/v1/agents/{agent_id}/heartbeat",
+                                    (200,))
 
     async def _churn(self, client, base):
         if self.churn and (len(self.churn) > 20 or random.random() < 0.5):
             agent_id = self.churn.pop(0)
-            async with await self._request(
-                client, "DELETE", f"{base}/api/v1/agents/{agent_id}",
-                headers=self._headers("registrar"),
-            ) as response:
-                body = await response.read()
-            return response.status == 204, f"{response.status} {body[:200]!r}"
+            return await self._registry(client, "DELETE", f"{base}/api/v1/agents/{agent_id}",
+                                        (204,))
         agent_id = f"churn-{os.urandom(4).hex()}"
-        async with await self._request(
-            client, "POST", f"{base}/api/v1/agents",
-            headers=self._headers("registrar"),
-            json={
-                "agent_id": agent_id,
-                "url": self.agent_url,
-                "card": {"name": "Churn agent", "url": self.agent_url},
-            },
-        ) as response:
-            body = await response.read()
-        if response.status in (200, 201):
+        card = {"name": "Churn agent", "url": self.agent_url}
+        ok, detail = await self._registry(
+            client, "POST", f"{base}/api/v1/agents", (200, 201),
+            json={"agent_id": agent_id, "url": self.agent_url, "card": card},
+        )
+        if ok:
             self.churn.append(agent_id)
-            return True, ""
-        return False, f"{response.status} {body[:200]!r}"
+        return ok, detail
 
     async def run(self, *, rate: float, seconds: float, interval: float, node_pid,
                   restart=None, restart_every: float = 0.0) -> None:

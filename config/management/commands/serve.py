@@ -8,6 +8,7 @@ limits (:mod:`config.servers`) and the same startup and shutdown hooks (:mod:`co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -186,6 +187,7 @@ def run_daphne(sock, limits: ServerLimits) -> None:
     from daphne.server import Server
     from twisted.internet import defer, reactor
     from twisted.internet.endpoints import AdoptedStreamServerEndpoint
+    from twisted.internet.error import ReactorNotRunning
 
     from config.asgi import application
     from config.servers import daphne_factory_class
@@ -221,9 +223,14 @@ def run_daphne(sock, limits: ServerLimits) -> None:
     # answer), let the requests in flight finish for up to A2A_SHUTDOWN_DRAIN_SECONDS, then
     # stop the reactor (what Daphne cancels then is answered `node_stopping`). A second
     # signal stops at once.
+    def stop_reactor() -> None:
+        if reactor.running:
+            with contextlib.suppress(ReactorNotRunning):  # already stopping
+                reactor.stop()
+
     def on_signal() -> None:
         if node.draining():
-            reactor.callFromThread(reactor.stop)
+            stop_reactor()
             return
         node.begin_drain()
         asyncio.get_event_loop().create_task(drain())
@@ -247,8 +254,7 @@ def run_daphne(sock, limits: ServerLimits) -> None:
             ):
                 await asyncio.sleep(0.1)
         finally:
-            if reactor.running:
-                reactor.stop()
+            stop_reactor()
 
     server = Server(
         application=application,
