@@ -11,4 +11,4 @@ class ArdConfig(AppConfig):
         from registry import events
 
         # The search index follows the registry through its one event hook (no signals).
-        events.subscribe(indexer.on_registry_event)
+        events.subscribe(indexer.on_registry_event, many=indexer.on_registry_events)

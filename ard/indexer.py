@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from django.db import DatabaseError, connection
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
@@ -18,6 +19,7 @@ from ard.documents import build_document
 from ard.models import AgentDoc
 from registry.events import AgentEvent
 from registry.models import Agent
+from registry.rows import insert_rows
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +100,40 @@ def _upsert(agent: Agent) -> AgentDoc:
         unique_fields=[meta.get_field("agent_id")],
     )
     return doc
+
+
+def _upsert_many(agents: list[Agent]) -> None:
+    """Write the documents of ``agents`` (distinct ids) in one multi-row upsert."""
+    now = timezone.now()
+    rows = [_doc_fields(agent, now) for agent in agents]
+    docs = [AgentDoc(agent_id=agent.agent_id, **row)
+            for agent, row in zip(agents, rows, strict=True)]
+    quote = connection.ops.quote_name
+    meta = AgentDoc._meta
+    updates = ", ".join(f"{quote(meta.get_field(name).column)} = "
+                        f"EXCLUDED.{quote(meta.get_field(name).column)}" for name in rows[0])
+    insert_rows(AgentDoc, docs,
+                suffix=f"ON CONFLICT ({quote(meta.get_field('agent_id').column)}) "
+                       f"DO UPDATE SET {updates}")
+
+
+def on_registry_events(events: list[AgentEvent]) -> None:
+    """Several events at once (registrations written together): the new agents' documents in
+    one upsert; should it fail (a document's registry row changed meanwhile), each on its own."""
+    new = [e for e in events if e.kind == "registered" and e.agent is not None
+           and e.agent.agent_id == e.agent_id]
+    if len({e.agent_id for e in new}) != len(new):
+        new = []  # one id twice: an upsert cannot write a row twice
+    if new:
+        try:  # after the registrations' commit: in autocommit, a failure breaks nothing
+            _upsert_many([e.agent for e in new])
+        except DatabaseError:
+            logger.warning("batched index upsert failed; indexing one by one", exc_info=True)
+            new = []
+    done = {id(e) for e in new}
+    for event in events:
+        if id(event) not in done:
+            on_registry_event(event)
 
 
 def on_registry_event(event: AgentEvent) -> None:

@@ -35,10 +35,18 @@ def _row(record: AuditRecord):
 
 
 def write(records: list[AuditRecord]) -> None:
-    from console.models import RegistryChange
+    from django.db import connection
 
-    if records:
-        RegistryChange.objects.bulk_create([_row(r) for r in records])
+    from console.models import RegistryChange
+    from registry.rows import insert_rows
+
+    if not records:
+        return
+    rows = [_row(r) for r in records]
+    if connection.vendor == "postgresql" and len(rows) > 1:
+        insert_rows(RegistryChange, rows)  # bulk_create's statement, bound cheaply (its doc)
+    else:
+        RegistryChange.objects.bulk_create(rows)
 
 
 def on_registry_audit(record: AuditRecord) -> None:

@@ -9,8 +9,9 @@ follows the registry, not history.
 Exposed: ``kubemq_a2a_requests_total{agent_id,method}`` (A2A 0.3 and 1.0 method names and
 ``tasks/send`` as themselves, anything else ``unknown``), ``kubemq_a2a_sse_streams_active
 {agent_id}``, ``kubemq_a2a_request_duration_seconds{agent_id,outcome}`` (histogram),
-``kubemq_a2a_busy_rejections_total{agent_id}``, ``kubemq_a2a_in_flight{agent_id}`` and
-``kubemq_a2a_card_requests_total{result}``.
+``kubemq_a2a_busy_rejections_total{agent_id}``, ``kubemq_a2a_in_flight{agent_id}``,
+``kubemq_a2a_card_requests_total{result}`` and the fast registration path's group commits,
+``kubemq_a2a_registration_batches_total`` and ``kubemq_a2a_registration_batch_items_total``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ _requests: dict[tuple[str, str], int] = {}
 _latency: dict[tuple[str, str], list[float]] = {}  # bucket counts..., +Inf count, sum
 _busy: dict[str, int] = {}
 _cards: dict[str, int] = {}
+_registration_batches = [0, 0]  # batches, registrations in them
 #: Subscriber Managers of this process's running nodes, read at scrape time.
 _managers: list[Any] = []
 
@@ -102,6 +104,11 @@ def count_card(result: str) -> None:
     _cards[result] = _cards.get(result, 0) + 1
 
 
+def count_registration_batch(size: int) -> None:
+    _registration_batches[0] += 1
+    _registration_batches[1] += size
+
+
 def forget_agent(agent_id: str) -> None:
     """Drop every series of a deregistered agent."""
     for store in (_requests, _latency):
@@ -120,6 +127,8 @@ class GatewayCollector(Collector):
         yield GaugeMetricFamily("kubemq_a2a_in_flight", "", labels=["agent_id"])
         yield GaugeMetricFamily("kubemq_a2a_sse_streams_active", "", labels=["agent_id"])
         yield CounterMetricFamily("kubemq_a2a_card_requests", "", labels=["result"])
+        yield CounterMetricFamily("kubemq_a2a_registration_batches", "")
+        yield CounterMetricFamily("kubemq_a2a_registration_batch_items", "")
 
     def collect(self) -> Iterator:
         requests = CounterMetricFamily(
@@ -169,6 +178,15 @@ class GatewayCollector(Collector):
         for result, count in list(_cards.items()):
             cards.add_metric([result], count)
         yield cards
+
+        batches, items = _registration_batches
+        yield CounterMetricFamily(
+            "kubemq_a2a_registration_batches",
+            "Batches of registrations the fast path wrote together (group commit).",
+            value=batches)
+        yield CounterMetricFamily(
+            "kubemq_a2a_registration_batch_items", "Registrations in those batches.",
+            value=items)
 
 
 def _bound(value: float) -> str:

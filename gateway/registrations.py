@@ -3,9 +3,12 @@
 ``POST /api/v1/agents`` (a JSON body with a ``Content-Length``) and KubeMQ's
 ``POST /agents/register``, with a bearer token or none, are answered here: the token from the
 process's token cache (the one DRF uses), then, in a worker thread, the very functions the DRF
-views call (:func:`registry.api.views.v1_register`, :func:`registry.kubemq_api.kubemq_register`:
+views call (:func:`registry.api.views.v1_register`, :func:`registry.kubemq_api.kubemq_register`
+are each a check, a write and an answer:
 one validation, one URL check, one card parser, the same events, audit and quotas), their
-refusals answered by the views' own exception handlers. The DRF views stay the documented
+refusals answered by the views' own exception handlers. Registrations arriving together are
+checked one by one and written together (group commit, :mod:`gateway.batching`): one thread
+handoff and one transaction of multi-row statements per batch. The DRF views stay the documented
 implementation (OpenAPI) and answer what this path passes on: staff sessions, other content
 types, bodies without a ``Content-Length`` on /api/v1. Django's view and middleware stack and
 its one-at-a-time sync thread cost more than a registration itself (PERFORMANCE.md).
@@ -15,23 +18,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 
 from config import outage
+from gateway import metrics
+from gateway.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
-from gateway.heartbeats import authenticate, call_registry, send_json
+from gateway.heartbeats import authenticate, send_json
 from registry.api.exceptions import exception_handler
 from registry.api.parsers import parse_json
-from registry.api.views import v1_register
+from registry.api.views import v1_registered, v1_registration
 from registry.kubemq_api import (
     kubemq_exception_handler,
-    kubemq_register,
+    kubemq_registered,
+    kubemq_registration,
     kubemq_too_large,
     parse_object,
 )
 from registry.permissions import Actor
+from registry.services import Registration, agents_register
 
 _V1_PATH = re.compile(r"^/api/v1/agents/?\Z")
 _KUBEMQ_PATH = re.compile(r"^/agents/register/?\Z")
@@ -91,32 +100,93 @@ async def _answer(kind: str, authorization: str | None, receive, send) -> None:
                 else {"error": str(kubemq_too_large())}
             )
         else:
-            fn = _v1 if kind == "v1" else _kubemq
-            status, payload = await call_registry(fn, extra, actor=actor, body=body)
+            status, payload = await _registered(_Item(kind, actor, body), extra)
     await send_json(send, status, payload, extra)
 
 
-def _v1(*, actor: Actor, body: bytes) -> tuple[int, dict]:
+# Registrations arriving together are written together (group commit): one thread handoff,
+# one transaction and a few multi-row statements per batch instead of per registration.
+MAX_BATCH = 64
+MAX_WAITING = 4096  # past this many waiting registrations a node answers 503 at once
+MAX_RUNNING = 2
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    kind: str
+    actor: Actor
+    body: bytes
+
+
+async def _registered(item: _Item, extra: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+    """``item``'s answer, written with the registrations arriving with it; the JSON 503
+    (``Retry-After`` appended to ``extra``) while the database is down or the node is
+    swamped, as :func:`gateway.heartbeats.call_registry` answers."""
     try:
-        data = parse_json(body) if body else {}  # DRF: no body, no parser, empty data
-        return v1_register(actor=actor, data=data, body=body)
+        if outage.breaker.is_open:  # the database is down: answer at once (config.outage)
+            outage.breaker.ensure_probe()
+            raise outage.DatabaseUnavailable
+        return await _batches().submit(item)
+    except Overloaded:
+        extra.append((b"retry-after", b"1"))
+        return 503, {"error": "this node has too many registrations waiting; retry"}
     except Exception as exc:
-        return _refusal(exception_handler, exc)
+        if not outage.is_database_outage(exc):
+            raise
+        outage.breaker.trip(exc)
+        extra.append((b"retry-after", str(outage.RETRY_AFTER_SECONDS).encode()))
+        return 503, outage.payload()
 
 
-def _kubemq(*, actor: Actor, body: bytes) -> tuple[int, dict]:
-    try:
-        return 200, kubemq_register(actor=actor, data=parse_object(body), body=body)
-    except Exception as exc:
-        return _refusal(kubemq_exception_handler, exc)
+async def _write(items: list[_Item]) -> list[tuple[int, dict] | Exception]:
+    metrics.count_registration_batch(len(items))
+    return await database_sync_to_async(_settle, thread_sensitive=False)(items)
 
 
-def _refusal(handler, exc: Exception) -> tuple[int, dict]:
-    """The view's own exception handler's answer to ``exc`` (outages re-raised: the caller
-    answers them as every surface does)."""
+_batches = per_loop(lambda: Coalescer(_write, max_batch=MAX_BATCH, max_waiting=MAX_WAITING,
+                                      max_running=MAX_RUNNING))
+
+
+def _settle(items: list[_Item]) -> list[tuple[int, dict] | Exception]:
+    """Each item's answer (status, body) -- or the database outage it met -- in a worker
+    thread: each checked on its own by the views' own functions, the checked ones written
+    together (:func:`registry.services.agents_register`), each answered by its view's
+    functions and exception handler, as the DRF views answer."""
+    answers: list[Any] = [None] * len(items)
+    checked: list[int] = []
+    regs = []
+    for index, item in enumerate(items):
+        try:
+            regs.append(_check(item))
+            checked.append(index)
+        except Exception as exc:
+            answers[index] = _refusal(item.kind, exc)
+    results = agents_register(regs) if regs else []
+    for index, result in zip(checked, results, strict=True):
+        kind = items[index].kind
+        if isinstance(result, Exception):
+            answers[index] = _refusal(kind, result)
+        elif kind == "v1":
+            answers[index] = v1_registered(*result)
+        else:
+            answers[index] = 200, kubemq_registered(*result)
+    return answers
+
+
+def _check(item: _Item) -> Registration:
+    if item.kind == "v1":
+        data = parse_json(item.body) if item.body else {}  # DRF: no body, no parser, empty data
+        return v1_registration(actor=item.actor, data=data, body=item.body)
+    return kubemq_registration(actor=item.actor, data=parse_object(item.body), body=item.body)
+
+
+def _refusal(kind: str, exc: Exception) -> tuple[int, dict] | Exception:
+    """The view's own exception handler's answer to ``exc``; an outage (or an error no
+    handler answers) is handed back to be raised to its request alone."""
     if outage.is_database_outage(exc):
-        raise exc
+        return exc
+    handler = exception_handler if kind == "v1" else kubemq_exception_handler
     response = handler(exc, {})
     if response is None:
-        raise exc
+        return exc
     return response.status_code, response.data

@@ -311,10 +311,18 @@ def kubemq_register(*, actor, data: dict[str, Any], body: bytes) -> dict[str, An
     as ``data`` (:func:`parse_object`), for the view and the ASGI fast path
     (gateway.registrations) alike. Refusals raise; both answer them with
     :func:`kubemq_exception_handler`."""
+    agent, created = services.register_one(kubemq_registration(actor=actor, data=data,
+                                                               body=body))
+    return kubemq_registered(agent, created)
+
+
+def kubemq_registration(*, actor, data: dict[str, Any], body: bytes) -> services.Registration:
+    """:func:`kubemq_register`'s checks before any write (the fast path writes what it
+    returns together with other registrations)."""
     agent_id = _valid_id(data.get("agent_id"))
     _required_string(data, "name")
     _required_string(data, "url")
-    agent, _created = services.agent_register(
+    return services.registration(
         actor=actor,
         agent_id=agent_id,
         url=data["url"],
@@ -323,7 +331,11 @@ def kubemq_register(*, actor, data: dict[str, Any], body: bytes) -> dict[str, An
         credential_passthrough=_optional_bool(data, "credential_passthrough"),
         public=_optional_bool(data, "public"),  # as /api/v1: omitted keeps the flag
     )
-    return enriched_card(agent)  # KubeMQ answers 200 for new and re-registered
+
+
+def kubemq_registered(agent: Agent, created: bool) -> dict[str, Any]:
+    """:func:`kubemq_register`'s answer once written: 200 for new and re-registered alike."""
+    return enriched_card(agent)
 
 
 def kubemq_heartbeat(*, actor, body: bytes) -> tuple[int, dict[str, Any]]:

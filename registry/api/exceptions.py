@@ -10,7 +10,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from config.outage import is_database_outage, unavailable_response
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.permissions import PermissionDenied
-from registry.services import AgentNotFound, InvalidInput
+from registry.services import AgentNotFound, InvalidInput, RegistrationConflict
 
 
 def _flatten(detail) -> str:
@@ -30,6 +30,8 @@ def exception_handler(exc, context):
         return Response({"error": str(exc)}, status=400)
     if isinstance(exc, PermissionDenied):
         return Response({"error": str(exc)}, status=403)
+    if isinstance(exc, RegistrationConflict):
+        return Response({"error": str(exc)}, status=409)
     if isinstance(exc, RequestDataTooBig):
         return Response({"error": "request body too large"}, status=413)
     response = drf_exception_handler(exc, context)

@@ -91,9 +91,18 @@ def v1_register(*, actor, data, body: bytes | None) -> tuple[int, dict]:
     Refusals raise; both surfaces answer them with the API's exception handler
     (:func:`registry.api.exceptions.exception_handler`).
     """
-    agent, created = services.agent_register(
-        actor=actor, **_with_raw_card_of(body, register_input(data))
-    )
+    return v1_registered(*services.register_one(v1_registration(actor=actor, data=data,
+                                                                 body=body)))
+
+
+def v1_registration(*, actor, data, body: bytes | None) -> services.Registration:
+    """:func:`v1_register`'s checks (validation, scopes, card, URL) before any write; the
+    fast path writes what it returns together with other registrations."""
+    return services.registration(actor=actor, **_with_raw_card_of(body, register_input(data)))
+
+
+def v1_registered(agent: Agent, created: bool) -> tuple[int, dict]:
+    """:func:`v1_register`'s answer once the registration is written."""
     return (201 if created else 200), owner_output(agent)
 
 

@@ -7,9 +7,22 @@ expiry), ``cards`` (resolving and recording a registration's card), ``clients`` 
 ``nodes`` (liveness, ownership) -- all importable from here.
 """
 
-from registry.services.agents import agent_deregister, agent_register, agent_update
+from registry.services.agents import (
+    Registration,
+    agent_deregister,
+    agent_register,
+    agent_update,
+    agents_register,
+    register_one,
+    registration,
+)
 from registry.services.clients import api_client_create, api_client_update
-from registry.services.errors import AgentNotFound, InvalidInput, RegistryError
+from registry.services.errors import (
+    AgentNotFound,
+    InvalidInput,
+    RegistrationConflict,
+    RegistryError,
+)
 from registry.services.leases import (
     HeartbeatResult,
     agent_heartbeat,
@@ -23,11 +36,16 @@ __all__ = [
     "AgentNotFound",
     "HeartbeatResult",
     "InvalidInput",
+    "RegistrationConflict",
+    "Registration",
     "RegistryError",
     "agent_deregister",
     "agent_heartbeat",
     "agent_register",
     "agent_update",
+    "agents_register",
+    "register_one",
+    "registration",
     "agents_expire",
     "agents_extend_ttl",
     "agents_renew_leases",

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
-from config import tracing
+from config import outage, tracing
 from registry import events
+from registry.cards import ParsedCard
 from registry.ids import agent_id_error
 from registry.models import Agent, AgentTombstone
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
-from registry.quotas import check_agent_quota
+from registry.quotas import check_agent_quota, take_agent_quota
+from registry.rows import insert_rows
 from registry.selectors import agent_route
-from registry.services.cards import _apply_card, _record_card_version, _resolve_card
-from registry.services.errors import AgentNotFound, InvalidInput
+from registry.services.cards import (
+    _apply_card,
+    _record_card_version,
+    _record_new_card_versions,
+    _resolve_card,
+)
+from registry.services.errors import AgentNotFound, InvalidInput, RegistrationConflict
 from registry.services.nodes import _owning_node
 
 
@@ -61,17 +69,21 @@ def _owns(actor: Actor, agent: Agent) -> bool:
     return agent.owner_id == actor.api_client_pk  # anonymous owns the unowned
 
 
-def _publish(kind: events.EventKind, agent: Agent, actor: Actor | None = None,
-             committed: bool = False) -> None:
+def _publish(kind: events.EventKind, agent: Agent, actor: Actor | None = None) -> None:
+    events.publish(_event(kind, agent, actor))
+
+
+def _event(kind: events.EventKind, agent: Agent, actor: Actor | None = None,
+           committed: bool = False) -> events.AgentEvent:
     """``committed``: the event carries ``agent`` itself for in-process subscribers (the
     search index), who then need not read back the row this transaction writes."""
     owner = {}
     if actor is not None and agent.owner_id is not None and \
             agent.owner_id == actor.api_client_pk:
         owner = {"owner_client_id": actor.client_id}  # the caller owns it: no owner read
-    events.publish(events.AgentEvent(kind=kind, agent_id=agent.agent_id,
-                                     route=agent_route(agent, **owner),
-                                     agent=agent if committed else None))
+    return events.AgentEvent(kind=kind, agent_id=agent.agent_id,
+                             route=agent_route(agent, **owner),
+                             agent=agent if committed else None)
 
 
 _LOCKED_SQL: dict[str, str] = {}
@@ -118,8 +130,23 @@ def _insert_new(agent: Agent) -> bool:
     return True
 
 
-@tracing.traced("registry.register")
-def agent_register(
+@dataclass(slots=True)
+class Registration:
+    """A registration checked as far as it can be without the database: its input validated,
+    its scopes authorized, its card resolved and parsed, its URL checked
+    (:func:`registration`). :func:`agent_register` writes one; :func:`agents_register` writes
+    many in one transaction (group commit)."""
+
+    actor: Actor
+    agent_id: str
+    parsed: ParsedCard
+    fields: dict[str, Any]
+    now: Any
+    source: str
+    node_id: str | None
+
+
+def registration(
     *,
     actor: Actor,
     agent_id: Any,
@@ -132,13 +159,9 @@ def agent_register(
     strict: bool | None = None,
     credential_passthrough: bool | None = None,
     public: bool | None = None,
-) -> tuple[Agent, bool]:
-    """Register or re-register an agent. Returns ``(agent, created)``.
-
-    Re-registration keeps ``registered_at`` and renews the lease; ``credential_passthrough``
-    None keeps the agent's current choice (off for a new agent). Two concurrent registrations
-    of one id leave exactly one row: the loser of the insert race updates the winner's row.
-    """
+) -> Registration:
+    """Check a registration (``agent_register``'s arguments) before any database work;
+    refusals raise as :func:`agent_register` raises them."""
     error = agent_id_error(agent_id)
     if error:
         raise InvalidInput(error)
@@ -162,6 +185,30 @@ def agent_register(
         fields["credential_passthrough"] = credential_passthrough
     if public is not None:  # omitted on re-registration: the ARD listing stays as it was
         fields["public"] = bool(public)
+    return Registration(actor=actor, agent_id=agent_id, parsed=parsed, fields=fields, now=now,
+                        source=source, node_id=node_id)
+
+
+def agent_register(**kwargs: Any) -> tuple[Agent, bool]:
+    """Register or re-register an agent (:func:`registration`'s arguments). Returns
+    ``(agent, created)``.
+
+    Re-registration keeps ``registered_at`` and renews the lease; ``credential_passthrough``
+    None keeps the agent's current choice (off for a new agent). Two concurrent registrations
+    of one id leave exactly one row: the loser of the insert race updates the winner's row.
+    """
+    return register_one(registration(**kwargs))
+
+
+def register_one(reg: Registration) -> tuple[Agent, bool]:
+    """Write one checked registration in its own transaction."""
+    with tracing.span("registry.register", **{"a2a.agent_id": reg.agent_id}):
+        return _register_one(reg)
+
+
+def _register_one(reg: Registration) -> tuple[Agent, bool]:
+    actor, agent_id, parsed = reg.actor, reg.agent_id, reg.parsed
+    fields = dict(reg.fields)
     created = False
     # One locked read, then one write: the owner and quota checks see the row the write
     # replaces (a registration is a handful of statements, PERFORMANCE.md).
@@ -171,39 +218,73 @@ def agent_register(
         old_signature = agent.card_signature if agent is not None else None
         if agent is None:
             check_agent_quota(actor)
-            fields["node_id"] = node_id or _owning_node(agent_id=agent_id, current=None)
-            agent = Agent(agent_id=agent_id, registered_at=now, **fields)
-            if actor.api_client_pk:
-                agent.owner_id = actor.api_client_pk
-            _apply_card(agent, parsed)
-            created = _insert_new(agent)
+            agent, created = _insert_or_find(reg, fields)
             if not created:  # a concurrent registration of the same id won the insert
-                agent = _locked(agent_id)
-                if agent is None:  # ... and was deregistered since: nothing left to renew
-                    raise IntegrityError(f"agent {agent_id} vanished during its registration")
                 old_sha, old_signature = agent.card_sha256, agent.card_signature
         if not created:
             _authorize_register(actor, agent_id, agent)
-            fields["node_id"] = node_id or _owning_node(agent_id=agent_id, current=agent)
+            fields["node_id"] = reg.node_id or _owning_node(agent_id=agent_id, current=agent)
             for key, value in fields.items():
                 setattr(agent, key, value)
             _apply_card(agent, parsed)
             agent.save()
         _record_card_version(agent, parsed, new_agent=created, unchanged=(
             old_sha == parsed.sha256 and old_signature == agent.card_signature))
-        if agent.owner_id is not None and agent.owner_id == actor.api_client_pk:
-            agent._owner_client_id = actor.client_id  # the answer names the owner: no read
-        _publish("registered" if created else "updated", agent, actor, committed=True)
-        if created or old_sha != parsed.sha256:  # a plain renewal is not a change
-            events.audit(
-                events.AuditRecord(
-                    action="agent.registered" if created else "agent.card_changed",
-                    actor=actor.client_id,
-                    agent_id=agent_id,
-                    details={"url": agent.url, "card_sha256": parsed.sha256, "source": source},
-                )
-            )
+        _announce(reg, agent, created, old_sha)
     return agent, created
+
+
+def _new_agent(reg: Registration, fields: dict[str, Any]) -> Agent:
+    """The row of a new agent (not yet inserted)."""
+    fields["node_id"] = reg.node_id or _owning_node(agent_id=reg.agent_id, current=None)
+    agent = Agent(agent_id=reg.agent_id, registered_at=reg.now, **fields)
+    if reg.actor.api_client_pk:
+        agent.owner_id = reg.actor.api_client_pk
+    _apply_card(agent, reg.parsed)
+    return agent
+
+
+def _insert_or_find(reg: Registration, fields: dict[str, Any]) -> tuple[Agent, bool]:
+    """Insert the new agent, or the row a concurrent registration inserted first (locked).
+
+    When that winner was deregistered again before this re-read, nothing is left to renew:
+    the insert is tried once more. Losing twice in a row answers a retryable conflict (409),
+    never a server error."""
+    for _attempt in range(2):
+        agent = _new_agent(reg, dict(fields))
+        if _insert_new(agent):
+            return agent, True
+        winner = _locked(reg.agent_id)
+        if winner is not None:
+            return winner, False
+    raise RegistrationConflict(
+        f"agent {reg.agent_id} was registered and deregistered concurrently; retry")
+
+
+def _announce(reg: Registration, agent: Agent, created: bool, old_sha: str | None,
+              batch: tuple[list, list] | None = None) -> None:
+    """The registration's event and audit record, delivered after commit (collected into
+    ``batch``, events and records, when given: the caller delivers them together)."""
+    actor = reg.actor
+    if agent.owner_id is not None and agent.owner_id == actor.api_client_pk:
+        agent._owner_client_id = actor.client_id  # the answer names the owner: no read
+    event = _event("registered" if created else "updated", agent, actor, committed=True)
+    record = None
+    if created or old_sha != reg.parsed.sha256:  # a plain renewal is not a change
+        record = events.AuditRecord(
+            action="agent.registered" if created else "agent.card_changed",
+            actor=actor.client_id,
+            agent_id=reg.agent_id,
+            details={"url": agent.url, "card_sha256": reg.parsed.sha256, "source": reg.source},
+        )
+    if batch is not None:
+        batch[0].append(event)
+        if record is not None:
+            batch[1].append(record)
+        return
+    events.publish(event)
+    if record is not None:
+        events.audit(record)
 
 
 def agent_update(
@@ -278,3 +359,130 @@ def agent_deregister(*, actor: Actor, agent_id: str) -> None:
                 action="agent.deregistered", actor=actor.client_id, agent_id=agent_id
             )
         )
+
+
+def agents_register(regs: list[Registration]) -> list[tuple[Agent, bool] | Exception]:
+    """Write checked registrations arriving together in one transaction (group commit): each
+    item's ``(agent, created)`` or the refusal it alone gets, in order.
+
+    PostgreSQL: one locked read of all ids, one multi-row ``INSERT ... ON CONFLICT DO
+    NOTHING``, one multi-row card-version INSERT, one COMMIT, then one batched search-index
+    write (the events go out together). What the batch does not settle -- a re-registration,
+    an id twice in the batch, an id another node inserted meanwhile -- is written afterwards
+    by :func:`register_one`, as is everything when a batch statement fails. SQLite: the items
+    one by one, each in its savepoint, under one transaction (its commit is the cost)."""
+    if connection.vendor != "postgresql":
+        return _register_in_one_transaction(regs)
+    if len(regs) == 1:
+        return [_refusal_or(register_one, regs[0])]
+    results: list[Any] = [None] * len(regs)
+    try:
+        with tracing.span("registry.register_batch", **{"a2a.batch_size": len(regs)}):
+            later = _register_new_together(regs, results)
+    except Exception as exc:
+        if outage.is_database_outage(exc) and not _rolled_back(exc):
+            raise
+        results, later = [None] * len(regs), list(range(len(regs)))
+    for index in sorted(later):
+        results[index] = _refusal_or(register_one, regs[index])
+    return results
+
+
+def _rolled_back(exc: BaseException) -> bool:
+    """A deadlock or serialization failure (SQLSTATE class 40): the database rolled the batch
+    back and is fine -- its items are retried one by one, not answered as an outage."""
+    cause = exc.__cause__ or exc
+    return str(getattr(cause, "sqlstate", "") or "").startswith("40")
+
+
+def _register_in_one_transaction(regs: list[Registration]) -> list[Any]:
+    with transaction.atomic():
+        return [_refusal_or(register_one, reg) for reg in regs]
+
+
+def _refusal_or(fn, reg: Registration) -> Any:
+    """``fn(reg)``, or the exception it raised (a database outage is raised: it fails all)."""
+    try:
+        return fn(reg)
+    except Exception as exc:
+        if outage.is_database_outage(exc):
+            raise
+        return exc
+
+
+def _register_new_together(regs: list[Registration], results: list[Any]) -> list[int]:
+    """Insert the batch's new agents in one transaction, filling ``results``; the indexes of
+    the items left for :func:`register_one`."""
+    later: list[int] = []
+    first: dict[str, int] = {}
+    for index, reg in enumerate(regs):
+        if reg.agent_id in first:
+            later.append(index)  # the same id twice: the second renews the first's row
+        else:
+            first[reg.agent_id] = index
+    with transaction.atomic():
+        existing = _locked_many(sorted(first))
+        rooms: dict[Any, int | None] = {}
+        new: list[tuple[int, Agent]] = []
+        for agent_id in sorted(first):  # one lock order for every node's batches
+            index, reg = first[agent_id], regs[first[agent_id]]
+            if agent_id in existing:
+                later.append(index)
+                continue
+            try:
+                take_agent_quota(reg.actor, rooms)
+            except PermissionDenied as exc:
+                results[index] = exc
+                continue
+            with tracing.span("registry.register", **{"a2a.agent_id": agent_id}):
+                new.append((index, _new_agent(reg, dict(reg.fields))))
+        inserted = _insert_many([agent for _, agent in new])
+        announced: tuple[list, list] = ([], [])  # events, audit records
+        for index, agent in new:
+            if agent.agent_id not in inserted:
+                later.append(index)  # inserted by another node since the locked read
+                continue
+            results[index] = (agent, True)
+            _announce(regs[index], agent, True, None, batch=announced)
+        _record_new_card_versions([(agent, regs[index].parsed) for index, agent in new
+                                   if agent.agent_id in inserted])
+        events.publish_many(announced[0])
+        for record in announced[1]:
+            events.audit(record)
+    return later
+
+
+_LOCKED_MANY_SQL: dict[str, str] = {}
+
+
+def _locked_many(agent_ids: list[str]) -> dict[str, Agent]:
+    """The rows of ``agent_ids`` that exist, locked in id order (PostgreSQL: ``= ANY``, one
+    statement text whatever the batch's size)."""
+    if not agent_ids:
+        return {}
+    sql = _LOCKED_MANY_SQL.get(connection.vendor)
+    if sql is None:
+        quote = connection.ops.quote_name
+        meta = Agent._meta
+        columns = ", ".join(quote(f.column) for f in meta.concrete_fields)
+        column = quote(meta.get_field("agent_id").column)
+        sql = _LOCKED_MANY_SQL[connection.vendor] = (
+            f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {column} = ANY(%s) "
+            f"ORDER BY {column} FOR UPDATE")
+    return {agent.agent_id: agent for agent in Agent.objects.raw(sql, [agent_ids])}
+
+
+def _insert_many(agents: list[Agent]) -> set[str]:
+    """INSERT ``agents`` in one statement, skipping ids that exist (``ON CONFLICT DO
+    NOTHING``); the ids inserted, their keys set."""
+    if not agents:
+        return set()
+    rows = insert_rows(Agent, agents, suffix="ON CONFLICT DO NOTHING",
+                       returning=("id", "agent_id"))
+    keys = {agent_id: pk for pk, agent_id in rows}
+    for agent in agents:
+        if agent.agent_id in keys:
+            agent.pk = keys[agent.agent_id]
+            agent._state.adding = False
+            agent._state.db = Agent.objects.db
+    return set(keys)

@@ -10,6 +10,7 @@ from registry.card_fetch import CardFetchError, fetch_card_bytes
 from registry.cards import CardError, ParsedCard, card_signature_check, parse_card
 from registry.models import Agent, CardVersion
 from registry.netcheck import UnsafeUrl, check_agent_url
+from registry.rows import insert_rows
 from registry.services.errors import InvalidInput
 
 
@@ -68,18 +69,7 @@ def _record_card_version(agent: Agent, parsed: ParsedCard, *, new_agent: bool = 
     sig = parsed.signature
     if unchanged:
         return  # a renewal with the same card and verdict: nothing new to record
-    signature = {
-        "signature_status": sig.status if sig else "",
-        "signature_kid": sig.kid[:200] if sig else "",
-        "signature_detail": sig.detail[:300] if sig else "",
-    }
-    fields = {
-        "card": parsed.card,
-        "card_raw": agent.card_raw,
-        "endpoint": agent.url,
-        "skill_ids": parsed.skill_ids,
-        **signature,
-    }
+    fields = _version_fields(agent, parsed)
     if new_agent:
         CardVersion.objects.create(agent=agent, sha256=parsed.sha256, **fields)
         return
@@ -88,4 +78,27 @@ def _record_card_version(agent: Agent, parsed: ParsedCard, *, new_agent: bool = 
     )
     if not created and sig is not None and version.signature_status != sig.status:
         # Same bytes, new verdict (a key rotated in or out): the history shows the latest.
-        CardVersion.objects.filter(pk=version.pk).update(**signature)
+        CardVersion.objects.filter(pk=version.pk).update(
+            **{k: v for k, v in fields.items() if k.startswith("signature_")})
+
+
+def _record_new_card_versions(cards: list[tuple[Agent, ParsedCard]]) -> None:
+    """The first card version of each agent just inserted, in one multi-row INSERT."""
+    if not cards:
+        return
+    versions = [CardVersion(agent=agent, sha256=parsed.sha256, **_version_fields(agent, parsed))
+                for agent, parsed in cards]
+    insert_rows(CardVersion, versions)
+
+
+def _version_fields(agent: Agent, parsed: ParsedCard) -> dict[str, Any]:
+    sig = parsed.signature
+    return {
+        "card": parsed.card,
+        "card_raw": agent.card_raw,
+        "endpoint": agent.url,
+        "skill_ids": parsed.skill_ids,
+        "signature_status": sig.status if sig else "",
+        "signature_kid": sig.kid[:200] if sig else "",
+        "signature_detail": sig.detail[:300] if sig else "",
+    }

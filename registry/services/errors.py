@@ -15,3 +15,7 @@ class AgentNotFound(RegistryError):
     def __init__(self, agent_id: str) -> None:
         super().__init__(f"agent not found: {agent_id}")
         self.agent_id = agent_id
+
+
+class RegistrationConflict(RegistryError):
+    """A registration that met concurrent changes of its agent it could not settle: retry."""

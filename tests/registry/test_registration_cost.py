@@ -86,3 +86,47 @@ def test_a_host_name_is_resolved_once_per_window_and_still_refused(monkeypatch):
     services.agent_register(actor=actor, agent_id="fine-9", card=card_03("http://fine.cache.test/"))
     services.agent_register(actor=actor, agent_id="fine-9", card=card_03("http://fine.cache.test/"))
     assert calls.count("fine.cache.test") >= 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_registrations_written_together_are_a_fixed_handful_of_statements(settings):
+    """Group commit (registry.services.agents_register): on PostgreSQL, N new agents in one
+    batch cost the statements of one, whatever N; with a quota, one COUNT per client."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the multi-row statements are PostgreSQL's; SQLite writes one by one")
+    settings.A2A_MAX_AGENTS_PER_CLIENT = 100
+    one, two = (actor_of(make_client(["register"], name=name)[0]) for name in ("one", "two"))
+    nodes.node_heartbeat(node_id=node_config.node_id())
+    services.agent_register(actor=one, agent_id="old", card=card_03())
+    for size in (5, 40):
+        regs = [services.registration(actor=one if i % 2 else two, agent_id=f"b{size}-{i}",
+                                      card=card_03(name=f"N{i}")) for i in range(size)]
+        with CaptureQueriesContext(connection) as batch:
+            results = services.agents_register(regs)
+        assert [created for _, created in results] == [True] * size
+        statements = _statements(batch)
+        # BEGIN, the locked read of all ids, one COUNT per client (the quota), one multi-row
+        # INSERT of the agents and one of their card versions, COMMIT; then the search index's
+        # one multi-row upsert. Then the audit records: the console's, each its own write here
+        # with no flusher in this process (a node's flusher batches them).
+        assert statements[:8] == ["BEGIN", "SELECT", "SELECT", "SELECT", "INSERT", "INSERT",
+                                  "COMMIT", "INSERT"], statements
+        assert "FOR UPDATE" in batch.captured_queries[1]["sql"]
+        assert "ON CONFLICT DO NOTHING" in batch.captured_queries[4]["sql"].upper()
+        assert "ON CONFLICT" in batch.captured_queries[7]["sql"].upper()
+        assert statements[8:] == ["BEGIN", "INSERT", "COMMIT"] * size, statements
+        audit = [q["sql"] for q in batch.captured_queries[8:] if q["sql"].startswith("INSERT")]
+        assert all('"console_registrychange"' in sql for sql in audit), audit
+        assert Agent.objects.filter(agent_id__startswith=f"b{size}-").count() == size
+        assert CardVersion.objects.filter(agent__agent_id__startswith=f"b{size}-").count() == size
+        assert AgentDoc.objects.filter(agent_id__startswith=f"b{size}-", active=True).count() \
+            == size
+    # A re-registration, an id twice and a new id in one batch: the new one is written with
+    # the batch, the others after it, each in its own transaction, as agent_register does.
+    regs = [services.registration(actor=one, agent_id=agent_id, card=card_03(name=name))
+            for agent_id, name in (("old", "Renewed"), ("dup", "A"), ("dup", "B"),
+                                   ("fresh", "F"))]
+    results = services.agents_register(regs)
+    assert [created for _, created in results] == [False, True, False, True]
+    assert Agent.objects.get(agent_id="old").name == "Renewed"
+    assert Agent.objects.get(agent_id="dup").name == "B"

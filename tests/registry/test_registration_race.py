@@ -22,7 +22,7 @@ from tests.registry.cards import card_03
 from tests.services_helpers import actor_of
 
 
-def _race(first_actor, second_actor, agent_id: str) -> dict:
+def _race(first_actor, second_actor, agent_id: str, second_name: str | None = None) -> dict:
     """Run ``first_actor``'s registration up to its uncommitted INSERT, then
     ``second_actor``'s registration, then commit the first. Answers what each got."""
     inserted, release = threading.Event(), threading.Event()
@@ -66,7 +66,7 @@ def _race(first_actor, second_actor, agent_id: str) -> dict:
     assert inserted.wait(10)
     services.agents._insert_new = timed_insert
     try:
-        two = threading.Thread(target=second)
+        two = threading.Thread(target=second, name=second_name)
         two.start()
         time.sleep(0.5)  # the second registration is now blocked in its INSERT
         assert "second" not in out
@@ -104,3 +104,45 @@ def test_the_loser_of_the_insert_race_is_still_refused_another_clients_agent():
     agent = Agent.objects.get(agent_id="owned")
     assert agent.name == "First" and agent.owner_id == owner.api_client_pk
     assert CardVersion.objects.filter(agent__agent_id="owned").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_loser_whose_winner_was_deregistered_meanwhile_registers_anew():
+    """The winner's row is gone again (deregistered) when the loser re-reads it: the loser
+    inserts its agent anew -- once -- instead of failing with a server error."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the insert race exists on PostgreSQL only (see the module docstring)")
+    actor = actor_of(make_client(["register"], name="racer")[0])
+    real_locked = services.agents._locked
+    reads: list[str] = []
+
+    def locked_after_a_deregistration(agent_id):
+        reads.append(threading.current_thread().name)
+        if threading.current_thread().name == "second" and reads.count("second") == 2:
+            # The second registration lost its INSERT and is about to re-read the winner's
+            # row: deregister it first, from another connection, and let that commit.
+            gone = threading.Thread(target=_deregister, args=(actor, agent_id))
+            gone.start()
+            gone.join(10)
+        return real_locked(agent_id)
+
+    services.agents._locked = locked_after_a_deregistration
+    try:
+        out = _race(actor, actor, "vanishing", second_name="second")
+    finally:
+        services.agents._locked = real_locked
+    assert out["first"] is True, out
+    assert out["second"] is True, out  # inserted anew: created, no 500
+    assert reads.count("second") == 2  # the locked read, the re-read that found the row gone
+    agent = Agent.objects.get(agent_id="vanishing")
+    assert agent.name == "Second"
+    # The first's card history went with its row; the second's card is the one version.
+    assert list(CardVersion.objects.filter(agent=agent).values_list("sha256", flat=True)) \
+        == [agent.card_sha256]
+
+
+def _deregister(actor, agent_id: str) -> None:
+    try:
+        services.agent_deregister(actor=actor, agent_id=agent_id)
+    finally:
+        connections.close_all()

@@ -1,0 +1,192 @@
+"""Registrations arriving together on a node are written together (group commit,
+gateway.registrations): each still gets its own answer -- its own refusal too -- and every
+agent written is in the registry, the node's routing table and the search index.
+
+A registration whose card the node must fetch from a slow server holds the node's batch
+writer; the registrations sent meanwhile queue and are written as the next batch."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import httpx
+import orjson
+import pytest
+
+from ard.models import AgentDoc
+from gateway import registrations, runtime
+from registry import services
+from registry.models import Agent, CardVersion
+from tests.conftest import make_client
+from tests.discovery.servers import CardServer
+from tests.registry.cards import card_03, card_kubemq
+from tests.servers import serve_app
+from tests.services_helpers import actor_of
+
+V1 = "/api/v1/agents"
+KUBEMQ = "/agents/register"
+HOLD_SECONDS = 1.5
+
+
+@pytest.fixture
+def tokens(transactional_db, settings):
+    settings.A2A_MAX_AGENTS_PER_CLIENT = 3 + registrations.MAX_RUNNING
+    owner, owner_token = make_client(["register"], name="owner")
+    _, caller_token = make_client(["call"], name="caller")
+    full, full_token = make_client(["register"], name="full")
+    roomy, roomy_token = make_client(["register"], name="roomy")
+    services.agent_register(actor=actor_of(owner), agent_id="owned", card=card_03())
+    for index in range(registrations.MAX_RUNNING):  # room left for three
+        services.agent_register(actor=actor_of(roomy), agent_id=f"roomy-old-{index}",
+                                card=card_03())
+    for index in range(3 + registrations.MAX_RUNNING):
+        services.agent_register(actor=actor_of(full), agent_id=f"full-{index}", card=card_03())
+    return {"owner": owner_token, "caller": caller_token, "full": full_token,
+            "roomy": roomy_token}
+
+
+@pytest.fixture
+def slow_card():
+    """A card server whose card takes HOLD_SECONDS to arrive: its registration holds the
+    node's batch writer (the card is fetched while the registration is checked)."""
+    app = CardServer()
+    with serve_app(app, lifespan="off") as server:
+        app.url = server.url
+        app.set_card("/slow", card_03("http://127.0.0.1:9/"))
+        app.hang["/slow"] = HOLD_SECONDS
+        yield app.base("/slow")
+
+
+def _v1(agent_id: str, **card) -> tuple[str, bytes]:
+    return V1, orjson.dumps({"agent_id": agent_id, "card": card_03(**card)})
+
+
+def _kubemq(agent_id: str) -> tuple[str, bytes]:
+    return KUBEMQ, orjson.dumps(card_kubemq(agent_id))
+
+
+def _batch_metrics(base: str) -> tuple[float, float]:
+    text = httpx.get(base + "/metrics", timeout=10).text
+    batches = re.search(r"^kubemq_a2a_registration_batches_total (\S+)$", text, re.M)
+    items = re.search(r"^kubemq_a2a_registration_batch_items_total (\S+)$", text, re.M)
+    return float(batches.group(1)), float(items.group(1))
+
+
+def _together(base: str, slow_url: str, token: str,
+              requests: list[tuple[str, bytes, str]]) -> list[httpx.Response]:
+    """Send ``requests`` (path, body, token) at once while slow registrations hold each of the
+    node's batch writers, so they queue into one batch; their answers, in order."""
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            def post(path: str, body: bytes, bearer: str):
+                return client.post(path, content=body, headers={
+                    "Content-Type": "application/json", "Authorization": f"Bearer {bearer}"})
+
+            holders = []
+            for index in range(registrations.MAX_RUNNING):  # one batch each, one at a time
+                holders.append(asyncio.ensure_future(post(V1, orjson.dumps(
+                    {"agent_id": f"slow-holder-{index}", "url": slow_url}), token)))
+                await asyncio.sleep(HOLD_SECONDS / 6)
+            await asyncio.sleep(HOLD_SECONDS / 6)
+            assert not any(holder.done() for holder in holders)
+            answers = await asyncio.gather(*(post(*r) for r in requests))
+            for holder in holders:
+                held = await holder
+                assert held.status_code == 201, held.text
+            return answers
+
+    return asyncio.run(run())
+
+
+def _eventually(check, seconds: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_concurrent_registrations_are_written_together_and_all_answered(
+        live_server_url, tokens, slow_card, settings):
+    settings.A2A_MAX_AGENTS_PER_CLIENT = 100
+    owner = tokens["owner"]
+    ids = [f"many-{index:02d}" for index in range(40)]
+    requests = [(*(_v1(agent_id) if index % 2 else _kubemq(agent_id)), owner)
+                for index, agent_id in enumerate(ids)]
+    batches_before, items_before = _batch_metrics(live_server_url)
+    answers = _together(live_server_url, slow_card, owner, requests)
+    batches_after, items_after = _batch_metrics(live_server_url)
+    for agent_id, (path, _, _), answer in zip(ids, requests, answers, strict=True):
+        assert answer.status_code == (201 if path == V1 else 200), answer.text
+        assert answer.json()["agent_id"] == agent_id
+    holders = registrations.MAX_RUNNING
+    assert items_after - items_before == len(ids) + holders
+    assert batches_after - batches_before == holders + 1  # the holders', then all 40 together
+    agents = Agent.objects.filter(agent_id__in=ids)
+    assert sorted(agents.values_list("agent_id", flat=True)) == ids
+    assert {a.owner.name for a in agents.select_related("owner")} == {"owner"}
+    assert CardVersion.objects.filter(agent__agent_id__in=ids).count() == len(ids)
+    # The registered events reached the node's routing table and the search index.
+    node = runtime.current_node()
+    assert node is not None
+    assert _eventually(lambda: all(agent_id in node.table for agent_id in ids))
+    assert _eventually(
+        lambda: AgentDoc.objects.filter(agent_id__in=ids, active=True).count() == len(ids))
+
+
+def test_a_refused_registration_in_a_batch_gets_its_own_answer(live_server_url, tokens,
+                                                               slow_card, settings):
+    settings.A2A_MAX_AGENTS_PER_CLIENT = 3 + registrations.MAX_RUNNING
+    # The owner's "owned", the holders and the two good ones fill the owner's quota; "full" is
+    # full; "roomy" has room for three of its four new ones.
+    owner, roomy = tokens["owner"], tokens["roomy"]
+    requests = [
+        (*_v1("good-1"), owner),
+        (*_v1("bad-card", url="http://169.254.169.254/"), owner),  # URL check
+        (*_v1("no-scope"), tokens["caller"]),  # no register scope
+        (*_v1("owned", name="Taken"), roomy),  # another client's agent
+        (*_v1("one-more"), tokens["full"]),  # over its quota
+        (*_kubemq("good-2"), owner),
+        (KUBEMQ, b'{"agent_id": "no-name", "url": "http://127.0.0.1:9/"}', owner),
+        (*_v1("roomy-1"), roomy),  # room for three: the fourth in the batch is refused
+        (*_v1("roomy-2"), roomy),
+        (*_v1("roomy-3"), roomy),
+        (*_v1("roomy-4"), roomy),
+    ]
+    answers = _together(live_server_url, slow_card, owner, requests)
+    got = {orjson.loads(r[1]).get("agent_id"): (a.status_code, a.json())
+           for r, a in zip(requests, answers, strict=True)}
+    assert got["good-1"][0] == 201 and got["good-2"][0] == 200
+    assert got["bad-card"] == (400, {"error": got["bad-card"][1]["error"]})
+    assert "card endpoint" in got["bad-card"][1]["error"]
+    assert got["no-scope"] == (403, {"error": "this client lacks the register scope"})
+    assert got["owned"] == (403, {"error": "owned belongs to another client"})
+    assert got["one-more"][0] == 403 and "agent quota reached" in got["one-more"][1]["error"]
+    assert got["no-name"][0] == 400 and "name" in got["no-name"][1]["error"]
+    roomy_statuses = sorted(got[f"roomy-{i}"][0] for i in range(1, 5))
+    assert roomy_statuses == [201, 201, 201, 403]
+    assert sorted(Agent.objects.filter(agent_id__regex=r"^roomy-\d$")
+                  .values_list("agent_id", flat=True)) == sorted(
+        f"roomy-{i}" for i in range(1, 5) if got[f"roomy-{i}"][0] == 201)
+    assert set(Agent.objects.values_list("agent_id", flat=True)) >= {"good-1", "good-2"}
+    for refused in ("bad-card", "no-scope", "one-more", "no-name"):
+        assert not Agent.objects.filter(agent_id=refused).exists()
+    assert Agent.objects.get(agent_id="owned").name == "Echo Agent"  # not the refused "Taken"
+
+
+def test_the_same_agent_twice_in_a_batch(live_server_url, tokens, slow_card, settings):
+    settings.A2A_MAX_AGENTS_PER_CLIENT = 100
+    owner = tokens["owner"]
+    requests = [(*_v1("twice", name="Alpha"), owner), (*_v1("twice", name="Beta"), owner)]
+    answers = _together(live_server_url, slow_card, owner, requests)
+    assert sorted(a.status_code for a in answers) == [200, 201], [a.text for a in answers]
+    (renewal,) = [a for a in answers if a.status_code == 200]
+    agent = Agent.objects.get(agent_id="twice")
+    assert agent.name == renewal.json()["name"]  # the one written second is the row now
+    assert CardVersion.objects.filter(agent=agent).count() == 2
+    assert _eventually(lambda: AgentDoc.objects.filter(
+        agent_id="twice", card_sha256=agent.card_sha256).exists())
