@@ -35,6 +35,11 @@ def v1_heartbeat(*, actor, agent_id: str) -> tuple[int, dict]:
         return 404, {"error": "agent not found", "agent_id": agent_id}
     except PermissionDenied as exc:
         return 403, {"error": str(exc)}
+    return v1_heartbeat_answer(beat)
+
+
+def v1_heartbeat_answer(beat: services.HeartbeatResult) -> tuple[int, dict]:
+    """A renewed lease's answer (the fast path's batched heartbeats answer with it too)."""
     return 200, dict(HeartbeatOutput(beat).data)
 
 
