@@ -133,3 +133,16 @@ def test_heartbeats_waiting_on_a_batch_are_written_in_the_next_one(live_server_u
     assert len(v1_stamps) == 1 and len(kube_stamps) == 1  # one batch: one instant
     assert [_ttl(a) for a in Agent.objects.filter(agent_id__startswith="fleet-")] == [90] * 40
     assert len({a.last_seen for a in Agent.objects.filter(agent_id__startswith="fleet-")}) == 1
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin"])
+def test_the_heartbeat_answer_is_the_documented_serializers(settings, zone):
+    """The answer is built without a serializer per heartbeat: it must stay what
+    ``HeartbeatOutput`` (the schema in the OpenAPI document) gives, in any time zone."""
+    from registry.api.serializers import HeartbeatOutput
+    from registry.api.views import v1_heartbeat_answer
+
+    settings.TIME_ZONE = zone
+    now = timezone.now()
+    beat = services.HeartbeatResult("a-1", now, now + timedelta(seconds=90, microseconds=7))
+    assert v1_heartbeat_answer(beat) == (200, dict(HeartbeatOutput(beat).data))
