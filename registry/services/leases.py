@@ -123,16 +123,20 @@ def agents_heartbeat(*, beats: list[tuple[Actor, str]]) -> list[HeartbeatResult 
     statement each elsewhere), so that 1,000 heartbeats/s are not 1,000 commits/s.
 
     A heartbeat that renewed nothing is None, and so is one whose actor lacks the scope or
-    whose id repeats an earlier one of the batch: the caller asks :func:`agent_heartbeat`,
-    which tells "not found" from "forbidden" (and renews a repeated id) with its own reads.
+    whose id an earlier heartbeat of the batch holds for another owner: the caller asks
+    :func:`agent_heartbeat`, which tells "not found" from "forbidden" (and renews that id)
+    with its own reads. Heartbeats repeating an id for the same owner share its renewal: a
+    client hammering one agent's heartbeat costs one row of the batch, not a thread each.
     """
     now = timezone.now()
-    items: dict[str, object] = {}
-    first: dict[str, int] = {}  # agent id -> the index of the heartbeat that renews it here
+    items: dict[str, object] = {}  # agent id -> the owner it is renewed for
+    holders: list[tuple[int, str]] = []  # (index, agent id) of each heartbeat renewed here
     for index, (actor, agent_id) in enumerate(beats):
-        if actor.has_scope(SCOPE_REGISTER) and agent_id not in items:
-            items[agent_id] = _owner_key(actor)
-            first[agent_id] = index
+        if not actor.has_scope(SCOPE_REGISTER):
+            continue
+        owner_pk = items.setdefault(agent_id, _owner_key(actor))
+        if owner_pk == _owner_key(actor):
+            holders.append((index, agent_id))
     results: list[HeartbeatResult | None] = [None] * len(beats)
     if not items:
         return results
@@ -145,8 +149,9 @@ def agents_heartbeat(*, beats: list[tuple[Actor, str]]) -> list[HeartbeatResult 
                 lease = _renew_lease(agent_id=agent_id, now=now, owner_pk=owner_pk)
                 if lease is not None:
                     renewed[agent_id] = lease
-    for agent_id, lease in renewed.items():
-        results[first[agent_id]] = HeartbeatResult(agent_id, *lease)
+    answers = {agent_id: HeartbeatResult(agent_id, *lease) for agent_id, lease in renewed.items()}
+    for index, agent_id in holders:
+        results[index] = answers.get(agent_id)
     return results
 
 

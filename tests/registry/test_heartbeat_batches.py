@@ -54,9 +54,10 @@ def test_a_batch_renews_each_lease_under_its_own_owner_check():
     renewed = [r.agent_id if r else None for r in results]
     # theirs (another owner's), ghost (unknown), a caller without the scope and an unowned agent
     # are left to the single path, which answers 403 or 404 for them; so is an id the batch
-    # already holds (its second mine-2, the admin's theirs), renewed there.
-    assert renewed == ["mine-1", None, None, None, "mine-2", None, "theirs-2", "lapsed", None,
-                       None]
+    # holds for another owner (the admin's theirs), renewed there. The second mine-2 of the
+    # same owner shares the first's renewal.
+    assert renewed == ["mine-1", None, None, None, "mine-2", "mine-2", "theirs-2", "lapsed",
+                       None, None]
     after = {a.agent_id: a for a in Agent.objects.all()}
     for agent_id in ("mine-1", "mine-2", "theirs-2", "lapsed"):
         assert after[agent_id].expires_at > before[agent_id].expires_at
