@@ -342,14 +342,23 @@ def kubemq_heartbeat(*, actor, body: bytes) -> tuple[int, dict[str, Any]]:
     """``POST /agents/heartbeat``: status and JSON body, for this view and the ASGI fast path
     (gateway.heartbeats) alike."""
     try:
-        agent_id = _valid_id(parse_object(body).get("agent_id"))
-        beat = services.agent_heartbeat(actor=actor, agent_id=agent_id)
+        beat = services.agent_heartbeat(actor=actor, agent_id=kubemq_heartbeat_id(body))
     except _KubeMQError as exc:
         return exc.status, {"error": str(exc)}
     except services.AgentNotFound:
         return 400, {"error": NOT_FOUND}  # KubeMQ: heartbeat of an unknown agent -> 400
     except PermissionDenied as exc:
         return 403, {"error": str(exc)}
+    return kubemq_heartbeat_answer(beat)
+
+
+def kubemq_heartbeat_id(body: bytes) -> str:
+    """The agent id a heartbeat's body names (``_KubeMQError``: the body's 400/413)."""
+    return _valid_id(parse_object(body).get("agent_id"))
+
+
+def kubemq_heartbeat_answer(beat: services.HeartbeatResult) -> tuple[int, dict[str, Any]]:
+    """A renewed lease's answer (the fast path's batched heartbeats answer with it too)."""
     return 200, {"agent_id": beat.agent_id, "last_seen": kubemq_time(beat.last_seen)}
 
 

@@ -28,6 +28,7 @@ from registry.services.leases import (
     agent_heartbeat,
     agents_expire,
     agents_extend_ttl,
+    agents_heartbeat,
     agents_renew_leases,
 )
 from registry.services.nodes import agents_move_off_node, node_heartbeat
@@ -41,6 +42,7 @@ __all__ = [
     "RegistryError",
     "agent_deregister",
     "agent_heartbeat",
+    "agents_heartbeat",
     "agent_register",
     "agent_update",
     "agents_register",
