@@ -24,6 +24,7 @@ import errno
 import logging
 import socket
 import time
+import weakref
 from dataclasses import dataclass
 
 import orjson
@@ -209,7 +210,7 @@ def uvicorn_protocol(limits: ServerLimits):
                 self.loop.create_task(sweep(self.connections))
             self.head_since = self.loop.time()  # the first head is due from the connect
             # Everything uvicorn writes goes through the one-write-per-response transport.
-            self.transport = _CoalescingTransport(transport, self.loop)
+            self.transport = _CoalescingTransport(transport, _held_heads(self.loop))
 
         def on_message_begin(self) -> None:
             # The first bytes of a next request on a kept-alive connection start its deadline.
@@ -235,11 +236,11 @@ class _CoalescingTransport:
     comes later, e.g. a stream's first event after a wait, never delays the head longer).
     """
 
-    __slots__ = ("_transport", "_loop", "_held")
+    __slots__ = ("_transport", "_heads", "_held")
 
-    def __init__(self, transport, loop) -> None:
+    def __init__(self, transport, heads: _HeldHeads) -> None:
         self._transport = transport
-        self._loop = loop
+        self._heads = heads
         self._held: bytes | None = None
 
     def write(self, data: bytes) -> None:
@@ -252,7 +253,7 @@ class _CoalescingTransport:
                 self._transport.writelines((held, data))
         elif data[:9] == b"HTTP/1.1 " and data[9:10] != b"1":  # a final response's head
             self._held = data
-            self._loop.call_soon(self.flush)
+            self._heads.hold(self)
         else:
             self._transport.write(data)
 
@@ -272,6 +273,42 @@ class _CoalescingTransport:
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)
+
+
+class _HeldHeads:
+    """The connections of one event loop holding a head: flushed together by one callback at
+    the end of the loop's iteration, not one callback per response (most are empty by then:
+    the body came right after the head)."""
+
+    __slots__ = ("_loop", "_transports", "_scheduled")
+
+    def __init__(self, loop) -> None:
+        self._loop = loop
+        self._transports: list[_CoalescingTransport] = []
+        self._scheduled = False
+
+    def hold(self, transport: _CoalescingTransport) -> None:
+        self._transports.append(transport)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        transports, self._transports = self._transports, []
+        for transport in transports:
+            transport.flush()
+
+
+_heads_of_loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _held_heads(loop) -> _HeldHeads:
+    """The loop's :class:`_HeldHeads` (one per server loop; tests run several)."""
+    heads = _heads_of_loops.get(loop)
+    if heads is None:
+        heads = _heads_of_loops[loop] = _HeldHeads(loop)
+    return heads
 
 
 # --- Daphne (Twisted) --------------------------------------------------------------------------

@@ -191,11 +191,12 @@ class Response:
 
     # -- feeding (from the connection) ----------------------------------------------------
 
-    def _on_headers(self, status: int, headers: list, keep_alive: bool) -> None:
+    def _on_headers(self, status: int, headers: list, keep_alive: bool,
+                    length: bytes | None) -> None:
+        """``length``: the first Content-Length value, found while the headers were parsed."""
         self.status = status
         self.headers = headers
         self._keep_alive = keep_alive
-        length = self.header(b"content-length")
         if length is not None:
             try:
                 self.content_length = int(length)
@@ -285,6 +286,7 @@ class _Connection(asyncio.Protocol):
         self.violation: str | None = None
         self.in_body = False
         self.transfer_encoding: bytes | None = None
+        self.length_header: bytes | None = None  # the first Content-Length
 
     def begin(self) -> None:
         """Reset the per-exchange state before a request is written."""
@@ -348,6 +350,7 @@ class _Connection(asyncio.Protocol):
             raise _Stop
         self._headers = []
         self.transfer_encoding = None
+        self.length_header = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_count += 1
@@ -357,7 +360,10 @@ class _Connection(asyncio.Protocol):
         if self.in_body:
             return  # a chunked trailer: dropped, never relayed as a header
         name = name.lower()
-        if name == b"transfer-encoding":
+        if name == b"content-length":
+            if self.length_header is None:
+                self.length_header = value
+        elif name == b"transfer-encoding":
             self.transfer_encoding = value
         self._headers.append((name, value))
 
@@ -377,7 +383,8 @@ class _Connection(asyncio.Protocol):
         self.quiet = 0
         response = self.response
         if response is not None:
-            response._on_headers(status, self._headers, self.parser.should_keep_alive())
+            response._on_headers(status, self._headers, self.parser.should_keep_alive(),
+                                 self.length_header)
 
     def on_body(self, body: bytes) -> None:
         self.quiet = 0
