@@ -63,6 +63,11 @@ QUIET_PERIODIC_WORK = {
 }
 
 
+#: One request at a time: at c=8 the loop batched a varying number of requests per iteration
+#: (as the machine's load slowed the counted process), and the count moved ±5 %.
+CALLGRIND_CONNS = 1
+
+
 def start_under_callgrind(name: str, tmp: Path, upstream_url: str, procs: list[Proc],
                           root: Path = ROOT) -> tuple[Arm, Path]:
     """A uvicorn gateway node under callgrind, collection off until :func:`callgrind_count`;
@@ -110,12 +115,12 @@ def _counted(pid: int, out: Path, window) -> tuple[int, float, object]:
 
 
 def callgrind_count(arm: Arm, out: Path, body: Path, seconds: int) -> dict:
-    """Instructions the gateway executed per request over ``seconds`` of wrk at c=8 (after a
+    """Instructions the gateway executed per request over ``seconds`` of wrk at c=1 (after a
     warm-up with collection off), less what the node executes idle in as much time (measured
     right after): deterministic where CPU time is not."""
-    run_wrk(arm, body, 8, max(seconds // 2, 2))  # warm-up, not counted
+    run_wrk(arm, body, CALLGRIND_CONNS, max(seconds // 2, 2))  # warm-up, not counted
     loaded, load_seconds, result = _counted(arm.server_pid, out,
-                                            lambda: run_wrk(arm, body, 8, seconds))
+                                            lambda: run_wrk(arm, body, CALLGRIND_CONNS, seconds))
     idle, idle_seconds, _ = _counted(arm.server_pid, out, lambda: time.sleep(seconds))
     instructions = loaded - idle * load_seconds / idle_seconds
     if os.environ.get("HOT_CPU_KEEP"):  # the dumps, for callgrind_annotate
@@ -162,7 +167,7 @@ def callgrind_main(args) -> int:
                                                / base["instructions_per_req"])
     print(figures)
     path = write_results("hot-callgrind", {
-        "command": " ".join(sys.argv), "baseline_ref": args.baseline_ref, "conns": 8,
+        "command": " ".join(sys.argv), "baseline_ref": args.baseline_ref, "conns": CALLGRIND_CONNS,
         "machine": machine_info(), "figures": figures})
     print(f"results: {path}")
     return 0
@@ -176,7 +181,7 @@ def main() -> int:
     parser.add_argument("--conns", type=int, default=64)
     parser.add_argument("--callgrind", type=int, metavar="SECONDS", default=0,
                         help="instead: each build's gateway under valgrind's callgrind, "
-                             "instructions per request over SECONDS of wrk at c=8")
+                             "instructions per request over SECONDS of wrk at c=1")
     parser.add_argument("--profile", metavar="PATH",
                         help="py-spy record this tree's gateway for one more run, collapsed "
                              "stacks written to PATH")

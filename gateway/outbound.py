@@ -153,6 +153,12 @@ class Response:
             await self._wait()
         if self._error is not None and not self._complete:
             raise self._error
+        return self.take(cap)
+
+    def take(self, cap: int) -> bytes | None:
+        """The whole body of a :attr:`complete` response, without a coroutine (most answers
+        arrive with their head); None once it passes ``cap`` bytes (the connection is
+        dropped)."""
         if self._buffered > cap:
             self.close()
             return None
