@@ -24,6 +24,7 @@ import errno
 import logging
 import socket
 import time
+import weakref
 from dataclasses import dataclass
 
 import orjson
@@ -161,9 +162,10 @@ def uvicorn_protocol(limits: ServerLimits):
     tick = max(0.05, min(1.0, limits.header_timeout / 2, limits.keepalive / 2))
 
     async def sweep(connections: set) -> None:
-        """Enforce the header deadline and the body idle timeout (uvicorn has no timer there;
-        Twisted's idle timer does the same under Daphne) in one pass per tick over the open
-        connections: no timer, clock read or extra callback per request on the hot path. A
+        """Enforce the header deadline, the body idle timeout (uvicorn has no timer there;
+        Twisted's idle timer does the same under Daphne) and the keep-alive timeout in one pass
+        per tick over the open connections: no timer or extra callback per request on the hot
+        path (uvicorn's own keep-alive timer was one call_later and one cancel per response). A
         deadline fires within one tick (at most a second) of its time."""
         loop = asyncio.get_running_loop()
         while True:
@@ -174,6 +176,12 @@ def uvicorn_protocol(limits: ServerLimits):
                 if transport is None or transport.is_closing():
                     continue
                 cycle = protocol.cycle
+                if protocol.idle_since is not None:
+                    # Between requests on a kept-alive connection.
+                    if now - protocol.idle_since > limits.keepalive:
+                        protocol.idle_since = None
+                        transport.close()
+                    continue
                 if protocol.head_since is not None and cycle is protocol.head_cycle:
                     # A request head started (or the connection opened) and is not complete.
                     if now - protocol.head_since > limits.header_timeout:
@@ -192,6 +200,8 @@ def uvicorn_protocol(limits: ServerLimits):
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         # The head being read: since when, and the cycle current when it started (uvicorn makes
         # a new cycle once the head is complete). The body being read: bytes since last tick.
+        # Idle between requests: since when (None while a request is read or answered).
+        idle_since: float | None = None
         head_since: float | None = None
         head_cycle = None
         body_moved = False
@@ -209,10 +219,11 @@ def uvicorn_protocol(limits: ServerLimits):
                 self.loop.create_task(sweep(self.connections))
             self.head_since = self.loop.time()  # the first head is due from the connect
             # Everything uvicorn writes goes through the one-write-per-response transport.
-            self.transport = _CoalescingTransport(transport, self.loop)
+            self.transport = _CoalescingTransport(transport, _held_heads(self.loop))
 
         def on_message_begin(self) -> None:
             # The first bytes of a next request on a kept-alive connection start its deadline.
+            self.idle_since = None
             if self.cycle is not None:
                 self.head_since = self.loop.time()
                 self.head_cycle = self.cycle
@@ -221,6 +232,19 @@ def uvicorn_protocol(limits: ServerLimits):
         def on_body(self, body: bytes) -> None:
             self.body_moved = True
             super().on_body(body)
+
+        def on_response_complete(self) -> None:
+            # uvicorn's (0.54), with the keep-alive timer replaced by the sweep's idle check.
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self._unset_keepalive_if_required()
+            self.flow.resume_reading()
+            if self.pipeline:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
+            else:
+                self.idle_since = self.loop.time()
 
     return LimitedHttpToolsProtocol
 
@@ -235,11 +259,11 @@ class _CoalescingTransport:
     comes later, e.g. a stream's first event after a wait, never delays the head longer).
     """
 
-    __slots__ = ("_transport", "_loop", "_held")
+    __slots__ = ("_transport", "_heads", "_held")
 
-    def __init__(self, transport, loop) -> None:
+    def __init__(self, transport, heads: _HeldHeads) -> None:
         self._transport = transport
-        self._loop = loop
+        self._heads = heads
         self._held: bytes | None = None
 
     def write(self, data: bytes) -> None:
@@ -252,7 +276,7 @@ class _CoalescingTransport:
                 self._transport.writelines((held, data))
         elif data[:9] == b"HTTP/1.1 " and data[9:10] != b"1":  # a final response's head
             self._held = data
-            self._loop.call_soon(self.flush)
+            self._heads.hold(self)
         else:
             self._transport.write(data)
 
@@ -272,6 +296,45 @@ class _CoalescingTransport:
 
     def __getattr__(self, name: str):
         return getattr(self._transport, name)
+
+
+class _HeldHeads:
+    """The connections of one event loop holding a head: flushed together by one callback at
+    the end of the loop's iteration, not one callback per response (most are empty by then:
+    the body came right after the head)."""
+
+    __slots__ = ("_loop", "_transports", "_scheduled")
+
+    def __init__(self, loop) -> None:
+        self._loop = loop
+        self._transports: list[_CoalescingTransport] = []
+        self._scheduled = False
+
+    def hold(self, transport: _CoalescingTransport) -> None:
+        self._transports.append(transport)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        transports, self._transports = self._transports, []
+        for transport in transports:
+            try:
+                transport.flush()
+            except Exception:  # one broken connection must not hold the others' heads
+                logger.exception("could not write a response head")
+
+
+_heads_of_loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _held_heads(loop) -> _HeldHeads:
+    """The loop's :class:`_HeldHeads` (one per server loop; tests run several)."""
+    heads = _heads_of_loops.get(loop)
+    if heads is None:
+        heads = _heads_of_loops[loop] = _HeldHeads(loop)
+    return heads
 
 
 # --- Daphne (Twisted) --------------------------------------------------------------------------

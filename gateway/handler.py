@@ -859,13 +859,13 @@ class Exchange:
                     and not _is_jsonrpc_answer(message):
                 await self._agent_status_error(status, message["more"])
                 return
-            headers = list(message["headers"])
-            headers.append(EXECUTED_TRUE)
-            headers.append((b"x-a2a-agent-status", str(status).encode()))
             body = message["body"]
             more = message["more"]
             if not more and status not in (204, 304):
-                headers.append((b"content-length", str(len(body)).encode()))
+                headers = [*message["headers"], EXECUTED_TRUE, _agent_status(status),
+                           (b"content-length", b"%d" % len(body))]
+            else:
+                headers = [*message["headers"], EXECUTED_TRUE, _agent_status(status)]
             self.started = True
             self.status = status
             self.nbytes = len(body)
@@ -939,6 +939,19 @@ class Exchange:
             return
         # A plain body cut short cannot be answered any more: returning without completing the
         # response makes the server close the connection, so the caller sees the truncation.
+
+
+_AGENT_STATUS: dict[int, tuple[bytes, bytes]] = {}
+
+
+def _agent_status(status: int) -> tuple[bytes, bytes]:
+    """The ``X-A2A-Agent-Status`` header of ``status``, built once per status code."""
+    header = _AGENT_STATUS.get(status)
+    if header is None:
+        header = (b"x-a2a-agent-status", b"%d" % status)
+        if 100 <= status < 1000:  # a bounded set of keys, whatever the agent answers
+            _AGENT_STATUS[status] = header
+    return header
 
 
 def _is_jsonrpc_answer(message: dict[str, Any]) -> bool:

@@ -241,21 +241,58 @@ def scan_request_headers(raw: list[tuple[bytes, bytes]]) -> RequestHeaders:
     return out
 
 
+class _OutboundRules:
+    """Which envelope tags :func:`outbound_headers` replays, for one caller-identity header
+    name: tag key -> header name, or None (not a header tag, the caller-identity header, or
+    ``Authorization`` without passthrough); decided once per key."""
+
+    __slots__ = ("source", "caller_name", "plain", "passthrough")
+
+    def __init__(self, caller_header: str) -> None:
+        self.source = caller_header
+        self.caller_name = _caller_header(caller_header)[1][len(HDR_TAG_PREFIX):]
+        self.plain: dict[str, str | None] = {}
+        self.passthrough: dict[str, str | None] = {}
+
+    def decide(self, key: str, passthrough: bool) -> str | None:
+        name: str | None = None
+        if key.startswith(HDR_TAG_PREFIX):
+            name = key[len(HDR_TAG_PREFIX):]
+            # Defence in depth: the gateway never packs these, but tags may come from other
+            # transports.
+            if name == self.caller_name or (not passthrough and name == "authorization"):
+                name = None
+        cache = self.passthrough if passthrough else self.plain
+        if len(cache) < _CACHE_LIMIT:
+            cache[key] = name
+        return name
+
+
+_outbound_rules = _OutboundRules(conf.active.A2A_CALLER_ID_HEADER)
+_NO_TAG = object()
+
+
 def outbound_headers(
     tags: dict[str, str], caller_id: str, *, passthrough: bool = False
 ) -> dict[str, str]:
     """The headers of the subscriber's outbound request, replayed from the envelope's tags.
 
-    ``Authorization`` is replayed only for an agent with credential passthrough.
+    ``Authorization`` is replayed only for an agent with credential passthrough. What to do
+    with a tag is decided once per key (:class:`_OutboundRules`): one dict lookup per tag.
     """
-    start = len(HDR_TAG_PREFIX)
-    headers = {key[start:]: value for key, value in tags.items() if key.startswith(HDR_TAG_PREFIX)}
+    global _outbound_rules
+    rules = _outbound_rules
     caller_header = conf.active.A2A_CALLER_ID_HEADER
-    caller_name, caller_tag = _caller_header(caller_header)
-    # Defence in depth: the gateway never packs these, but tags may come from other transports.
-    headers.pop(caller_tag[start:], None)
-    if not passthrough:
-        headers.pop("authorization", None)
+    if rules.source != caller_header:  # a node started with other settings, or a test
+        rules = _outbound_rules = _OutboundRules(caller_header)
+    names = rules.passthrough if passthrough else rules.plain
+    headers = {}
+    for key, value in tags.items():
+        name = names.get(key, _NO_TAG)
+        if name is _NO_TAG:
+            name = rules.decide(key, passthrough)
+        if name is not None:
+            headers[name] = value
     headers[caller_header] = caller_id
     return headers
 

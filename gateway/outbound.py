@@ -153,6 +153,12 @@ class Response:
             await self._wait()
         if self._error is not None and not self._complete:
             raise self._error
+        return self.take(cap)
+
+    def take(self, cap: int) -> bytes | None:
+        """The whole body of a :attr:`complete` response, without a coroutine (most answers
+        arrive with their head); None once it passes ``cap`` bytes (the connection is
+        dropped)."""
         if self._buffered > cap:
             self.close()
             return None
@@ -191,11 +197,12 @@ class Response:
 
     # -- feeding (from the connection) ----------------------------------------------------
 
-    def _on_headers(self, status: int, headers: list, keep_alive: bool) -> None:
+    def _on_headers(self, status: int, headers: list, keep_alive: bool,
+                    length: bytes | None) -> None:
+        """``length``: the first Content-Length value, found while the headers were parsed."""
         self.status = status
         self.headers = headers
         self._keep_alive = keep_alive
-        length = self.header(b"content-length")
         if length is not None:
             try:
                 self.content_length = int(length)
@@ -285,6 +292,7 @@ class _Connection(asyncio.Protocol):
         self.violation: str | None = None
         self.in_body = False
         self.transfer_encoding: bytes | None = None
+        self.length_header: bytes | None = None  # the first Content-Length
 
     def begin(self) -> None:
         """Reset the per-exchange state before a request is written."""
@@ -348,6 +356,7 @@ class _Connection(asyncio.Protocol):
             raise _Stop
         self._headers = []
         self.transfer_encoding = None
+        self.length_header = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_count += 1
@@ -357,7 +366,10 @@ class _Connection(asyncio.Protocol):
         if self.in_body:
             return  # a chunked trailer: dropped, never relayed as a header
         name = name.lower()
-        if name == b"transfer-encoding":
+        if name == b"content-length":
+            if self.length_header is None:
+                self.length_header = value
+        elif name == b"transfer-encoding":
             self.transfer_encoding = value
         self._headers.append((name, value))
 
@@ -377,7 +389,8 @@ class _Connection(asyncio.Protocol):
         self.quiet = 0
         response = self.response
         if response is not None:
-            response._on_headers(status, self._headers, self.parser.should_keep_alive())
+            response._on_headers(status, self._headers, self.parser.should_keep_alive(),
+                                 self.length_header)
 
     def on_body(self, body: bytes) -> None:
         self.quiet = 0

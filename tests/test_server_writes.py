@@ -90,3 +90,18 @@ def test_keep_alive_responses_arrive_whole_and_in_order(server):
             sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     finally:
         sock.close()
+
+
+def test_heads_held_on_many_connections_at_once_all_go_out(server):
+    # Held heads are flushed together, once per loop iteration: every connection's head goes
+    # out, not only the first one's.
+    socks = [_request(server, "/late") for _ in range(8)]
+    try:
+        for sock in socks:
+            sock.settimeout(1.0)  # each body comes 1.5 s after its head
+            head = sock.recv(65536)
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n"), head
+            assert b"data: late" not in head
+    finally:
+        for sock in socks:
+            sock.close()
