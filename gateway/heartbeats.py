@@ -4,7 +4,8 @@
 alone caps a core near that (PERFORMANCE.md), and sync views under ASGI run one at a time on
 one thread. So ``POST /api/v1/agents/{id}/heartbeat`` and KubeMQ's ``POST /agents/heartbeat``
 with a bearer token are answered here: token from the process's token cache (the one DRF
-uses), one ``UPDATE ... RETURNING`` in a worker thread, the same status and body functions as
+uses), the lease renewed with the heartbeats arriving with it (one ``UPDATE ... RETURNING``
+per batch, in a worker thread: gateway.batching), the same status and body functions as
 the DRF views (:func:`registry.api.views.v1_heartbeat`,
 :func:`registry.kubemq_api.kubemq_heartbeat`). Requests with a session cookie and no token
 (staff in a browser) go to Django. A body over ``A2A_MAX_CARD_BYTES`` is answered 413 without
@@ -16,10 +17,8 @@ it lives with the other ASGI entry points (gateway.routing); the registry knows 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,6 +27,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from config import outage
+from gateway.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from registry.api.views import v1_heartbeat, v1_heartbeat_answer
 from registry.auth import UNAUTHENTICATED_MESSAGE
@@ -88,9 +88,9 @@ async def _answer(kind: str, agent_id: str | None, authorization: str | None, re
 
 async def _heartbeat(kind: str, agent_id: str | None, body: bytes, actor: Actor,
                      extra: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
-    """Renew the lease in the loop's next batch (:class:`_Renewals`); whatever the batch did
-    not renew (unknown, forbidden, a malformed body) is answered by the views' own function,
-    whose reads tell those apart."""
+    """Renew the lease in the loop's next batch of heartbeats (group commit); whatever the
+    batch did not renew (unknown, forbidden, a malformed body) is answered by the views' own
+    function, whose reads tell those apart."""
     if kind == "kubemq":
         try:
             agent_id = kubemq_heartbeat_id(body)
@@ -98,10 +98,13 @@ async def _heartbeat(kind: str, agent_id: str | None, body: bytes, actor: Actor,
             agent_id = None  # kubemq_heartbeat answers the body's 400 or 413
     if agent_id is not None:
         try:
-            _check_breaker()
-            beat = await _Renewals.of_running_loop().renew(actor, agent_id)
+            check_breaker()
+            beat = await _renewals().submit((actor, agent_id))
+        except Overloaded:
+            extra.append((b"retry-after", b"1"))
+            return 503, {"error": "this node has too many heartbeats waiting; retry"}
         except Exception as exc:
-            return _outage_answer(exc, extra)
+            return outage_answer(exc, extra)
         if beat is not None:
             return v1_heartbeat_answer(beat) if kind == "v1" else kubemq_heartbeat_answer(beat)
     fn, kwargs = (v1_heartbeat, {"agent_id": agent_id}) if kind == "v1" \
@@ -109,65 +112,27 @@ async def _heartbeat(kind: str, agent_id: str | None, body: bytes, actor: Actor,
     return await call_registry(fn, extra, actor=actor, **kwargs)
 
 
-class _Renewals:
-    """Group commit for heartbeats: those that arrive while a batch is being written wait for
-    the next one, written as one statement (:func:`registry.services.agents_heartbeat`).
+async def _renew(beats: list[tuple[Actor, str]]) -> list[HeartbeatResult | None]:
+    """One batch of heartbeats, one statement (:func:`registry.services.agents_heartbeat`).
 
     With no batch running a heartbeat is written at once, so an idle registry adds no delay;
     at 1,000 heartbeats/s the commits, each a round trip and a WAL flush that queued in the
-    worker threads, become one per batch. The waiting list holds at most one entry per request
-    in progress (the server's connection limits bound it), taken ``MAX_BATCH`` at a time.
+    worker threads, become one per batch.
     """
+    try:
+        return await database_sync_to_async(agents_heartbeat, thread_sensitive=False)(
+            beats=beats)
+    except Exception as exc:
+        if outage.is_database_outage(exc):
+            raise
+        # Anything else (a deadlock between two nodes' batches, say): each heartbeat goes the
+        # single way and meets its own error there, if any.
+        logger.warning("a batch of %d heartbeats failed (%s): renewing them one by one",
+                       len(beats), exc)
+        return [None] * len(beats)
 
-    MAX_BATCH = 500
-    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Renewals] = \
-        weakref.WeakKeyDictionary()
 
-    def __init__(self) -> None:
-        self._waiting: list[tuple[Actor, str, asyncio.Future]] = []
-        self._writer: asyncio.Task | None = None
-
-    @classmethod
-    def of_running_loop(cls) -> _Renewals:
-        """One per event loop: a batch's futures belong to the loop that writes it."""
-        loop = asyncio.get_running_loop()
-        renewals = cls._by_loop.get(loop)
-        if renewals is None:
-            renewals = cls._by_loop[loop] = cls()
-        return renewals
-
-    async def renew(self, actor: Actor, agent_id: str) -> HeartbeatResult | None:
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.append((actor, agent_id, future))
-        if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._write())
-        return await future
-
-    async def _write(self) -> None:
-        try:
-            while self._waiting:
-                batch = self._waiting[:self.MAX_BATCH]
-                del self._waiting[:self.MAX_BATCH]
-                beats = [(actor, agent_id) for actor, agent_id, _ in batch]
-                try:
-                    results = await database_sync_to_async(
-                        agents_heartbeat, thread_sensitive=False)(beats=beats)
-                except Exception as exc:
-                    if outage.is_database_outage(exc):
-                        for *_, future in batch:
-                            if not future.done():
-                                future.set_exception(outage.DatabaseUnavailable(str(exc)))
-                        continue
-                    # Anything else (a deadlock between two nodes' batches, say): each
-                    # heartbeat goes the single way and meets its own error there, if any.
-                    logger.warning("a batch of %d heartbeats failed (%s): renewing them one "
-                                   "by one", len(batch), exc)
-                    results = [None] * len(batch)
-                for (*_, future), result in zip(batch, results, strict=True):
-                    if not future.done():
-                        future.set_result(result)
-        finally:
-            self._writer = None
+_renewals = per_loop(lambda: Coalescer(_renew, max_batch=500, max_waiting=20_000))
 
 
 async def authenticate(authorization: str | None
@@ -194,20 +159,20 @@ async def call_registry(fn: Callable[..., tuple[int, dict]], extra: list[tuple[b
     """``fn(**kwargs)`` (a registry function answering status and body) in a worker thread;
     the JSON 503 (``Retry-After`` appended to ``extra``) while the database is down."""
     try:
-        _check_breaker()
+        check_breaker()
         return await database_sync_to_async(fn, thread_sensitive=False)(**kwargs)
     except Exception as exc:
-        return _outage_answer(exc, extra)
+        return outage_answer(exc, extra)
 
 
-def _check_breaker() -> None:
+def check_breaker() -> None:
     """Raise at once while the database is known to be down (config.outage)."""
     if outage.breaker.is_open:
         outage.breaker.ensure_probe()
         raise outage.DatabaseUnavailable
 
 
-def _outage_answer(exc: Exception, extra: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+def outage_answer(exc: Exception, extra: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
     """The JSON 503 for a database outage (``Retry-After`` appended to ``extra``); any other
     error is re-raised."""
     if not outage.is_database_outage(exc):

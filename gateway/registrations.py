@@ -28,7 +28,7 @@ from config import outage
 from gateway import metrics
 from gateway.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
-from gateway.heartbeats import authenticate, send_json
+from gateway.heartbeats import authenticate, check_breaker, outage_answer, send_json
 from registry.api.exceptions import exception_handler
 from registry.api.parsers import parse_json
 from registry.api.views import v1_registered, v1_registration
@@ -123,19 +123,13 @@ async def _registered(item: _Item, extra: list[tuple[bytes, bytes]]) -> tuple[in
     (``Retry-After`` appended to ``extra``) while the database is down or the node is
     swamped, as :func:`gateway.heartbeats.call_registry` answers."""
     try:
-        if outage.breaker.is_open:  # the database is down: answer at once (config.outage)
-            outage.breaker.ensure_probe()
-            raise outage.DatabaseUnavailable
+        check_breaker()
         return await _batches().submit(item)
     except Overloaded:
         extra.append((b"retry-after", b"1"))
         return 503, {"error": "this node has too many registrations waiting; retry"}
     except Exception as exc:
-        if not outage.is_database_outage(exc):
-            raise
-        outage.breaker.trip(exc)
-        extra.append((b"retry-after", str(outage.RETRY_AFTER_SECONDS).encode()))
-        return 503, outage.payload()
+        return outage_answer(exc, extra)
 
 
 async def _write(items: list[_Item]) -> list[tuple[int, dict] | Exception]:
