@@ -132,6 +132,17 @@ def callgrind_count(arm: Arm, out: Path, body: Path, seconds: int) -> dict:
             "instructions_per_req": instructions / result["requests"]}
 
 
+def start_upstream(tmp: Path, procs: list[Proc]) -> tuple[Proc, str]:
+    """The bench's agent (bench.apps:upstream), started and ready; its process and URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    upstream = Proc("upstream", uvicorn_argv("bench.apps:upstream", port, lifespan="off"),
+                    clean_env(), tmp).start()
+    procs.append(upstream)
+    upstream.wait_ready(f"{url}/stats")
+    return upstream, url
+
+
 def callgrind_main(args) -> int:
     """--callgrind: instructions per request of this tree's gateway and the baseline's."""
     figures: dict[str, dict] = {}
@@ -139,12 +150,7 @@ def callgrind_main(args) -> int:
         tmp = Path(tmp_name)
         procs: list[Proc] = []
         try:
-            port = free_port()
-            upstream_url = f"http://127.0.0.1:{port}"
-            upstream = Proc("upstream", uvicorn_argv("bench.apps:upstream", port,
-                                                     lifespan="off"), clean_env(), tmp).start()
-            procs.append(upstream)
-            upstream.wait_ready(f"{upstream_url}/stats")
+            upstream, upstream_url = start_upstream(tmp, procs)
             body = tmp / "body.json"
             body.write_bytes(rpc_body(1024))
             builds = [("gateway", ROOT)]
@@ -195,12 +201,7 @@ def main() -> int:
         tmp = Path(tmp_name)
         procs: list[Proc] = []
         try:
-            port = free_port()
-            upstream_url = f"http://127.0.0.1:{port}"
-            upstream = Proc("upstream", uvicorn_argv("bench.apps:upstream", port,
-                                                     lifespan="off"), clean_env(), tmp).start()
-            procs.append(upstream)
-            upstream.wait_ready(f"{upstream_url}/stats")
+            upstream, upstream_url = start_upstream(tmp, procs)
             arms = [start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
                                   name="gateway")]
             if args.baseline_ref:
