@@ -22,7 +22,7 @@ from tests.conftest import make_client
 from tests.discovery.servers import CardServer
 from tests.registry.cards import card_03, card_kubemq
 from tests.servers import serve_app
-from tests.services_helpers import actor_of
+from tests.services_helpers import actor_of, eventually
 
 V1 = "/api/v1/agents"
 KUBEMQ = "/agents/register"
@@ -99,15 +99,6 @@ def _together(base: str, slow_url: str, token: str,
     return asyncio.run(run())
 
 
-def _eventually(check, seconds: float = 5.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_concurrent_registrations_are_written_together_and_all_answered(
@@ -133,8 +124,8 @@ def test_concurrent_registrations_are_written_together_and_all_answered(
     # The registered events reached the node's routing table and the search index.
     node = runtime.current_node()
     assert node is not None
-    assert _eventually(lambda: all(agent_id in node.table for agent_id in ids))
-    assert _eventually(
+    assert eventually(lambda: all(agent_id in node.table for agent_id in ids))
+    assert eventually(
         lambda: AgentDoc.objects.filter(agent_id__in=ids, active=True).count() == len(ids))
 
 
@@ -188,5 +179,5 @@ def test_the_same_agent_twice_in_a_batch(live_server_url, tokens, slow_card, set
     agent = Agent.objects.get(agent_id="twice")
     assert agent.name == renewal.json()["name"]  # the one written second is the row now
     assert CardVersion.objects.filter(agent=agent).count() == 2
-    assert _eventually(lambda: AgentDoc.objects.filter(
+    assert eventually(lambda: AgentDoc.objects.filter(
         agent_id="twice", card_sha256=agent.card_sha256).exists())

@@ -13,7 +13,7 @@ from registry import services
 from registry.models import Agent, CardVersion
 from tests.conftest import make_client
 from tests.registry.cards import card_03, card_10, card_kubemq
-from tests.services_helpers import actor_of
+from tests.services_helpers import actor_of, eventually
 
 V1 = "/api/v1/agents"
 KUBEMQ = "/agents/register"
@@ -154,18 +154,9 @@ def test_fast_registration_stores_the_card_byte_exact_and_routes(live_server_url
     # The registered event reached the node: the route is in its table.
     node = runtime.current_node()
     assert node is not None
-    assert _eventually(lambda: "exact-1" in node.table)
+    assert eventually(lambda: "exact-1" in node.table)
 
 
-def _eventually(check, seconds: float = 5.0) -> bool:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_routing_leaves_sessions_other_bodies_and_methods_to_django():
