@@ -132,7 +132,9 @@ async def _renew(beats: list[tuple[Actor, str]]) -> list[HeartbeatResult | None]
         return [None] * len(beats)
 
 
-_renewals = per_loop(lambda: Coalescer(_renew, max_batch=500, max_waiting=20_000))
+MAX_BATCH = 500
+MAX_WAITING = 20_000  # past this many waiting heartbeats a node answers 503 at once
+_renewals = per_loop(lambda: Coalescer(_renew, max_batch=MAX_BATCH, max_waiting=MAX_WAITING))
 
 
 async def authenticate(authorization: str | None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 
 import httpx
@@ -75,6 +76,37 @@ def test_a_batch_renews_each_lease_under_its_own_owner_check():
         assert [q["sql"] for q in queries][0].startswith("BEGIN")
 
 
+@contextmanager
+def _holding(agent_id: str):
+    """Hold ``agent_id``'s row (PostgreSQL: its lock; SQLite: the write lock) from another
+    thread until the block ends: a batch writing it waits meanwhile."""
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic():
+            Agent.objects.filter(agent_id=agent_id).update(ttl_seconds=F("ttl_seconds"))
+            locked.set()
+            release.wait(30)
+        connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(10)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
+def _beat(base: str, token: str, agent_id: str) -> httpx.Response:
+    auth = {"Authorization": f"Bearer {token}"}
+    if agent_id.startswith("kube:"):
+        return httpx.post(f"{base}/agents/heartbeat", headers=auth,
+                          json={"agent_id": agent_id[5:]}, timeout=60)
+    return httpx.post(f"{base}/api/v1/agents/{agent_id}/heartbeat", headers=auth, timeout=60)
+
+
 @pytest.fixture
 def fleet(transactional_db):
     owner, owner_token = make_client(["register"], name="fleet-owner")
@@ -90,41 +122,23 @@ def test_heartbeats_waiting_on_a_batch_are_written_in_the_next_one(live_server_u
     ids) wait and are all renewed by the next batch, at one instant, while the unknown and
     foreign ones still get their own 404 and 403."""
     owner_token, _ = fleet
-    auth = {"Authorization": f"Bearer {owner_token}"}
 
     def beat(agent_id: str) -> httpx.Response:
-        if agent_id.startswith("kube:"):
-            return httpx.post(f"{live_server_url}/agents/heartbeat", headers=auth,
-                              json={"agent_id": agent_id[5:]}, timeout=60)
-        return httpx.post(f"{live_server_url}/api/v1/agents/{agent_id}/heartbeat",
-                          headers=auth, timeout=60)
+        return _beat(live_server_url, owner_token, agent_id)
 
     others = [f"fleet-{i}" for i in range(20)] + [f"kube:fleet-{i}" for i in range(20, 40)]
     others += ["ghost", "foreign", "kube:ghost", "kube:foreign", "kube:Not an id!"]
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_row() -> None:
-        with transaction.atomic():  # PostgreSQL: the row's lock; SQLite: the write lock
-            Agent.objects.filter(agent_id="held").update(ttl_seconds=F("ttl_seconds"))
-            locked.set()
-            release.wait(30)
-        connection.close()
-
-    holder = threading.Thread(target=hold_the_row)
-    holder.start()
-    assert locked.wait(10)
     with ThreadPoolExecutor(len(others) + 1) as pool:
-        held = pool.submit(beat, "held")
-        time.sleep(0.5)  # its batch is now waiting on the lock
-        futures = {agent_id: pool.submit(beat, agent_id) for agent_id in others}
-        time.sleep(1.5)  # every heartbeat has reached the node and waits for the writer
-        # All wait, but the malformed body, refused before any batch.
-        assert not held.done()
-        assert [a for a, f in futures.items() if f.done()] == ["kube:Not an id!"]
-        release.set()
+        with _holding("held"):
+            held = pool.submit(beat, "held")
+            time.sleep(0.5)  # its batch is now waiting on the lock
+            futures = {agent_id: pool.submit(beat, agent_id) for agent_id in others}
+            time.sleep(1.5)  # every heartbeat has reached the node and waits for the writer
+            # All wait, but the malformed body, refused before any batch.
+            assert not held.done()
+            assert [a for a, f in futures.items() if f.done()] == ["kube:Not an id!"]
         answers = {agent_id: f.result() for agent_id, f in futures.items()}
         assert held.result().status_code == 200
-    holder.join()
 
     statuses = {agent_id: r.status_code for agent_id, r in answers.items()}
     assert statuses == {**{a: 200 for a in others[:40]}, "ghost": 404, "foreign": 403,
@@ -134,6 +148,32 @@ def test_heartbeats_waiting_on_a_batch_are_written_in_the_next_one(live_server_u
     assert len(v1_stamps) == 1 and len(kube_stamps) == 1  # one batch: one instant
     assert [_ttl(a) for a in Agent.objects.filter(agent_id__startswith="fleet-")] == [90] * 40
     assert len({a.last_seen for a in Agent.objects.filter(agent_id__startswith="fleet-")}) == 1
+
+
+def test_heartbeats_past_the_waiting_bound_are_refused_at_once(live_server_url, fleet,
+                                                               monkeypatch):
+    """The queue of heartbeats waiting for the writer is bounded: with the first batch held
+    and room for 3, the other 7 of 10 get a 503 with ``Retry-After`` at once, and the 3 that
+    waited are renewed once the batch goes through."""
+    from gateway import heartbeats
+
+    monkeypatch.setattr(heartbeats, "MAX_WAITING", 3)  # read when the node's queue is made
+    owner_token, _ = fleet
+    with ThreadPoolExecutor(12) as pool:
+        with _holding("held"):
+            held = pool.submit(_beat, live_server_url, owner_token, "held")
+            time.sleep(0.5)
+            futures = [pool.submit(_beat, live_server_url, owner_token, f"fleet-{i}")
+                       for i in range(10)]
+            time.sleep(1.5)
+            refused = [f.result() for f in futures if f.done()]
+            assert [r.status_code for r in refused] == [503] * 7
+            assert {r.headers["retry-after"] for r in refused} == {"1"}
+            assert refused[0].json() == {
+                "error": "this node has too many heartbeats waiting; retry"}
+        statuses = sorted(f.result().status_code for f in futures)
+    assert held.result().status_code == 200
+    assert statuses == [200] * 3 + [503] * 7
 
 
 @pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin"])
