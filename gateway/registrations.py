@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from channels.db import database_sync_to_async
 from django.conf import settings
 
@@ -124,12 +125,36 @@ async def _registered(item: _Item, extra: list[tuple[bytes, bytes]]) -> tuple[in
     swamped, as :func:`gateway.heartbeats.call_registry` answers."""
     try:
         check_breaker()
+        if _fetches_its_card(item):
+            return await _alone(item)
         return await _batches().submit(item)
     except Overloaded:
         extra.append((b"retry-after", b"1"))
         return 503, {"error": "this node has too many registrations waiting; retry"}
     except Exception as exc:
         return outage_answer(exc, extra)
+
+
+def _fetches_its_card(item: _Item) -> bool:
+    """Whether ``item`` names a URL and no card, so registering it fetches the card from the
+    agent: that takes as long as the agent makes it (up to the fetch's timeout), so it is
+    done in a thread of its own, never in a batch where a slow or hostile agent would hold
+    every registration written with it."""
+    if item.kind != "v1":
+        return False  # a KubeMQ registration is its card
+    try:
+        data = orjson.loads(item.body)
+    except orjson.JSONDecodeError:
+        return False  # refused in the batch as DRF refuses it
+    return isinstance(data, dict) and data.get("url") is not None and data.get("card") is None
+
+
+async def _alone(item: _Item) -> tuple[int, dict]:
+    """``item`` checked and written on its own, in a worker thread of its own."""
+    (answer,) = await database_sync_to_async(_settle, thread_sensitive=False)([item])
+    if isinstance(answer, Exception):
+        raise answer
+    return answer
 
 
 async def _write(items: list[_Item]) -> list[tuple[int, dict] | Exception]:

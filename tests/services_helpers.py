@@ -1,8 +1,13 @@
 """Small helpers for tests that call services directly."""
 
+import threading
 import time
+from contextlib import contextmanager
 
-from registry.models import ApiClient
+from django.db import connection, transaction
+from django.db.models import F
+
+from registry.models import Agent, ApiClient
 from registry.permissions import Actor
 
 
@@ -21,3 +26,31 @@ def eventually(check, seconds: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+@contextmanager
+def holding_row(agent_id: str):
+    """Hold ``agent_id``'s row (PostgreSQL: its lock; SQLite: the write lock) from another
+    thread until the block ends or the ``release()`` it yields is called: a node's batch
+    writing that row waits meanwhile."""
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic():
+            Agent.objects.filter(agent_id=agent_id).update(ttl_seconds=F("ttl_seconds"))
+            locked.set()
+            release.wait(30)
+        connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(10)
+
+    def done() -> None:
+        release.set()
+        holder.join()
+
+    try:
+        yield done
+    finally:
+        done()

@@ -22,7 +22,7 @@ from tests.conftest import make_client
 from tests.discovery.servers import CardServer
 from tests.registry.cards import card_03, card_kubemq
 from tests.servers import serve_app
-from tests.services_helpers import actor_of, eventually
+from tests.services_helpers import actor_of, eventually, holding_row
 
 V1 = "/api/v1/agents"
 KUBEMQ = "/agents/register"
@@ -48,8 +48,7 @@ def tokens(transactional_db, settings):
 
 @pytest.fixture
 def slow_card():
-    """A card server whose card takes HOLD_SECONDS to arrive: its registration holds the
-    node's batch writer (the card is fetched while the registration is checked)."""
+    """A card server whose card takes HOLD_SECONDS to arrive."""
     app = CardServer()
     with serve_app(app, lifespan="off") as server:
         app.url = server.url
@@ -73,43 +72,45 @@ def _batch_metrics(base: str) -> tuple[float, float]:
     return float(batches.group(1)), float(items.group(1))
 
 
-def _together(base: str, slow_url: str, token: str,
+def _together(base: str, token: str,
               requests: list[tuple[str, bytes, str]]) -> list[httpx.Response]:
-    """Send ``requests`` (path, body, token) at once while slow registrations hold each of the
-    node's batch writers, so they queue into one batch; their answers, in order."""
+    """Send ``requests`` (path, body, token) at once while re-registrations of the owner's
+    "owned", its row held by the test, hold each of the node's batch writers, so they queue
+    into one batch; their answers, in order."""
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=base, timeout=30) as client:
             def post(path: str, body: bytes, bearer: str):
                 return client.post(path, content=body, headers={
                     "Content-Type": "application/json", "Authorization": f"Bearer {bearer}"})
 
-            holders = []
-            for index in range(registrations.MAX_RUNNING):  # one batch each, one at a time
-                holders.append(asyncio.ensure_future(post(V1, orjson.dumps(
-                    {"agent_id": f"slow-holder-{index}", "url": slow_url}), token)))
+            with holding_row("owned") as release:
+                holders = []
+                for _ in range(registrations.MAX_RUNNING):  # one batch each, one at a time
+                    holders.append(asyncio.ensure_future(post(*_v1("owned"), token)))
+                    await asyncio.sleep(HOLD_SECONDS / 6)
                 await asyncio.sleep(HOLD_SECONDS / 6)
-            await asyncio.sleep(HOLD_SECONDS / 6)
-            assert not any(holder.done() for holder in holders)
-            answers = await asyncio.gather(*(post(*r) for r in requests))
+                assert not any(holder.done() for holder in holders)
+                pending = [asyncio.ensure_future(post(*r)) for r in requests]
+                await asyncio.sleep(HOLD_SECONDS)  # all reach the node and queue
+                release()
+                answers = await asyncio.gather(*pending)
             for holder in holders:
                 held = await holder
-                assert held.status_code == 201, held.text
+                assert held.status_code == 200, held.text  # "owned" renewed
             return answers
 
     return asyncio.run(run())
 
 
-
-
 def test_concurrent_registrations_are_written_together_and_all_answered(
-        live_server_url, tokens, slow_card, settings):
+        live_server_url, tokens, settings):
     settings.A2A_MAX_AGENTS_PER_CLIENT = 100
     owner = tokens["owner"]
     ids = [f"many-{index:02d}" for index in range(40)]
     requests = [(*(_v1(agent_id) if index % 2 else _kubemq(agent_id)), owner)
                 for index, agent_id in enumerate(ids)]
     batches_before, items_before = _batch_metrics(live_server_url)
-    answers = _together(live_server_url, slow_card, owner, requests)
+    answers = _together(live_server_url, tokens["owner"], requests)
     batches_after, items_after = _batch_metrics(live_server_url)
     for agent_id, (path, _, _), answer in zip(ids, requests, answers, strict=True):
         assert answer.status_code == (201 if path == V1 else 200), answer.text
@@ -130,10 +131,9 @@ def test_concurrent_registrations_are_written_together_and_all_answered(
 
 
 def test_a_refused_registration_in_a_batch_gets_its_own_answer(live_server_url, tokens,
-                                                               slow_card, settings):
+                                                               settings):
     settings.A2A_MAX_AGENTS_PER_CLIENT = 3 + registrations.MAX_RUNNING
-    # The owner's "owned", the holders and the two good ones fill the owner's quota; "full" is
-    # full; "roomy" has room for three of its four new ones.
+    # "full" is full; "roomy" has room for three of its four new ones.
     owner, roomy = tokens["owner"], tokens["roomy"]
     requests = [
         (*_v1("good-1"), owner),
@@ -148,7 +148,7 @@ def test_a_refused_registration_in_a_batch_gets_its_own_answer(live_server_url, 
         (*_v1("roomy-3"), roomy),
         (*_v1("roomy-4"), roomy),
     ]
-    answers = _together(live_server_url, slow_card, owner, requests)
+    answers = _together(live_server_url, tokens["owner"], requests)
     got = {orjson.loads(r[1]).get("agent_id"): (a.status_code, a.json())
            for r, a in zip(requests, answers, strict=True)}
     assert got["good-1"][0] == 201 and got["good-2"][0] == 200
@@ -169,11 +169,11 @@ def test_a_refused_registration_in_a_batch_gets_its_own_answer(live_server_url, 
     assert Agent.objects.get(agent_id="owned").name == "Echo Agent"  # not the refused "Taken"
 
 
-def test_the_same_agent_twice_in_a_batch(live_server_url, tokens, slow_card, settings):
+def test_the_same_agent_twice_in_a_batch(live_server_url, tokens, settings):
     settings.A2A_MAX_AGENTS_PER_CLIENT = 100
     owner = tokens["owner"]
     requests = [(*_v1("twice", name="Alpha"), owner), (*_v1("twice", name="Beta"), owner)]
-    answers = _together(live_server_url, slow_card, owner, requests)
+    answers = _together(live_server_url, tokens["owner"], requests)
     assert sorted(a.status_code for a in answers) == [200, 201], [a.text for a in answers]
     (renewal,) = [a for a in answers if a.status_code == 200]
     agent = Agent.objects.get(agent_id="twice")
@@ -181,3 +181,31 @@ def test_the_same_agent_twice_in_a_batch(live_server_url, tokens, slow_card, set
     assert CardVersion.objects.filter(agent=agent).count() == 2
     assert eventually(lambda: AgentDoc.objects.filter(
         agent_id="twice", card_sha256=agent.card_sha256).exists())
+
+
+def test_a_card_slow_to_fetch_holds_no_other_registration(live_server_url, tokens, slow_card,
+                                                          settings):
+    """A registration by URL fetches its card in a thread of its own: more of them than the
+    node has batch writers, each held by a slow (or hostile) agent, delay no registration
+    with a card sent meanwhile."""
+    settings.A2A_MAX_AGENTS_PER_CLIENT = 100
+    owner = tokens["owner"]
+
+    async def run() -> tuple[list[httpx.Response], list[httpx.Response], bool]:
+        async with httpx.AsyncClient(base_url=live_server_url, timeout=30) as client:
+            def post(path: str, body: bytes):
+                return client.post(path, content=body, headers={
+                    "Content-Type": "application/json", "Authorization": f"Bearer {owner}"})
+
+            slow = [asyncio.ensure_future(post(V1, orjson.dumps(
+                {"agent_id": f"slow-{index}", "url": slow_card})))
+                for index in range(registrations.MAX_RUNNING + 1)]
+            await asyncio.sleep(HOLD_SECONDS / 5)
+            quick = await asyncio.gather(post(*_v1("quick-1")), post(*_kubemq("quick-2")))
+            still_fetching = not any(task.done() for task in slow)
+            return quick, await asyncio.gather(*slow), still_fetching
+
+    quick, slow, still_fetching = asyncio.run(run())
+    assert [r.status_code for r in quick] == [201, 200]
+    assert still_fetching  # answered while every slow card was still on its way
+    assert [r.status_code for r in slow] == [201] * (registrations.MAX_RUNNING + 1)

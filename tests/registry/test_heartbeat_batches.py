@@ -3,16 +3,13 @@ PostgreSQL for a whole batch, each heartbeat keeping its own owner check and its
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import timedelta
 
 import httpx
 import pytest
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -21,7 +18,7 @@ from registry.models import Agent
 from registry.permissions import SYSTEM, Actor
 from tests.conftest import make_client
 from tests.registry.cards import card_03
-from tests.services_helpers import actor_of
+from tests.services_helpers import actor_of, holding_row
 
 
 def _register(actor: Actor, *agent_ids: str) -> None:
@@ -76,29 +73,6 @@ def test_a_batch_renews_each_lease_under_its_own_owner_check():
         assert [q["sql"] for q in queries][0].startswith("BEGIN")
 
 
-@contextmanager
-def _holding(agent_id: str):
-    """Hold ``agent_id``'s row (PostgreSQL: its lock; SQLite: the write lock) from another
-    thread until the block ends: a batch writing it waits meanwhile."""
-    locked, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with transaction.atomic():
-            Agent.objects.filter(agent_id=agent_id).update(ttl_seconds=F("ttl_seconds"))
-            locked.set()
-            release.wait(30)
-        connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert locked.wait(10)
-    try:
-        yield
-    finally:
-        release.set()
-        holder.join()
-
-
 def _beat(base: str, token: str, agent_id: str) -> httpx.Response:
     auth = {"Authorization": f"Bearer {token}"}
     if agent_id.startswith("kube:"):
@@ -129,7 +103,7 @@ def test_heartbeats_waiting_on_a_batch_are_written_in_the_next_one(live_server_u
     others = [f"fleet-{i}" for i in range(20)] + [f"kube:fleet-{i}" for i in range(20, 40)]
     others += ["ghost", "foreign", "kube:ghost", "kube:foreign", "kube:Not an id!"]
     with ThreadPoolExecutor(len(others) + 1) as pool:
-        with _holding("held"):
+        with holding_row("held"):
             held = pool.submit(beat, "held")
             time.sleep(0.5)  # its batch is now waiting on the lock
             futures = {agent_id: pool.submit(beat, agent_id) for agent_id in others}
@@ -160,7 +134,7 @@ def test_heartbeats_past_the_waiting_bound_are_refused_at_once(live_server_url, 
     monkeypatch.setattr(heartbeats, "MAX_WAITING", 3)  # read when the node's queue is made
     owner_token, _ = fleet
     with ThreadPoolExecutor(12) as pool:
-        with _holding("held"):
+        with holding_row("held"):
             held = pool.submit(_beat, live_server_url, owner_token, "held")
             time.sleep(0.5)
             futures = [pool.submit(_beat, live_server_url, owner_token, f"fleet-{i}")
