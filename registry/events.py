@@ -88,10 +88,14 @@ def subscribe(fn: Subscriber, *, many: Callable[[list[AgentEvent]], None] | None
 def dispatch(event: AgentEvent) -> None:
     """Deliver ``event`` to this process's subscribers now. A failing subscriber is logged."""
     for fn in list(_subscribers):
-        try:
-            fn(event)
-        except Exception:  # a subscriber's bug must not break a registration
-            logger.exception("registry event subscriber %r failed on %s", fn, event.kind)
+        _deliver(fn, event)
+
+
+def _deliver(fn: Subscriber, event: AgentEvent) -> None:
+    try:
+        fn(event)
+    except Exception:  # a subscriber's bug must not break a registration
+        logger.exception("registry event subscriber %r failed on %s", fn, event.kind)
 
 
 def publish(event: AgentEvent) -> None:
@@ -104,19 +108,15 @@ def dispatch_many(events: list[AgentEvent]) -> None:
     the others one by one. A failing subscriber is logged."""
     for fn in list(_subscribers):
         many = _many.get(fn)
+        if many is None:
+            for event in events:
+                _deliver(fn, event)
+            continue
         try:
-            if many is not None:
-                many(events)
-                continue
+            many(events)
         except Exception:
             logger.exception("registry event subscriber %r failed on %d events", many,
                              len(events))
-            continue
-        for event in events:
-            try:
-                fn(event)
-            except Exception:
-                logger.exception("registry event subscriber %r failed on %s", fn, event.kind)
 
 
 def publish_many(events: list[AgentEvent]) -> None:
