@@ -166,7 +166,14 @@ async def test_direct_mailbox_is_bounded(redis_url):
         channel = await b.new_channel("slow.")
         for n in range(10):
             assert await a.send(channel, {"n": n}) == 1
-        await a.send(channel, {"n": "sync"})  # a round trip later: all ten reached b
+        await a.send(channel, {"n": "sync"})
+        # PUBLISH answers once Redis has written to b's socket, not once b has read it: wait
+        # until b has taken all eleven (3 kept, 8 dropped) before making room by reading.
+        mailbox = b._layer().channels[channel]
+        async with asyncio.timeout(5):
+            while mailbox.dropped < 8:
+                await asyncio.sleep(0.005)
+        assert mailbox.dropped == 8
         async with asyncio.timeout(5):
             assert [(await b.receive(channel))["n"] for _ in range(3)] == [0, 1, 2]
         await a.send(channel, {"n": "after"})
