@@ -209,3 +209,44 @@ def test_a_card_slow_to_fetch_holds_no_other_registration(live_server_url, token
     assert [r.status_code for r in quick] == [201, 200]
     assert still_fetching  # answered while every slow card was still on its way
     assert [r.status_code for r in slow] == [201] * (registrations.MAX_RUNNING + 1)
+
+
+def test_registrations_past_the_waiting_bound_are_refused_at_once(live_server_url, tokens,
+                                                                  settings, monkeypatch):
+    """The queue of registrations waiting for a batch writer is bounded: with every writer
+    held and room for 3, the other 7 of 10 get a JSON 503 with ``Retry-After`` at once (no
+    agent written), and the 3 that waited are registered once the writers are free."""
+    monkeypatch.setattr(registrations, "MAX_WAITING", 3)  # read when the node's queue is made
+    settings.A2A_MAX_AGENTS_PER_CLIENT = 100
+    owner = tokens["owner"]
+    ids = [f"queued-{index}" for index in range(10)]
+
+    async def run() -> tuple[list[httpx.Response], list[httpx.Response]]:
+        async with httpx.AsyncClient(base_url=live_server_url, timeout=30) as client:
+            def post(path: str, body: bytes):
+                return client.post(path, content=body, headers={
+                    "Content-Type": "application/json", "Authorization": f"Bearer {owner}"})
+
+            with holding_row("owned") as release:
+                holders = []
+                for _ in range(registrations.MAX_RUNNING):  # every writer held
+                    holders.append(asyncio.ensure_future(post(*_v1("owned"))))
+                    await asyncio.sleep(HOLD_SECONDS / 6)
+                pending = [asyncio.ensure_future(post(*_v1(agent_id))) for agent_id in ids]
+                await asyncio.sleep(HOLD_SECONDS)
+                refused = [task.result() for task in pending if task.done()]
+                assert not any(holder.done() for holder in holders)
+                release()
+                await asyncio.gather(*holders)
+                return refused, await asyncio.gather(*pending)
+
+    refused, answers = asyncio.run(run())
+    assert [r.status_code for r in refused] == [503] * 7  # answered while the writers were held
+    assert {r.headers["retry-after"] for r in refused} == {"1"}
+    assert {r.text for r in refused} == {
+        '{"error":"this node has too many registrations waiting; retry"}'}
+    assert sorted(a.status_code for a in answers) == [201] * 3 + [503] * 7
+    written = sorted(agent_id for agent_id, a in zip(ids, answers, strict=True)
+                     if a.status_code == 201)
+    assert sorted(Agent.objects.filter(agent_id__startswith="queued-")
+                  .values_list("agent_id", flat=True)) == written

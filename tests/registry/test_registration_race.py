@@ -146,3 +146,61 @@ def _deregister(actor, agent_id: str) -> None:
         services.agent_deregister(actor=actor, agent_id=agent_id)
     finally:
         connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_registration_that_loses_twice_is_answered_409_on_both_surfaces():
+    """Each time this registration inserts, another client's registration of the id has just
+    committed; each time it re-reads the winner, that agent has just been deregistered. After
+    two such losses it gives up with RegistrationConflict: 409 with a JSON error on the API
+    and on the KubeMQ surface (both exception handlers), no row of its own, no server error."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the insert race exists on PostgreSQL only (see the module docstring)")
+    from registry.api.exceptions import exception_handler
+    from registry.kubemq_api import kubemq_exception_handler
+
+    actor = actor_of(make_client(["register"], name="loser")[0])
+    rival = actor_of(make_client(["register"], name="rival")[0])
+    real_insert, real_locked = services.agents._insert_new, services.agents._locked
+    calls = {"insert": 0, "locked": 0}
+    loser = threading.current_thread()  # the rivals' own writes go straight through
+
+    def elsewhere(fn, *args) -> None:  # committed from another connection
+        thread = threading.Thread(target=fn, args=args)
+        thread.start()
+        thread.join(10)
+
+    def rival_registers(agent_id: str) -> None:
+        try:
+            services.agent_register(actor=rival, agent_id=agent_id, card=card_03(name="Rival"))
+        finally:
+            connections.close_all()
+
+    def insert_after_a_rival(agent):
+        if threading.current_thread() is not loser:
+            return real_insert(agent)
+        calls["insert"] += 1
+        elsewhere(rival_registers, agent.agent_id)
+        return real_insert(agent)
+
+    def locked_after_a_deregistration(agent_id):
+        if threading.current_thread() is not loser:
+            return real_locked(agent_id)
+        calls["locked"] += 1
+        if calls["locked"] > 1:  # not the first locked read: the re-read of the winner
+            elsewhere(_deregister, rival, agent_id)
+        return real_locked(agent_id)
+
+    services.agents._insert_new = insert_after_a_rival
+    services.agents._locked = locked_after_a_deregistration
+    try:
+        with pytest.raises(services.RegistrationConflict) as caught:
+            services.agent_register(actor=actor, agent_id="contested", card=card_03())
+    finally:
+        services.agents._insert_new, services.agents._locked = real_insert, real_locked
+    assert calls == {"insert": 2, "locked": 3}  # two tries, each lost and found gone
+    assert not Agent.objects.filter(agent_id="contested").exists()
+    message = "agent contested was registered and deregistered concurrently; retry"
+    for handler in (exception_handler, kubemq_exception_handler):
+        response = handler(caught.value, {})
+        assert (response.status_code, response.data) == (409, {"error": message})
