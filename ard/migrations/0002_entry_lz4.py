@@ -1,0 +1,9 @@
+from django.db import migrations
+
+from config.toast import compress_with_lz4
+
+
+class Migration(migrations.Migration):
+    dependencies = [("ard", "0001_initial")]
+
+    operations = [compress_with_lz4(("ard_agentdoc", "entry"))]
