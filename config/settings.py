@@ -317,6 +317,10 @@ A2A_SSE_RESUME_BUFFER_BYTES = env_int("A2A_SSE_RESUME_BUFFER_BYTES", 4 * 1024 * 
 # matches a prefix), on top of gateway.headers.DROPPED_RESPONSE_HEADERS.
 A2A_DROP_RESPONSE_HEADERS = env_list("A2A_DROP_RESPONSE_HEADERS")
 A2A_AGENT_URL_ALLOWLIST = env_list("A2A_AGENT_URL_ALLOWLIST")
+# How long the registration URL check waits for a host name's lookup; a name that has not
+# resolved by then is accepted as "does not resolve now" (checked again at every connection).
+A2A_URL_CHECK_DNS_TIMEOUT_SECONDS = env_float("A2A_URL_CHECK_DNS_TIMEOUT_SECONDS", 2.0,
+                                              minimum=0.01)
 # PEM bundle of extra CAs trusted for https agents (besides the system store). Empty: none.
 A2A_OUTBOUND_CA_FILE = env_str("A2A_OUTBOUND_CA_FILE", "")
 # --- the outbound HTTP layer (outbound/): every client towards agents, card servers, registries

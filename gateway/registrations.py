@@ -16,6 +16,7 @@ its one-at-a-time sync thread cost more than a registration itself (PERFORMANCE.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,9 +31,11 @@ from gateway import metrics
 from gateway.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.heartbeats import authenticate, check_breaker, outage_answer, send_json
+from registry import netcheck
 from registry.api.exceptions import exception_handler
 from registry.api.parsers import parse_json
 from registry.api.views import v1_registered, v1_registration
+from registry.cards import card_endpoint
 from registry.kubemq_api import (
     kubemq_exception_handler,
     kubemq_registered,
@@ -125,8 +128,10 @@ async def _registered(item: _Item, extra: list[tuple[bytes, bytes]]) -> tuple[in
     swamped, as :func:`gateway.heartbeats.call_registry` answers."""
     try:
         check_breaker()
-        if _fetches_its_card(item):
+        data = _object(item.body)
+        if _fetches_its_card(item.kind, data):
             return await _alone(item)
+        await _look_up_ahead(item.kind, data)
         return await _batches().submit(item)
     except Overloaded:
         extra.append((b"retry-after", b"1"))
@@ -135,18 +140,49 @@ async def _registered(item: _Item, extra: list[tuple[bytes, bytes]]) -> tuple[in
         return outage_answer(exc, extra)
 
 
-def _fetches_its_card(item: _Item) -> bool:
-    """Whether ``item`` names a URL and no card, so registering it fetches the card from the
-    agent: that takes as long as the agent makes it (up to the fetch's timeout), so it is
-    done in a thread of its own, never in a batch where a slow or hostile agent would hold
-    every registration written with it."""
-    if item.kind != "v1":
-        return False  # a KubeMQ registration is its card
+def _object(body: bytes) -> dict | None:
+    """The body as a JSON object, or None (its refusal is the batch's, as DRF's would be)."""
     try:
-        data = orjson.loads(item.body)
+        data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return False  # refused in the batch as DRF refuses it
-    return isinstance(data, dict) and data.get("url") is not None and data.get("card") is None
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _fetches_its_card(kind: str, data: dict | None) -> bool:
+    """Whether the registration names a URL and no card, so registering it fetches the card
+    from the agent: that takes as long as the agent makes it (up to the fetch's timeout), so
+    it is done in a thread of its own, never in a batch where a slow or hostile agent would
+    hold every registration written with it."""
+    if kind != "v1" or data is None:
+        return False  # a KubeMQ registration is its card
+    return data.get("url") is not None and data.get("card") is None
+
+
+async def _look_up_ahead(kind: str, data: dict | None) -> None:
+    """Look up the host names the registration's URL check will resolve, here, each bounded
+    by ``A2A_URL_CHECK_DNS_TIMEOUT_SECONDS`` (:mod:`registry.netcheck`), before it joins a
+    batch: the check in the batch then finds them cached, so a registrant's slow (or
+    hostile) name server delays its own registration, never the batch written with it."""
+    if data is None:
+        return
+    card = data.get("card") if kind == "v1" else data
+    urls = [data.get("url"), card_endpoint(card) if isinstance(card, dict) else None]
+    hosts = {host for url in urls if (host := netcheck.host_to_look_up(url)) is not None
+             and netcheck.cached_addresses(host) is None}
+    if not hosts:
+        return
+    waits = {}
+    for host in hosts:
+        future = netcheck.lookup(host)
+        if future is None:
+            netcheck.unresolved_for_now(host)  # too many lookups under way already
+        else:
+            waits[asyncio.wrap_future(future)] = host
+    if waits:
+        _, late = await asyncio.wait(waits, timeout=settings.A2A_URL_CHECK_DNS_TIMEOUT_SECONDS)
+        for future in late:
+            netcheck.unresolved_for_now(waits[future])
 
 
 async def _alone(item: _Item) -> tuple[int, dict]:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -119,13 +122,67 @@ RESOLVE_CACHE_SECONDS = 30.0
 RESOLVE_CACHE_ENTRIES = 4096
 _resolve_cache: dict[str, tuple[float, tuple]] = {}
 
+#: Name lookups run in threads of their own (``LOOKUP_THREADS``), each waited for at most
+#: ``A2A_URL_CHECK_DNS_TIMEOUT_SECONDS``: a registrant whose name server answers slowly (or
+#: never) costs its own registration that long, never a thread or batch of other
+#: registrations. A lookup that has not answered by then counts as "does not resolve now"
+#: (accepted, like any name that does not resolve yet: every outbound connection checks the
+#: address again); its late answer replaces that in the cache. At most ``MAX_LOOKUPS`` names
+#: are looked up at once; past that a new name counts as unresolved at once.
+LOOKUP_THREADS = 4
+MAX_LOOKUPS = 64
+_lookups: dict[str, Future] = {}
+_lookups_lock = threading.Lock()
+_pool: list[ThreadPoolExecutor] = []
 
-def _resolved(host: str) -> tuple:
-    """The addresses ``host`` resolves to (none if it does not resolve now), cached briefly."""
-    now = time.monotonic()
+
+def _remember(host: str, addresses: tuple) -> None:
+    if len(_resolve_cache) >= RESOLVE_CACHE_ENTRIES:
+        _resolve_cache.clear()  # bounded; refilled by the next registrations
+    _resolve_cache[host] = (time.monotonic() + RESOLVE_CACHE_SECONDS, addresses)
+
+
+def cached_addresses(host: str) -> tuple | None:
+    """``host``'s addresses if looked up within the cache window, else None."""
     hit = _resolve_cache.get(host)
-    if hit is not None and hit[0] > now:
+    if hit is not None and hit[0] > time.monotonic():
         return hit[1]
+    return None
+
+
+def lookup(host: str) -> Future | None:
+    """The lookup of ``host`` under way (one per name, shared), started if need be; None when
+    ``MAX_LOOKUPS`` are under way already. Its result: the addresses (none if the name does
+    not resolve), also cached once it arrives."""
+    with _lookups_lock:
+        future = _lookups.get(host)
+        if future is not None:
+            return future
+        if len(_lookups) >= MAX_LOOKUPS:
+            return None
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="url-check-dns"))
+        future = _lookups[host] = _pool[0].submit(_getaddrinfo, host)
+    future.add_done_callback(lambda done: _looked_up(host, done))
+    return future
+
+
+def _looked_up(host: str, future: Future) -> None:
+    with _lookups_lock:
+        if _lookups.get(host) is future:
+            del _lookups[host]
+    if not future.cancelled() and future.exception() is None:
+        _remember(host, future.result())
+
+
+def unresolved_for_now(host: str) -> None:
+    """Count ``host`` as not resolving for the cache window (its lookup timed out); a late
+    answer of the lookup replaces this."""
+    if cached_addresses(host) is None:
+        _remember(host, ())
+
+
+def _getaddrinfo(host: str) -> tuple:
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
@@ -136,8 +193,38 @@ def _resolved(host: str) -> tuple:
             addresses.append(ipaddress.ip_address(info[4][0].split("%")[0]))
         except ValueError:
             continue
-    found = tuple(addresses)
-    if len(_resolve_cache) >= RESOLVE_CACHE_ENTRIES:
-        _resolve_cache.clear()  # bounded; refilled by the next registrations
-    _resolve_cache[host] = (now + RESOLVE_CACHE_SECONDS, found)
-    return found
+    return tuple(addresses)
+
+
+def _resolved(host: str) -> tuple:
+    """The addresses ``host`` resolves to (none if it does not resolve now, or not within
+    ``A2A_URL_CHECK_DNS_TIMEOUT_SECONDS``), cached briefly."""
+    found = cached_addresses(host)
+    if found is not None:
+        return found
+    future = lookup(host)
+    if future is not None:
+        try:
+            return future.result(timeout=settings.A2A_URL_CHECK_DNS_TIMEOUT_SECONDS)
+        except FutureTimeout:
+            pass
+    unresolved_for_now(host)
+    return ()
+
+
+def host_to_look_up(url: object) -> str | None:
+    """The host name :func:`check_agent_url` would resolve for ``url`` (None for an IP
+    literal, a refused or malformed URL: nothing to look up)."""
+    if not isinstance(url, str) or len(url) > 2048:
+        return None
+    try:
+        host = (urlsplit(url.strip()).hostname or "").lower()
+    except ValueError:
+        return None
+    if not host or host.rstrip(".") in METADATA_HOSTS:
+        return None
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    return None
