@@ -194,7 +194,7 @@ def _last_valid_versions(agent_ids: list[str]) -> dict[str, CardVersion]:
     for i in range(0, len(agent_ids), 500):
         rows = (CardVersion.objects.filter(agent__agent_id__in=agent_ids[i:i + 500],
                                            signature_status=signatures.VALID)
-                .select_related("agent").only("agent__agent_id", "sha256", "card", "card_raw")
+                .select_related("agent").only("agent__agent_id", "sha256", "card_raw")
                 .order_by("agent__agent_id", "-created_at", "-id"))
         for row in rows:
             out.setdefault(row.agent.agent_id, row)

@@ -107,7 +107,7 @@ class CardVersionInline(admin.TabularInline):
     def card_pretty(self, version: CardVersion):
         return format_html(
             "<details><summary>show</summary>{}</details>",
-            _card_html(version.card_raw, version.card),
+            _card_html(version.card_raw),
         )
 
 
@@ -458,8 +458,8 @@ class AgentAdmin(admin.ModelAdmin):
             a, b = (ordered[-2], ordered[-1]) if len(ordered) > 1 else (None, None)
         table = None
         if a is not None and b is not None:
-            old = _pretty_json(a.card_raw, a.card).splitlines()
-            new = _pretty_json(b.card_raw, b.card).splitlines()
+            old = _pretty_json(a.card_raw).splitlines()
+            new = _pretty_json(b.card_raw).splitlines()
             # HtmlDiff escapes the card text itself.
             table = mark_safe(difflib.HtmlDiff(wrapcolumn=80).make_table(  # noqa: S308
                 old, new, fromdesc=f"{a.sha256[:12]} ({a.created_at:%Y-%m-%d %H:%M:%S})",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -126,7 +129,8 @@ class CardVersion(models.Model):
 
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="card_versions")
     sha256 = models.CharField(max_length=64)
-    card = models.JSONField()
+    # The card exactly as published; its parsed form is :attr:`card` (one stored copy: a
+    # registration writes the card once here, not once as text and again as jsonb).
     card_raw = models.TextField()
     endpoint = models.URLField(max_length=2048)
     skill_ids = models.JSONField(default=list)
@@ -146,6 +150,12 @@ class CardVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_id}@{self.sha256[:12]}"
+
+    @property
+    def card(self) -> dict[str, Any]:
+        """The card as a JSON object (``card_raw`` holds a registered card's bytes, always a
+        JSON object: :func:`registry.cards.parse_card` refuses anything else)."""
+        return orjson.loads(self.card_raw) if self.card_raw else {}
 
 
 class ApiClient(AbstractAPIKey):

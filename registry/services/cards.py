@@ -94,7 +94,6 @@ def _record_new_card_versions(cards: list[tuple[Agent, ParsedCard]]) -> None:
 def _version_fields(agent: Agent, parsed: ParsedCard) -> dict[str, Any]:
     sig = parsed.signature
     return {
-        "card": parsed.card,
         "card_raw": agent.card_raw,
         "endpoint": agent.url,
         "skill_ids": parsed.skill_ids,

@@ -14,7 +14,7 @@ from tests.services_helpers import actor_of
 
 CARD_COLUMNS = {
     ("registry_agent", "card"), ("registry_agent", "card_raw"),
-    ("registry_cardversion", "card"), ("registry_cardversion", "card_raw"),
+    ("registry_cardversion", "card_raw"),
     ("ard_agentdoc", "entry"), ("discovery_cardblob", "raw"), ("discovery_cardblob", "card"),
 }
 
