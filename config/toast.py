@@ -2,8 +2,8 @@
 
 PostgreSQL compresses a row's large values (TOAST) when the row passes ~2 KiB, which a
 registration's 2-8 KiB card does in several columns (the card as JSON and as sent in the agent
-row, as sent in its card version, and the search document's entry). With pglz that compression was a
-fifth of PostgreSQL's CPU per registration; lz4 does it at a fraction of the cost, for a
+row, as sent in its card version, and the search document's entry). With pglz that compression
+was a fifth of PostgreSQL's CPU per registration; lz4 does it at a fraction of the cost, for a
 slightly larger result (measured with ``EXPLAIN``-free SQL timings: pglz ~70-100 µs per 5 KiB
 value, lz4 ~10 µs). Needs PostgreSQL 14+ built with lz4 (Debian's and the official images are);
 elsewhere -- SQLite, an older server -- the migration does nothing and the default stays.

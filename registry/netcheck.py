@@ -74,6 +74,22 @@ def check_agent_url(
     (``outbound.resolve``), so it fails later as ``unreachable``, never reaching a refused
     address.
     """
+    host, literal = _checked_host(url, allowlist)
+    if literal is not None:
+        reason = _forbidden_address(literal)
+        if reason:
+            raise UnsafeUrl(reason)
+    elif resolve:
+        for addr in _resolved(host):
+            reason = _forbidden_address(addr)
+            if reason:
+                raise UnsafeUrl(f"{host} resolves to a refused address: {reason}")
+    return url.strip()
+
+
+def _checked_host(url: object, allowlist: list[str] | None):
+    """``url``'s host and, for an IP literal, its address: the checks that need no lookup
+    (:class:`UnsafeUrl` if one fails)."""
     if not isinstance(url, str) or not url.strip():
         raise UnsafeUrl("url must be a non-empty string")
     if len(url) > 2048:
@@ -99,19 +115,9 @@ def check_agent_url(
     if not host_allowed(host, allow):
         raise UnsafeUrl(f"host {host} is not on the agent URL allowlist")
     try:
-        literal = ipaddress.ip_address(host)
+        return host, ipaddress.ip_address(host)
     except ValueError:
-        literal = None
-    if literal is not None:
-        reason = _forbidden_address(literal)
-        if reason:
-            raise UnsafeUrl(reason)
-    elif resolve:
-        for addr in _resolved(host):
-            reason = _forbidden_address(addr)
-            if reason:
-                raise UnsafeUrl(f"{host} resolves to a refused address: {reason}")
-    return url.strip()
+        return host, None
 
 
 #: How long a name's addresses are reused by the registration check, and how many names are
@@ -214,17 +220,9 @@ def _resolved(host: str) -> tuple:
 
 def host_to_look_up(url: object) -> str | None:
     """The host name :func:`check_agent_url` would resolve for ``url`` (None for an IP
-    literal, a refused or malformed URL: nothing to look up)."""
-    if not isinstance(url, str) or len(url) > 2048:
-        return None
+    literal, or a URL it refuses before any lookup: nothing to look up)."""
     try:
-        host = (urlsplit(url.strip()).hostname or "").lower()
-    except ValueError:
+        host, literal = _checked_host(url, None)
+    except UnsafeUrl:
         return None
-    if not host or host.rstrip(".") in METADATA_HOSTS:
-        return None
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    return None
+    return host if literal is None else None
