@@ -10,11 +10,13 @@ records when its side of a stream is closed).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 
+from gateway.outbound import HIGH_WATER_BYTES
 from tests.gateway import test_cluster
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import _metric, register, rpc
@@ -218,15 +220,31 @@ def test_another_client_cannot_resume(
     assert seqs == list(range(50))
 
 
+def _kernel_buffer_bytes() -> int:
+    """The most one TCP connection may hold in kernel buffers here (receive + send maxima)."""
+    total = 0
+    for name in ("tcp_rmem", "tcp_wmem"):
+        try:
+            total += int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[2])
+        except (OSError, ValueError, IndexError):
+            total += 32 * 1024 * 1024  # not Linux: assume generous buffers
+    return total
+
+
 def test_detached_stream_is_bounded_by_the_replay_buffer(
     settings, live_server_url, agent, token, path_mode
 ):
     # Nobody reads: the owner keeps at most the replay buffer (plus one read of the agent),
     # then stops reading the agent rather than drop an event; a resume still gets them all.
     settings.A2A_SSE_RESUME_SECONDS = 30
-    settings.A2A_SSE_RESUME_BUFFER_BYTES = 8 * 1024 * 1024
+    settings.A2A_SSE_RESUME_BUFFER_BYTES = replay = 8 * 1024 * 1024
     settings.A2A_SSE_BUFFER_BYTES = 4096
-    total, size = 4000, 8000  # 32 MB: four times the replay buffer
+    # More than the owner may hold (the replay buffer, the outbound client's read-ahead) plus
+    # what the kernel holds between agent and owner: loopback TCP buffers autotune up to
+    # tcp_rmem + tcp_wmem (32 + 4 MiB on some machines), and a stream that fits in them
+    # completes on the agent's side however little the owner reads.
+    size = 8000
+    total = max(4000, (replay + HIGH_WATER_BYTES + _kernel_buffer_bytes()) // size + 500)
     register("cap-agent", agent.url)
     url = f"{live_server_url}/a2a/cap-agent"
     headers = {"Authorization": f"Bearer {token}"}
