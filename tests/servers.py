@@ -8,8 +8,23 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import uvicorn
+
+
+def kernel_buffer_bytes() -> int:
+    """The most one loopback TCP connection may hold in kernel buffers on this machine: the
+    receive and send maxima it autotunes up to (tcp_rmem + tcp_wmem; 32 + 4 MiB on some
+    machines). An agent writes that much into a connection nobody reads before it blocks, so
+    a test telling "the node stopped reading" from what an agent sent must allow for it."""
+    total = 0
+    for name in ("tcp_rmem", "tcp_wmem"):
+        try:
+            total += int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[2])
+        except (OSError, ValueError, IndexError):
+            total += 32 * 1024 * 1024  # not Linux: assume generous buffers
+    return total
 
 
 def free_port() -> int:

@@ -10,7 +10,6 @@ records when its side of a stream is closed).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 import orjson
@@ -20,6 +19,7 @@ from gateway.outbound import HIGH_WATER_BYTES
 from tests.gateway import test_cluster
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import _metric, register, rpc
+from tests.servers import kernel_buffer_bytes
 
 agent, gw, path_mode, token = proxy.agent, proxy.gw, proxy.path_mode, proxy.token
 node_b = test_cluster.node_b  # the second serve node (distributed mode)
@@ -220,17 +220,6 @@ def test_another_client_cannot_resume(
     assert seqs == list(range(50))
 
 
-def _kernel_buffer_bytes() -> int:
-    """The most one TCP connection may hold in kernel buffers here (receive + send maxima)."""
-    total = 0
-    for name in ("tcp_rmem", "tcp_wmem"):
-        try:
-            total += int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[2])
-        except (OSError, ValueError, IndexError):
-            total += 32 * 1024 * 1024  # not Linux: assume generous buffers
-    return total
-
-
 def test_detached_stream_is_bounded_by_the_replay_buffer(
     settings, live_server_url, agent, token, path_mode
 ):
@@ -240,11 +229,10 @@ def test_detached_stream_is_bounded_by_the_replay_buffer(
     settings.A2A_SSE_RESUME_BUFFER_BYTES = replay = 8 * 1024 * 1024
     settings.A2A_SSE_BUFFER_BYTES = 4096
     # More than the owner may hold (the replay buffer, the outbound client's read-ahead) plus
-    # what the kernel holds between agent and owner: loopback TCP buffers autotune up to
-    # tcp_rmem + tcp_wmem (32 + 4 MiB on some machines), and a stream that fits in them
-    # completes on the agent's side however little the owner reads.
+    # what the kernel holds between agent and owner: a stream that fits in those completes
+    # on the agent's side however little the owner reads.
     size = 8000
-    total = max(4000, (replay + HIGH_WATER_BYTES + _kernel_buffer_bytes()) // size + 500)
+    total = max(4000, (replay + HIGH_WATER_BYTES + kernel_buffer_bytes()) // size + 500)
     register("cap-agent", agent.url)
     url = f"{live_server_url}/a2a/cap-agent"
     headers = {"Authorization": f"Bearer {token}"}
