@@ -254,6 +254,11 @@ def cpu_note(figures_: dict) -> str:
     return f", node CPU {cpu} ms a request" if cpu is not None else ""
 
 
+def at_scale_key(width: int) -> str:
+    """The result's key of the registrations/s figure (the target's) at ``width`` clients."""
+    return f"registration_at_scale_c{width}"
+
+
 async def run_load(base: str, registrar: str, args, node_pid: int | None = None) -> dict:
     import aiohttp
 
@@ -276,8 +281,7 @@ async def run_load(base: str, registrar: str, args, node_pid: int | None = None)
         print(f"{args.more_registrations} more with {args.agents} registered: "
               f"{at_scale['per_s']}/s p50 {at_scale['p50_ms']} ms p99 {at_scale['p99_ms']} ms"
               f"{cpu_note(at_scale)}", flush=True)
-        registered = {f"registration_c{width}": registration,
-                      f"registration_at_scale_c{width}": at_scale}
+        registered = {f"registration_c{width}": registration, at_scale_key(width): at_scale}
         if args.registrations_only:
             return registered
         cpu = NodeCpu(node_pid)
@@ -470,7 +474,7 @@ def main() -> int:
         target = (f" target (>= 1000/s, p99 < 50 ms, a resync inside the window): "
                   f"{'met' if met else 'NOT met'}")
     if db_url:
-        at_scale = result[f"registration_at_scale_c{args.registration_concurrency}"]["per_s"]
+        at_scale = result[at_scale_key(args.registration_concurrency)]["per_s"]
         target += (f" registrations at scale: {at_scale}/s "
                    f"({'met' if at_scale >= 1000 else 'NOT met'}, target >= 1000/s)")
     resyncs = result.get("heartbeat_open", {}).get("resyncs_in_window")
