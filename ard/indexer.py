@@ -3,20 +3,29 @@
 ``on_registry_event`` is subscribed to ``registry.events`` (the registry's one hook): a
 registration or update re-indexes the agent when its card, its row or its public flag changed
 and marks it active; an expiry marks it inactive; a deregistration drops its document. Searches
-read only this table (no join with the registry). ``index_rebuild`` (``manage.py ard_reindex``)
-rebuilds everything and prunes orphans.
+read only this table (no join with the registry). Registrations written together leave their
+documents to a writer thread of their own (:class:`DeferredWriter`), ``index_missing`` (the
+``ard-index-repair`` job) writes what a process died with, and ``index_rebuild``
+(``manage.py ard_reindex``) rebuilds everything and prunes orphans.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import threading
+import time
+from collections import Counter, deque
 
-from django.db import DatabaseError, connection
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
+from django.db.models import F, Q
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from ard.documents import build_document
 from ard.models import AgentDoc
+from config import outage
 from registry.events import AgentEvent
 from registry.models import Agent
 from registry.rows import insert_rows
@@ -117,16 +126,44 @@ def _upsert_many(agents: list[Agent]) -> None:
                        f"DO UPDATE SET {updates}")
 
 
+def _upsert_or_each(agents: list[Agent]) -> int:
+    """Write the documents of ``agents`` (distinct ids) in one upsert; should it fail (a
+    document's registry row changed meanwhile), each on its own (SQLite: each on its own). A
+    database outage is raised."""
+    if connection.vendor == "postgresql":
+        try:  # in autocommit (after the registrations' commit): a failure breaks nothing
+            _upsert_many(agents)
+            return len(agents)
+        except DatabaseError as exc:
+            if outage.is_database_outage(exc):
+                raise
+            logger.warning("batched index upsert failed; indexing one by one", exc_info=True)
+    written = 0
+    for agent in agents:
+        try:
+            index_agent(agent_id=agent.agent_id, new=True, agent=agent)
+            written += 1
+        except DatabaseError as exc:
+            if outage.is_database_outage(exc):
+                raise
+            logger.exception("indexing %s failed", agent.agent_id)
+    return written
+
+
 def on_registry_events(events: list[AgentEvent]) -> None:
-    """Several events at once (registrations written together): the new agents' documents in
-    one upsert; should it fail (a document's registry row changed meanwhile), each on its own."""
+    """Several events at once (registrations written together): the new agents' documents
+    handed to the deferred writer (or, when it is full or ``ARD_INDEX_DEFERRED`` is off,
+    written here in one upsert); the other events one by one."""
     new = [e for e in events if e.kind == "registered" and e.agent is not None
            and e.agent.agent_id == e.agent_id]
     if len({e.agent_id for e in new}) != len(new):
         new = []  # one id twice: an upsert cannot write a row twice
-    if new:
-        try:  # after the registrations' commit: in autocommit, a failure breaks nothing
-            _upsert_many([e.agent for e in new])
+    if new and any(_writer.deferred(e.agent_id) for e in new):
+        _writer.settle()  # an earlier document of one of them is still deferred: in order
+    agents = [e.agent for e in new]
+    if new and not (settings.ARD_INDEX_DEFERRED and _writer.defer(agents)):
+        try:
+            _upsert_or_each(agents)
         except DatabaseError:
             logger.warning("batched index upsert failed; indexing one by one", exc_info=True)
             new = []
@@ -138,6 +175,8 @@ def on_registry_events(events: list[AgentEvent]) -> None:
 
 def on_registry_event(event: AgentEvent) -> None:
     """The ``registry.events`` subscriber (runs after the registry's commit)."""
+    if _writer.deferred(event.agent_id):
+        _writer.settle()  # its deferred document first: events apply in order
     if event.kind in ("registered", "updated"):
         index_agent(agent_id=event.agent_id, new=event.kind == "registered", agent=event.agent)
     elif event.kind == "expired":
@@ -177,3 +216,147 @@ def _write(batch: list[AgentDoc]) -> int:
     AgentDoc.objects.filter(registry_agent_id__in=[d.registry_agent_id for d in batch]).delete()
     AgentDoc.objects.bulk_create(batch, batch_size=BATCH)
     return len(batch)
+
+
+# --- the deferred writer -------------------------------------------------------------------------
+# Registrations written together (PostgreSQL's group commit, gateway.registrations) hand their
+# new agents' documents to this process's index writer instead of writing them in the batch: a
+# document's full-text vector costs PostgreSQL about as much as the rest of the registration, and
+# written by one thread of its own, many batches' documents in one statement, it no longer holds
+# the registrations answered with it. Searches on this node wait for what is deferred (read your
+# writes); another node sees a document once written (milliseconds). A later event for an agent
+# with a document still deferred waits for it first (events apply in order). Bounded: past
+# MAX_DEFERRED agents or MAX_DEFERRED_BYTES of cards the batch writes its documents itself. A
+# process that dies with documents deferred leaves them to the repair job (index_missing).
+
+MAX_DEFERRED = 2048
+MAX_DEFERRED_BYTES = 16 * 1024 * 1024  # the registered card bytes of the agents deferred
+WRITE_BATCH = 256
+SETTLE_TIMEOUT_SECONDS = 5.0
+RETRY_SECONDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # a database outage: then the documents are
+# left to the repair job
+
+
+class DeferredWriter:
+    """One thread writing the documents handed to it, in order, many in one statement."""
+
+    def __init__(self, *, max_agents: int = MAX_DEFERRED, max_bytes: int = MAX_DEFERRED_BYTES,
+                 retry_seconds: tuple[float, ...] = RETRY_SECONDS) -> None:
+        self.max_agents, self.max_bytes, self.retry_seconds = max_agents, max_bytes, retry_seconds
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[int, Agent, int]] = deque()  # (sequence, agent, card bytes)
+        self._ids: Counter[str] = Counter()  # agent ids deferred and not yet written
+        self._bytes = 0
+        self._queued = 0  # the sequence number of the last document handed over
+        self._done = 0  # every document up to this sequence number is written (or given up)
+        self._thread: threading.Thread | None = None
+        self.written = 0
+        self.given_up = 0
+
+    def defer(self, agents: list[Agent]) -> bool:
+        """Hand over ``agents``' documents; False (nothing taken) when they do not fit."""
+        sizes = [len(agent.card_raw or "") for agent in agents]
+        with self._cond:
+            if (self._queued - self._done + len(agents) > self.max_agents  # queued or writing
+                    or self._bytes + sum(sizes) > self.max_bytes):
+                return False
+            for agent, size in zip(agents, sizes, strict=True):
+                self._queued += 1
+                self._queue.append((self._queued, agent, size))
+                self._ids[agent.agent_id] += 1
+            self._bytes += sum(sizes)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ard-index-writer",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return True
+
+    def deferred(self, agent_id: str | None = None) -> bool:
+        """Whether any document (``agent_id``'s) is handed over and not yet written."""
+        with self._cond:
+            return self._ids[agent_id] > 0 if agent_id is not None else self._done < self._queued
+
+    def settle(self, timeout: float = SETTLE_TIMEOUT_SECONDS) -> bool:
+        """Wait until every document handed over before this call is written (or given up);
+        False if ``timeout`` passed first."""
+        with self._cond:
+            target = self._queued
+            return self._cond.wait_for(lambda: self._done >= target, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._queue)
+                batch = [self._queue.popleft() for _ in range(min(WRITE_BATCH, len(self._queue)))]
+            try:
+                self._write([agent for _, agent, _ in batch])
+            except Exception:  # a bug must not stop the writer: the repair job catches up
+                logger.exception("deferred index write failed")
+            finally:
+                with self._cond:
+                    for _, agent, size in batch:
+                        self._ids[agent.agent_id] -= 1
+                        if not self._ids[agent.agent_id]:
+                            del self._ids[agent.agent_id]
+                        self._bytes -= size
+                    self._done = batch[-1][0]
+                    self._cond.notify_all()
+
+    def _write(self, agents: list[Agent]) -> None:
+        latest = list({agent.agent_id: agent for agent in agents}.values())  # the last one wins
+        for pause in (*self.retry_seconds, None):
+            close_old_connections()
+            try:
+                _upsert_or_each(latest)
+                self.written += len(latest)
+                return
+            except DatabaseError as exc:
+                if not outage.is_database_outage(exc) or pause is None:
+                    break
+                logger.warning("deferred index write: database unavailable (%s); retrying in "
+                               "%.2f s", exc, pause)
+            finally:
+                close_old_connections()
+            time.sleep(pause)
+        self.given_up += len(latest)
+        logger.error("deferred index write gave up on %d document(s); the repair job "
+                     "(ard-index-repair) or `manage.py ard_reindex --changed` writes them",
+                     len(latest))
+
+
+_writer = DeferredWriter()
+
+
+def writer() -> DeferredWriter:
+    """This process's deferred writer."""
+    return _writer
+
+
+def settle_deferred() -> None:
+    """Wait (at most ``SETTLE_TIMEOUT_SECONDS``) for the documents this process deferred."""
+    if _writer.deferred():
+        _writer.settle()
+
+
+atexit.register(settle_deferred)  # a node stopping writes what it deferred
+
+
+def index_missing() -> int:
+    """Index the agents whose document is missing or older than their card (documents a
+    process died with before writing them); how many were written."""
+    written = 0
+    stale = (Agent.objects.annotate(doc_sha=F("ard_doc__card_sha256"))
+             .filter(Q(doc_sha__isnull=True) | ~Q(doc_sha=F("card_sha256")))
+             .only(*_AGENT_FIELDS).order_by("pk"))
+    batch: list[Agent] = []
+    for agent in stale.iterator(chunk_size=BATCH):
+        batch.append(agent)
+        if len(batch) >= BATCH:
+            written += _upsert_or_each(batch)
+            batch = []
+    if batch:
+        written += _upsert_or_each(batch)
+    if written:
+        logger.info("index repair: wrote %d missing or stale document(s)", written)
+    return written

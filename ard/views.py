@@ -27,7 +27,7 @@ from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ard import catalog, documents, query, selectors
+from ard import catalog, documents, indexer, query, selectors
 from ard.query import ArdError
 from registry.permissions import Actor, staff_actor
 from registry.token_cache import AuthFailed, shared_token_cache
@@ -89,6 +89,7 @@ def ard_view(methods: tuple[str, ...]) -> Callable:
                     Allow=", ".join(methods),
                 )
             try:
+                indexer.settle_deferred()  # this node's deferred documents: read your writes
                 return fn(request, *args, **kwargs)
             except ArdError as exc:
                 extra = {"WWW_Authenticate": 'Bearer realm="ard"'} if exc.status == 401 else {}

@@ -235,9 +235,13 @@ CELERY_BEAT_SCHEDULER = "config.beat:ResilientDatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
 A2A_EXPIRY_INTERVAL_SECONDS = env_float("A2A_EXPIRY_INTERVAL_SECONDS", 5.0, minimum=0.1)
 DISCOVERY_INTERVAL_SECONDS = env_float("DISCOVERY_INTERVAL_SECONDS", 60.0, minimum=1)
+# How often the search index's repair job indexes agents whose document is missing or stale (a
+# node that died with documents deferred, ARD_INDEX_DEFERRED).
+ARD_INDEX_REPAIR_SECONDS = env_float("ARD_INDEX_REPAIR_SECONDS", 300.0, minimum=1)
 # Beat entries every serving node runs itself in distributed mode, under a cluster-wide lock
 # (config.periodic): expiry and node-death recovery need no single beat process. Empty: beat only.
-A2A_NODE_PERIODIC_TASKS = env_list("A2A_NODE_PERIODIC_TASKS", ["registry-expire-agents"])
+A2A_NODE_PERIODIC_TASKS = env_list("A2A_NODE_PERIODIC_TASKS",
+                                   ["registry-expire-agents", "ard-index-repair"])
 # Every entry expires within its interval so a backlog never piles up (STYLE.md rule 10).
 CELERY_BEAT_SCHEDULE = {
     "registry-expire-agents": {
@@ -250,6 +254,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "discovery.tasks.discovery_cycle_task",
         "schedule": timedelta(seconds=DISCOVERY_INTERVAL_SECONDS),
         "options": {"expires": DISCOVERY_INTERVAL_SECONDS},
+    },
+    "ard-index-repair": {
+        "task": "ard.tasks.index_repair_task",
+        "schedule": timedelta(seconds=ARD_INDEX_REPAIR_SECONDS),
+        "options": {"expires": ARD_INDEX_REPAIR_SECONDS},
     },
 }
 
@@ -458,6 +467,10 @@ ARD_CATALOG_MAX_AGE_SECONDS = env_int("ARD_CATALOG_MAX_AGE_SECONDS", 300)
 ARD_RANKER = env_str("ARD_RANKER", "auto")
 # Relevance cutoff: matches scoring below this (0-100) are left out of search and explore.
 ARD_MIN_SCORE = env_int("ARD_MIN_SCORE", 1)
+# Registrations written together leave their search documents to a writer thread of the node
+# (searches on that node wait for them; other nodes see them milliseconds later). Off: each
+# batch writes its documents before answering.
+ARD_INDEX_DEFERRED = env_bool("ARD_INDEX_DEFERRED", True)
 
 LOGGING = {
     "version": 1,

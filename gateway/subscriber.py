@@ -39,6 +39,7 @@ time; draining ends after ``A2A_HANDOVER_TIMEOUT_SECONDS`` (what still runs is c
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -82,6 +83,10 @@ EARLY_CANCELS = 1024
 #: CANCEL_RETRIES times): its cancellation was swallowed by something it awaited.
 CANCEL_RETRY_SECONDS = 0.5
 CANCEL_RETRIES = 20
+# Subscriber nonces: this process's random prefix and a counter (a node creates one subscriber
+# per agent registered; a uuid4 each cost a system call).
+_NONCE_PREFIX = uuid.uuid4().hex[:16]
+_nonces = itertools.count()
 
 
 class StreamStalled(Exception):
@@ -197,7 +202,7 @@ class VirtualSubscriber:
         # Handover (module docstring): "active", "standby" (a new owner before its takeover)
         # or "draining" (an old owner after a new owner's takeover).
         self.mode = "active"
-        self.nonce = uuid.uuid4().hex
+        self.nonce = f"{_NONCE_PREFIX}{next(_nonces):x}"  # unique per subscriber ever made
         self._probe_heard: asyncio.Event | None = None
         self._takeover_heard: asyncio.Event | None = None
         self._drained: asyncio.Event | None = None

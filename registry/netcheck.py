@@ -10,6 +10,7 @@ connects.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import threading
 import time
@@ -94,7 +95,7 @@ def _checked_host(url: object, allowlist: list[str] | None):
         raise UnsafeUrl("url must be a non-empty string")
     if len(url) > 2048:
         raise UnsafeUrl("url is longer than 2048 characters")
-    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+    if _CONTROL.search(url):
         raise UnsafeUrl("url must not contain control characters")
     try:
         parts = urlsplit(url.strip())
@@ -114,10 +115,15 @@ def _checked_host(url: object, allowlist: list[str] | None):
     allow = settings.A2A_AGENT_URL_ALLOWLIST if allowlist is None else allowlist
     if not host_allowed(host, allow):
         raise UnsafeUrl(f"host {host} is not on the agent URL allowlist")
+    if ":" not in host and not host[-1].isdigit():
+        return host, None  # a name: an IP literal is dotted digits or has colons
     try:
         return host, ipaddress.ip_address(host)
     except ValueError:
         return host, None
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 #: How long a name's addresses are reused by the registration check, and how many names are

@@ -27,26 +27,72 @@ def insert_rows(model: type[models.Model], objs: Sequence[models.Model], *, suff
     db = connections[DEFAULT_DB_ALIAS]  # not the per-attribute proxy: one lookup per value
     meta = model._meta
     fields = [f for f in meta.concrete_fields if not f.primary_key]
+    rows, params = unnest(fields, objs)
     quote = db.ops.quote_name
-    arrays = ", ".join(f"%b::{_db_type(f, db)}[]" for f in fields)  # binary: no escaping
-    sql = (f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
-           f"SELECT * FROM UNNEST({arrays})")
+    sql = f"{insert_into(model, fields)} SELECT * FROM {rows}"
     if suffix:
         sql += " " + suffix
     if returning:
         sql += " RETURNING " + ", ".join(quote(meta.get_field(name).column) for name in returning)
-    params = [[_value(f, obj, db) for obj in objs] for f in fields]
+    return execute(sql, params, fetch=bool(returning))
+
+
+def insert_into(model: type[models.Model], fields: Sequence[models.Field]) -> str:
+    """``INSERT INTO table (columns)`` of ``fields``."""
+    quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
+    return (f"INSERT INTO {quote(model._meta.db_table)} "
+            f"({', '.join(quote(f.column) for f in fields)})")
+
+
+def unnest(fields: Sequence[models.Field], objs: Sequence[models.Model],
+           first: Sequence[str] | None = None) -> tuple[str, list]:
+    """``UNNEST(...)`` of ``fields``' values of ``objs`` (one binary array parameter per
+    column) and its parameters; ``first``: a text column put before them."""
+    db = connections[DEFAULT_DB_ALIAS]
+    arrays = ", ".join(f"%b::{_db_type(f, db)}[]" for f in fields)
+    params = []
+    for f in fields:
+        plain = _plain_attname(f)
+        params.append([getattr(obj, plain) for obj in objs] if plain is not None
+                      else [_value(f, obj, db) for obj in objs])
+    if first is not None:
+        arrays, params = "%b::text[], " + arrays, [list(first), *params]
+    return f"UNNEST({arrays})", params
+
+
+def execute(sql: str, params: list, *, fetch: bool = False) -> list[tuple]:
+    """Run ``sql`` bound server-side (binary parameters); its rows when ``fetch``."""
+    db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
     from psycopg import Cursor  # PostgreSQL only: server-side binding
 
     with db._prepare_cursor(Cursor(db.connection)) as cursor:
         cursor.execute(sql, params)
-        return cursor.fetchall() if returning else []
+        return cursor.fetchall() if fetch else []
 
 
 def _db_type(field: models.Field, db) -> str:
     target = field.target_field if field.is_relation else field
     return target.db_type(db).split("(")[0]  # varchar[], not varchar(64)[]
+
+
+# Field classes whose database value is the attribute itself (pre_save and get_db_prep_save
+# return valid values unchanged): read as they are, a bulk insert's main cost on the node.
+_PLAIN_TYPES = frozenset({
+    models.CharField, models.TextField, models.URLField, models.SlugField, models.BooleanField,
+    models.IntegerField, models.BigIntegerField, models.SmallIntegerField,
+    models.PositiveIntegerField, models.PositiveSmallIntegerField, models.PositiveBigIntegerField,
+})
+
+
+def _plain_attname(field: models.Field) -> str | None:
+    """The attribute to read as it is for ``field`` (None: convert it as Django would)."""
+    if type(field) in _PLAIN_TYPES:
+        return field.attname
+    if isinstance(field, models.ForeignKey) and type(field.target_field) in (
+            models.AutoField, models.BigAutoField, models.CharField, *_PLAIN_TYPES):
+        return field.attname  # the key's value (or None)
+    return None
 
 
 def _value(field: models.Field, obj: models.Model, db) -> Any:

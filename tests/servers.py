@@ -73,6 +73,10 @@ def serve_app(app, **kwargs) -> Iterator[ThreadedUvicorn]:
         yield server
     finally:
         server.stop()
+        from ard import indexer
+
+        indexer.settle_deferred()  # the search documents its registrations deferred, written
+        # before the test's database is emptied for the next test
 
 
 def wait_until_serving(process, url: str, *, timeout: float, what: str) -> None:

@@ -12,19 +12,18 @@ from django.db.models.constants import OnConflict
 from django.utils import timezone
 
 from config import outage, tracing
-from registry import events
+from registry import events, rows
 from registry.cards import ParsedCard
 from registry.ids import agent_id_error
-from registry.models import Agent, AgentTombstone
+from registry.models import Agent, AgentTombstone, CardVersion
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
 from registry.quotas import check_agent_quota, take_agent_quota
-from registry.rows import insert_rows
 from registry.selectors import agent_route
 from registry.services.cards import (
     _apply_card,
     _record_card_version,
-    _record_new_card_versions,
     _resolve_card,
+    _version_fields,
 )
 from registry.services.errors import AgentNotFound, InvalidInput, RegistrationConflict
 from registry.services.nodes import _owning_node
@@ -362,19 +361,19 @@ def agent_deregister(*, actor: Actor, agent_id: str) -> None:
 
 
 def agents_register(regs: list[Registration]) -> list[tuple[Agent, bool] | Exception]:
-    """Write checked registrations arriving together in one transaction (group commit): each
-    item's ``(agent, created)`` or the refusal it alone gets, in order.
+    """Write checked registrations arriving together (group commit): each item's
+    ``(agent, created)`` or the refusal it alone gets, in order.
 
-    PostgreSQL: one locked read of all ids, one multi-row ``INSERT ... ON CONFLICT DO
-    NOTHING``, one multi-row card-version INSERT, one COMMIT, then one batched search-index
-    write (the events go out together). What the batch does not settle -- a re-registration,
-    an id twice in the batch, an id another node inserted meanwhile -- is written afterwards
-    by :func:`register_one`, as is everything when a batch statement fails. SQLite: the items
-    one by one, each in its savepoint, under one transaction (its commit is the cost)."""
+    PostgreSQL: the new agents and their first card versions in one statement (a
+    data-modifying CTE: ``INSERT ... ON CONFLICT DO NOTHING`` and the versions of the rows it
+    inserted; in autocommit its commit travels with it: one round trip a batch), then the
+    events go out together. What the batch does not settle -- a re-registration, an id twice
+    in the batch, an id another node inserted meanwhile, a client near its agent quota -- is
+    written afterwards by :func:`register_one`, as is everything when the batch statement
+    fails. SQLite: the items one by one, each in its savepoint, under one transaction (its
+    commit is the cost)."""
     if connection.vendor != "postgresql":
         return _register_in_one_transaction(regs)
-    if len(regs) == 1:
-        return [_refusal_or(register_one, regs[0])]
     results: list[Any] = [None] * len(regs)
     try:
         with tracing.span("registry.register_batch", **{"a2a.batch_size": len(regs)}):
@@ -411,8 +410,9 @@ def _refusal_or(fn, reg: Registration) -> Any:
 
 
 def _register_new_together(regs: list[Registration], results: list[Any]) -> list[int]:
-    """Insert the batch's new agents in one transaction, filling ``results``; the indexes of
-    the items left for :func:`register_one`."""
+    """Insert the batch's new agents with their first card versions in one statement,
+    filling ``results``; the indexes of the items left for :func:`register_one` (which reads
+    and locks the row: re-registrations, quota decisions)."""
     later: list[int] = []
     first: dict[str, int] = {}
     for index, reg in enumerate(regs):
@@ -420,67 +420,58 @@ def _register_new_together(regs: list[Registration], results: list[Any]) -> list
             later.append(index)  # the same id twice: the second renews the first's row
         else:
             first[reg.agent_id] = index
-    with transaction.atomic():
-        existing = _locked_many(sorted(first))
-        rooms: dict[Any, int | None] = {}
-        new: list[tuple[int, Agent]] = []
-        for agent_id in sorted(first):  # one lock order for every node's batches
-            index, reg = first[agent_id], regs[first[agent_id]]
-            if agent_id in existing:
-                later.append(index)
-                continue
-            try:
-                take_agent_quota(reg.actor, rooms)
-            except PermissionDenied as exc:
-                results[index] = exc
-                continue
-            with tracing.span("registry.register", **{"a2a.agent_id": agent_id}):
-                new.append((index, _new_agent(reg, dict(reg.fields))))
-        inserted = _insert_many([agent for _, agent in new])
-        announced: tuple[list, list] = ([], [])  # events, audit records
-        for index, agent in new:
-            if agent.agent_id not in inserted:
-                later.append(index)  # inserted by another node since the locked read
-                continue
-            results[index] = (agent, True)
-            _announce(regs[index], agent, True, None, batch=announced)
-        _record_new_card_versions([(agent, regs[index].parsed) for index, agent in new
-                                   if agent.agent_id in inserted])
-        events.publish_many(announced[0])
-        for record in announced[1]:
-            events.audit(record)
+    rooms: dict[Any, int | None] = {}
+    new: list[tuple[int, Agent]] = []
+    for agent_id in sorted(first):  # one insertion order for every node's batches
+        index, reg = first[agent_id], regs[first[agent_id]]
+        try:
+            take_agent_quota(reg.actor, rooms)
+        except PermissionDenied:
+            later.append(index)  # near the quota: decided on its own, with the row read
+            continue
+        with tracing.span("registry.register", **{"a2a.agent_id": agent_id}):
+            new.append((index, _new_agent(reg, dict(reg.fields))))
+    inserted = _insert_with_versions([(agent, regs[index].parsed) for index, agent in new])
+    announced: tuple[list, list] = ([], [])  # events, audit records
+    for index, agent in new:
+        if agent.agent_id not in inserted:
+            later.append(index)  # registered already (or by another node meanwhile)
+            continue
+        results[index] = (agent, True)
+        _announce(regs[index], agent, True, None, batch=announced)
+    events.publish_many(announced[0])
+    for record in announced[1]:
+        events.audit(record)
     return later
 
 
-_LOCKED_MANY_SQL: dict[str, str] = {}
-
-
-def _locked_many(agent_ids: list[str]) -> dict[str, Agent]:
-    """The rows of ``agent_ids`` that exist, locked in id order (PostgreSQL: ``= ANY``, one
-    statement text whatever the batch's size)."""
-    if not agent_ids:
-        return {}
-    sql = _LOCKED_MANY_SQL.get(connection.vendor)
-    if sql is None:
-        quote = connection.ops.quote_name
-        meta = Agent._meta
-        columns = ", ".join(quote(f.column) for f in meta.concrete_fields)
-        column = quote(meta.get_field("agent_id").column)
-        sql = _LOCKED_MANY_SQL[connection.vendor] = (
-            f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {column} = ANY(%s) "
-            f"ORDER BY {column} FOR UPDATE")
-    return {agent.agent_id: agent for agent in Agent.objects.raw(sql, [agent_ids])}
-
-
-def _insert_many(agents: list[Agent]) -> set[str]:
-    """INSERT ``agents`` in one statement, skipping ids that exist (``ON CONFLICT DO
-    NOTHING``); the ids inserted, their keys set."""
-    if not agents:
+def _insert_with_versions(cards: list[tuple[Agent, ParsedCard]]) -> set[str]:
+    """INSERT the agents (skipping ids that exist) and the first card version of each one
+    inserted, in one statement; the ids inserted, their keys set."""
+    if not cards:
         return set()
-    rows = insert_rows(Agent, agents, suffix="ON CONFLICT DO NOTHING",
-                       returning=("id", "agent_id"))
-    keys = {agent_id: pk for pk, agent_id in rows}
-    for agent in agents:
+    agent_fields = [f for f in Agent._meta.concrete_fields if not f.primary_key]
+    agent_rows, agent_params = rows.unnest(agent_fields, [agent for agent, _ in cards])
+    version_meta = CardVersion._meta
+    fk = version_meta.get_field("agent")
+    version_fields = [f for f in version_meta.concrete_fields if not f.primary_key and f != fk]
+    versions = [CardVersion(sha256=parsed.sha256, **_version_fields(agent, parsed))
+                for agent, parsed in cards]
+    version_rows, version_params = rows.unnest(
+        version_fields, versions, first=[agent.agent_id for agent, _ in cards])
+    quote = connection.ops.quote_name
+    key, agent_id = quote(Agent._meta.pk.column), quote(Agent._meta.get_field("agent_id").column)
+    columns = ", ".join(f"v.c{i}" for i in range(len(version_fields)))
+    names = ", ".join(f"c{i}" for i in range(len(version_fields)))
+    sql = (f"WITH a AS ({rows.insert_into(Agent, agent_fields)} SELECT * FROM {agent_rows} "
+           f"ON CONFLICT DO NOTHING RETURNING {key}, {agent_id}), "
+           f"v AS ({rows.insert_into(CardVersion, [fk, *version_fields])} "
+           f"SELECT a.{key}, {columns} FROM a JOIN {version_rows} AS v(k, {names}) "
+           f"ON v.k = a.{agent_id}) "
+           f"SELECT {key}, {agent_id} FROM a")
+    keys = dict((agent_id, pk) for pk, agent_id in rows.execute(
+        sql, agent_params + version_params, fetch=True))
+    for agent, _ in cards:
         if agent.agent_id in keys:
             agent.pk = keys[agent.agent_id]
             agent._state.adding = False

@@ -10,7 +10,6 @@ from registry.card_fetch import CardFetchError, fetch_card_bytes
 from registry.cards import CardError, ParsedCard, card_signature_check, parse_card
 from registry.models import Agent, CardVersion
 from registry.netcheck import UnsafeUrl, check_agent_url
-from registry.rows import insert_rows
 from registry.services.errors import InvalidInput
 
 
@@ -80,15 +79,6 @@ def _record_card_version(agent: Agent, parsed: ParsedCard, *, new_agent: bool = 
         # Same bytes, new verdict (a key rotated in or out): the history shows the latest.
         CardVersion.objects.filter(pk=version.pk).update(
             **{k: v for k, v in fields.items() if k.startswith("signature_")})
-
-
-def _record_new_card_versions(cards: list[tuple[Agent, ParsedCard]]) -> None:
-    """The first card version of each agent just inserted, in one multi-row INSERT."""
-    if not cards:
-        return
-    versions = [CardVersion(agent=agent, sha256=parsed.sha256, **_version_fields(agent, parsed))
-                for agent, parsed in cards]
-    insert_rows(CardVersion, versions)
 
 
 def _version_fields(agent: Agent, parsed: ParsedCard) -> dict[str, Any]:
