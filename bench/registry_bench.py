@@ -259,7 +259,21 @@ def at_scale_key(width: int) -> str:
     return f"registration_at_scale_c{width}"
 
 
-async def run_load(base: str, registrar: str, args, node_pid: int | None = None) -> dict:
+async def search_after_burst(session, base: str, admin: str, expected: int) -> dict:
+    """An ARD list right after the registrations: the node answers it once the search
+    documents it deferred are written (read your writes), so its time is how far the index
+    was behind; ``total`` must count every agent registered."""
+    started = time.perf_counter()
+    async with session.get(f"{base}/ard/v1/agents?pageSize=1",
+                           headers={"Authorization": f"Bearer {admin}"}) as resp:
+        status, body = resp.status, await resp.read()
+    total = orjson.loads(body).get("total") if status == 200 else None
+    return {"status": status, "ms": round((time.perf_counter() - started) * 1e3, 1),
+            "total": total, "expected": expected, "complete": total == expected}
+
+
+async def run_load(base: str, registrar: str, args, node_pid: int | None = None,
+                   admin: str | None = None) -> dict:
     import aiohttp
 
     ids = [f"hb-{index:05d}" for index in range(args.agents)]
@@ -282,6 +296,11 @@ async def run_load(base: str, registrar: str, args, node_pid: int | None = None)
               f"{at_scale['per_s']}/s p50 {at_scale['p50_ms']} ms p99 {at_scale['p99_ms']} ms"
               f"{cpu_note(at_scale)}", flush=True)
         registered = {f"registration_c{width}": registration, at_scale_key(width): at_scale}
+        if admin is not None:
+            search = registered["search_after_burst"] = await search_after_burst(
+                session, base, admin, len(ids) + len(more))
+            print(f"ARD list right after: {search['total']} of {search['expected']} agents "
+                  f"in {search['ms']} ms (status {search['status']})", flush=True)
         if args.registrations_only:
             return registered
         cpu = NodeCpu(node_pid)
@@ -438,10 +457,10 @@ def main() -> int:
             }
             node = PlatformNode("registry-node", Path(tmp_name), database_url=db_url,
                                 extra_env=resync_env)
-            _admin, registrar, _caller = node.prepare()
+            admin, registrar, _caller = node.prepare()
             proc = node.serve(args.server)
             try:
-                load = asyncio.run(run_load(node.url, registrar, args, proc.pid))
+                load = asyncio.run(run_load(node.url, registrar, args, proc.pid, admin))
             finally:
                 proc.stop()
                 keep_logs(Path(tmp_name), f"registry-{'postgresql' if db_url else 'sqlite'}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rest_framework import serializers
+from django.utils import timezone
+from rest_framework import ISO_8601, serializers
+from rest_framework.settings import api_settings
 
 from registry import visibility
 from registry.auth import request_actor
@@ -128,8 +130,10 @@ def owner_output(agent: Agent) -> dict:
     global _OWNER_FIELDS
     fields = _OWNER_FIELDS
     if fields is None:
-        fields = _OWNER_FIELDS = [(name, field.source, field.to_representation)
+        fields = _OWNER_FIELDS = [(name, field.source, None if _iso_datetime(field)
+                                   else field.to_representation)
                                   for name, field in AgentOutput().fields.items()]
+    tz = timezone.get_current_timezone()  # once, not once per date (a context-local lookup)
     out: dict = {}
     for name, source, render in fields:
         if name == "owner":
@@ -138,8 +142,22 @@ def owner_output(agent: Agent) -> dict:
             out[name] = visibility.stored_card(agent)  # key order as registered
         else:
             value = getattr(agent, source)
-            out[name] = None if value is None else render(value)
+            if value is None:
+                out[name] = None
+            elif render is None:  # DateTimeField.to_representation, ISO 8601
+                text = value.astimezone(tz).isoformat()
+                out[name] = text[:-6] + "Z" if text.endswith("+00:00") else text
+            else:
+                out[name] = render(value)
     return out
+
+
+def _iso_datetime(field: serializers.Field) -> bool:
+    """Whether ``field`` renders an aware datetime as DRF's default: ISO 8601 in the current
+    time zone, ``Z`` for UTC (no format or time zone of its own)."""
+    return (isinstance(field, serializers.DateTimeField) and not hasattr(field, "format")
+            and not hasattr(field, "timezone")
+            and str(api_settings.DATETIME_FORMAT).lower() == ISO_8601)
 
 
 class HeartbeatOutput(serializers.Serializer):
