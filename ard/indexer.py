@@ -277,12 +277,13 @@ class DeferredWriter:
         with self._cond:
             return self._ids[agent_id] > 0 if agent_id is not None else self._done < self._queued
 
-    def settle(self, timeout: float = SETTLE_TIMEOUT_SECONDS) -> bool:
+    def settle(self, timeout: float | None = None) -> bool:
         """Wait until every document handed over before this call is written (or given up);
-        False if ``timeout`` passed first."""
+        False if ``timeout`` (``SETTLE_TIMEOUT_SECONDS``) passed first."""
         with self._cond:
             target = self._queued
-            return self._cond.wait_for(lambda: self._done >= target, timeout)
+            return self._cond.wait_for(lambda: self._done >= target,
+                                       SETTLE_TIMEOUT_SECONDS if timeout is None else timeout)
 
     def _run(self) -> None:
         while True:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from contextlib import contextmanager
 
 import httpx
@@ -94,6 +95,9 @@ def test_documents_are_written_after_the_registrations_are_answered(postgres_onl
         assert Agent.objects.filter(agent_id__startswith="d-").count() == 3
         assert indexer.writer().deferred("d-2")
         assert _docs("d-") == set()  # the writer waits for the lock; the batch did not
+        started = time.monotonic()
+        assert not indexer.writer().settle(0.3)  # a wait for it is bounded
+        assert time.monotonic() - started < 2
         release()
     assert indexer.writer().settle(10)
     assert _docs("d-") == {"d-1", "d-2", "d-3"}
@@ -174,3 +178,36 @@ def test_a_search_right_after_registrations_written_together_finds_them(live_ser
     assert resp.status_code == 200, resp.text
     found = sorted(r["metadata"]["agentId"] for r in resp.json()["results"])
     assert found == ids
+
+
+def test_registrations_are_answered_while_the_index_cannot_be_written(
+        postgres_only, live_server_url, admin_token, monkeypatch):
+    """The index table locked: registrations written together are still answered at once; a
+    search on the node waits for their documents at most SETTLE_TIMEOUT_SECONDS, then answers
+    with what is written; once the lock goes, the documents land."""
+    monkeypatch.setattr(indexer, "SETTLE_TIMEOUT_SECONDS", 1.0)
+    ids = [f"held-{index:02d}" for index in range(12)]
+
+    async def register_all() -> list[int]:
+        async with httpx.AsyncClient(base_url=live_server_url, timeout=30,
+                                     headers={"Authorization": f"Bearer {admin_token}"}) as api:
+            answers = await asyncio.gather(*(api.post("/api/v1/agents", json={
+                "agent_id": agent_id, "public": True, "ttl_seconds": 600,
+                "card": card_03(name=f"Heldback {agent_id}")}) for agent_id in ids))
+        return [answer.status_code for answer in answers]
+
+    search = {"query": {"text": "heldback"}, "pageSize": 100}
+    with index_locked() as release:
+        started = time.monotonic()
+        assert asyncio.run(register_all()) == [201] * len(ids)
+        assert time.monotonic() - started < 5
+        assert indexer.writer().deferred()
+        started = time.monotonic()
+        resp = httpx.post(f"{live_server_url}/ard/v1/search", json=search, timeout=10)
+        waited = time.monotonic() - started
+        assert resp.status_code == 200, resp.text
+        assert 0.9 <= waited < 4  # the bounded wait, then an answer
+        assert resp.json()["results"] == []  # nothing written yet
+        release()
+    resp = httpx.post(f"{live_server_url}/ard/v1/search", json=search, timeout=10)
+    assert sorted(r["metadata"]["agentId"] for r in resp.json()["results"]) == ids
