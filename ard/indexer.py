@@ -277,6 +277,11 @@ class DeferredWriter:
         with self._cond:
             return self._ids[agent_id] > 0 if agent_id is not None else self._done < self._queued
 
+    def waiting(self) -> int:
+        """How many documents are handed over and not yet written."""
+        with self._cond:
+            return self._queued - self._done
+
     def settle(self, timeout: float | None = None) -> bool:
         """Wait until every document handed over before this call is written (or given up);
         False if ``timeout`` (``SETTLE_TIMEOUT_SECONDS``) passed first."""

@@ -8,6 +8,7 @@ waits (reads go on)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -105,6 +106,51 @@ def test_documents_are_written_after_the_registrations_are_answered(postgres_onl
     doc = AgentDoc.objects.get(agent_id="d-2")
     assert (doc.registry_agent_id, doc.card_sha256, doc.name) == (
         agent.pk, agent.card_sha256, "Deferred d-2")
+
+
+def _cut_the_writers_connection() -> None:
+    """Terminate the server process of the index writer's connection, blocked on the lock
+    (to the writer: the database went away mid-statement)."""
+    sql = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+           "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO \"ard_agentdoc\"%%'")
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(sql)
+            pids = [pid for (pid,) in cursor.fetchall()]
+            if pids or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        assert len(pids) == 1, pids
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pids[0]])
+
+
+def test_the_writer_retries_a_database_outage(postgres_only, monkeypatch):
+    quick = indexer.DeferredWriter(retry_seconds=(0.05, 0.05))
+    monkeypatch.setattr(indexer, "_writer", quick)
+    with index_locked() as release:
+        services.agents_register(_regs(["r-1", "r-2"]))
+        _cut_the_writers_connection()  # the first attempt fails: it tries again, reconnected
+        _cut_the_writers_connection()  # so does the second
+        release()
+    assert quick.settle(10)
+    assert (quick.written, quick.given_up) == (2, 0)
+    assert _docs("r-") == {"r-1", "r-2"}
+
+
+def test_past_its_retries_the_writer_leaves_the_documents_to_the_repair_job(
+        postgres_only, monkeypatch):
+    quick = indexer.DeferredWriter(retry_seconds=(0.05,))
+    monkeypatch.setattr(indexer, "_writer", quick)
+    with index_locked():
+        services.agents_register(_regs(["g-1", "g-2", "g-3"]))
+        _cut_the_writers_connection()
+        _cut_the_writers_connection()  # its last attempt: given up, not retried forever
+        assert quick.settle(10)
+        assert (quick.written, quick.given_up) == (0, 3)
+    assert _docs("g-") == set()
+    assert index_repair_task.apply().get() == 3
+    assert _docs("g-") == {"g-1", "g-2", "g-3"}
 
 
 def test_a_later_change_waits_for_the_agents_deferred_document(postgres_only):
@@ -208,6 +254,17 @@ def test_registrations_are_answered_while_the_index_cannot_be_written(
         assert resp.status_code == 200, resp.text
         assert 0.9 <= waited < 4  # the bounded wait, then an answer
         assert resp.json()["results"] == []  # nothing written yet
+        assert _metric(live_server_url, "kubemq_a2a_ard_index_deferred") == len(ids)
+        written = _metric(live_server_url, "kubemq_a2a_ard_index_written_total")
         release()
     resp = httpx.post(f"{live_server_url}/ard/v1/search", json=search, timeout=10)
     assert sorted(r["metadata"]["agentId"] for r in resp.json()["results"]) == ids
+    assert _metric(live_server_url, "kubemq_a2a_ard_index_deferred") == 0
+    assert _metric(live_server_url, "kubemq_a2a_ard_index_written_total") == written + len(ids)
+
+
+def _metric(base: str, name: str) -> float:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert match, name
+    return float(match.group(1))
