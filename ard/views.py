@@ -4,7 +4,8 @@ Thin Django views (not the proxy hot path): authenticate the tier, parse with :m
 read with :mod:`ard.selectors`, answer JSON. Errors are Appendix B's ``{errorCode, message}``;
 nothing answers a traceback.
 
-Search and explore (full-text ranking, tens of milliseconds at 10,000 agents) are async views
+Search, explore and the agent list (full-text ranking, tens of milliseconds at 10,000 agents;
+each first waits for the search documents this node deferred, ard.indexer) are async views
 whose work runs on a small pool of their own (:data:`WORKERS` threads, at most
 :data:`MAX_PENDING` searches admitted at once, beyond that a 503 ``UNAVAILABLE`` with
 ``Retry-After``): the node's event loop and its other requests never wait for a search, and a
@@ -89,7 +90,6 @@ def ard_view(methods: tuple[str, ...]) -> Callable:
                     Allow=", ".join(methods),
                 )
             try:
-                indexer.settle_deferred()  # this node's deferred documents: read your writes
                 return fn(request, *args, **kwargs)
             except ArdError as exc:
                 extra = {"WWW_Authenticate": 'Bearer realm="ard"'} if exc.status == 401 else {}
@@ -121,6 +121,9 @@ def _in_worker(view: Callable, request: HttpRequest, *args, **kwargs) -> HttpRes
     request thread's (closed when too old or broken)."""
     close_old_connections()
     try:
+        # This node's deferred search documents first (read your writes): waited for here, on
+        # the search pool, never on the thread Django's sync views share.
+        indexer.settle_deferred()
         return view(request, *args, **kwargs)
     finally:
         close_old_connections()
@@ -139,7 +142,7 @@ def ard_pooled_view(methods: tuple[str, ...]) -> Callable:
                 return _json(
                     503,
                     {"errorCode": "UNAVAILABLE",
-                     "message": "too many searches in progress on this node; retry shortly"},
+                     "message": "too many ARD requests in progress on this node; retry shortly"},
                     Retry_After="1",
                 )
             _pending[0] += 1
@@ -232,7 +235,7 @@ def explore(request: HttpRequest) -> HttpResponse:
     return _json(200, selectors.explore(actor=actor, request=parsed, base_url=base_url(request)))
 
 
-@ard_view(("GET",))
+@ard_pooled_view(("GET",))
 def agents(request: HttpRequest) -> HttpResponse:
     """``GET /ard/v1/agents`` (ARD §7.4)."""
     actor = request_tier(request)

@@ -373,8 +373,8 @@ def test_public_flag_and_expiry_follow_events(node, live_server_url):
 def test_searches_run_on_their_own_pool_and_never_hold_the_node(node, live_server_url,
                                                                  monkeypatch):
     """With every search thread busy, a search waits while the node's other requests (another
-    ARD operation, the health check) answer at once; past MAX_PENDING admitted searches the
-    next one is refused with a 503 and Retry-After; once a thread frees up, the queued search
+    ARD operation -- the manifest --, the health check) answer at once; past MAX_PENDING
+    admitted searches the next one (a list too) is refused with a 503 and Retry-After; once a thread frees up, the queued search
     answers normally."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
@@ -395,7 +395,9 @@ def test_searches_run_on_their_own_pool_and_never_hold_the_node(node, live_serve
                 time.sleep(0.01)
             assert views._pending[0] == 1 and not queued.done()
             assert http.get("/healthz").status_code == 200
-            assert http.get("/ard/v1/agents").status_code == 200
+            assert http.get("/.well-known/ai-catalog.json").status_code == 200
+            refused = http.get("/ard/v1/agents")  # the list runs on the search pool too
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             refused = http.post("/ard/v1/search", json=body)
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert refused.json()["errorCode"] == "UNAVAILABLE"
