@@ -469,8 +469,12 @@ def _insert_with_versions(cards: list[tuple[Agent, ParsedCard]]) -> set[str]:
            f"SELECT a.{key}, {columns} FROM a JOIN {version_rows} AS v(k, {names}) "
            f"ON v.k = a.{agent_id}) "
            f"SELECT {key}, {agent_id} FROM a")
-    keys = dict((agent_id, pk) for pk, agent_id in rows.execute(
-        sql, agent_params + version_params, fetch=True))
+    if connection.in_atomic_block:  # a caller's transaction: a failure here must not break it
+        with transaction.atomic():
+            written = rows.execute(sql, agent_params + version_params, fetch=True)
+    else:  # autocommit (the node's batches): the statement is its own transaction
+        written = rows.execute(sql, agent_params + version_params, fetch=True)
+    keys = {agent_id: pk for pk, agent_id in written}
     for agent, _ in cards:
         if agent.agent_id in keys:
             agent.pk = keys[agent.agent_id]

@@ -15,6 +15,7 @@ from ard.models import AgentDoc
 from config import node as node_config
 from registry import netcheck, services
 from registry.models import Agent, CardVersion
+from registry.permissions import SYSTEM as SYSTEM_ACTOR
 from registry.services import InvalidInput, nodes
 from tests.conftest import make_client
 from tests.registry.cards import card_03
@@ -132,3 +133,24 @@ def test_registrations_written_together_are_a_fixed_handful_of_statements(settin
     assert [created for _, created in results] == [False, True, False, True]
     assert Agent.objects.get(agent_id="old").name == "Renewed"
     assert Agent.objects.get(agent_id="dup").name == "B"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_failing_inside_a_callers_transaction_leaves_it_usable():
+    """Written together inside a caller's transaction (not the node's autocommit), a batch
+    statement that fails rolls back to its savepoint: the items are written one by one and
+    the caller's transaction goes on."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the batch statement is PostgreSQL's; SQLite writes one by one")
+    from django.db import transaction
+
+    regs = [services.registration(actor=SYSTEM_ACTOR, agent_id=f"tx-{i}", card=card_03())
+            for i in range(3)]
+    regs[1].fields["ttl_seconds"] = 0  # violates agent_ttl_positive: the batch statement fails
+    with transaction.atomic():
+        results = services.agents_register(regs)
+        assert Agent.objects.filter(agent_id="tx-0").exists()  # the transaction still works
+    assert results[0][1] is True and results[2][1] is True  # (agent, created)
+    assert isinstance(results[1], Exception)
+    assert set(Agent.objects.filter(agent_id__startswith="tx-").values_list(
+        "agent_id", flat=True)) == {"tx-0", "tx-2"}
