@@ -164,8 +164,9 @@ def on_registry_events(events: list[AgentEvent]) -> None:
     if new and not (settings.ARD_INDEX_DEFERRED and _writer.defer(agents)):
         try:
             _upsert_or_each(agents)
-        except DatabaseError:
-            logger.warning("batched index upsert failed; indexing one by one", exc_info=True)
+        except DatabaseError:  # an outage (_upsert_or_each handles the rest): once more, each
+            logger.warning("search documents not written (database unavailable); trying each "
+                           "on its own", exc_info=True)
             new = []
     done = {id(e) for e in new}
     for event in events:

@@ -2,6 +2,7 @@
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import connection, transaction
@@ -29,15 +30,14 @@ def eventually(check, seconds: float = 5.0) -> bool:
 
 
 @contextmanager
-def holding_row(agent_id: str):
-    """Hold ``agent_id``'s row (PostgreSQL: its lock; SQLite: the write lock) from another
-    thread until the block ends or the ``release()`` it yields is called: a node's batch
-    writing that row waits meanwhile."""
+def holding(take) -> Iterator:
+    """Run ``take()`` in a transaction of another thread and hold what it locked until the
+    block ends or the ``release()`` it yields is called."""
     locked, release = threading.Event(), threading.Event()
 
     def hold() -> None:
         with transaction.atomic():
-            Agent.objects.filter(agent_id=agent_id).update(ttl_seconds=F("ttl_seconds"))
+            take()
             locked.set()
             release.wait(30)
         connection.close()
@@ -54,3 +54,10 @@ def holding_row(agent_id: str):
         yield done
     finally:
         done()
+
+
+def holding_row(agent_id: str):
+    """Hold ``agent_id``'s row (PostgreSQL: its lock; SQLite: the write lock) from another
+    thread (:func:`holding`): a node's batch writing that row waits meanwhile."""
+    return holding(lambda: Agent.objects.filter(agent_id=agent_id).update(
+        ttl_seconds=F("ttl_seconds")))

@@ -374,8 +374,8 @@ def test_searches_run_on_their_own_pool_and_never_hold_the_node(node, live_serve
                                                                  monkeypatch):
     """With every search thread busy, a search waits while the node's other requests (another
     ARD operation -- the manifest --, the health check) answer at once; past MAX_PENDING
-    admitted searches the next one (a list too) is refused with a 503 and Retry-After; once a thread frees up, the queued search
-    answers normally."""
+    admitted searches the next one (a list too) is refused with a 503 and Retry-After; once a
+    thread frees up, the queued search answers normally."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 

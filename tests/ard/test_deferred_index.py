@@ -11,12 +11,11 @@ import asyncio
 import re
 import threading
 import time
-from contextlib import contextmanager
 
 import httpx
 import pytest
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection
 
 from ard import indexer
 from ard.models import AgentDoc
@@ -25,6 +24,7 @@ from registry import services
 from registry.models import Agent
 from registry.permissions import SYSTEM
 from tests.registry.cards import card_03
+from tests.services_helpers import holding
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,32 +36,14 @@ def postgres_only():
                     "PostgreSQL; SQLite writes them one by one with their documents")
 
 
-@contextmanager
 def index_locked():
     """Lock ``ard_agentdoc`` against writes from another connection until the block ends or
-    the ``release()`` it yields is called."""
-    locked, release = threading.Event(), threading.Event()
+    the ``release()`` it yields is called (reads go on)."""
+    def lock() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("LOCK TABLE ard_agentdoc IN SHARE ROW EXCLUSIVE MODE")
 
-    def hold() -> None:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("LOCK TABLE ard_agentdoc IN SHARE ROW EXCLUSIVE MODE")
-            locked.set()
-            release.wait(30)
-        connection.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert locked.wait(10)
-
-    def done() -> None:
-        release.set()
-        holder.join()
-
-    try:
-        yield done
-    finally:
-        done()
+    return holding(lock)
 
 
 def _regs(ids: list[str]) -> list[services.Registration]:
@@ -72,6 +54,20 @@ def _regs(ids: list[str]) -> list[services.Registration]:
 def _docs(prefix: str) -> set[str]:
     return set(AgentDoc.objects.filter(agent_id__startswith=prefix)
                .values_list("agent_id", flat=True))
+
+
+def _register_together(base: str, token: str, ids: list[str], word: str) -> list[int]:
+    """Register ``ids`` (public, ``word`` in their names) through the API all at once, so the
+    node writes them together; their answers' status codes."""
+    async def register_all() -> list[int]:
+        async with httpx.AsyncClient(base_url=base, timeout=30,
+                                     headers={"Authorization": f"Bearer {token}"}) as api:
+            answers = await asyncio.gather(*(api.post("/api/v1/agents", json={
+                "agent_id": agent_id, "public": True, "ttl_seconds": 600,
+                "card": card_03(name=f"{word} {agent_id}")}) for agent_id in ids))
+        return [answer.status_code for answer in answers]
+
+    return asyncio.run(register_all())
 
 
 def _in_thread(fn) -> tuple[threading.Thread, threading.Event]:
@@ -210,15 +206,8 @@ def test_a_search_right_after_registrations_written_together_finds_them(live_ser
     """Read your writes on the node: its ARD requests wait for its deferred documents."""
     ids = [f"finch-{index:02d}" for index in range(24)]
 
-    async def register_all() -> list[int]:
-        async with httpx.AsyncClient(base_url=live_server_url, timeout=30,
-                                     headers={"Authorization": f"Bearer {admin_token}"}) as api:
-            answers = await asyncio.gather(*(api.post("/api/v1/agents", json={
-                "agent_id": agent_id, "public": True, "ttl_seconds": 600,
-                "card": card_03(name=f"Zebrafinch {agent_id}")}) for agent_id in ids))
-        return [answer.status_code for answer in answers]
-
-    assert asyncio.run(register_all()) == [201] * len(ids)
+    assert _register_together(live_server_url, admin_token, ids, "Zebrafinch") == \
+        [201] * len(ids)
     resp = httpx.post(f"{live_server_url}/ard/v1/search", timeout=10,
                       json={"query": {"text": "zebrafinch"}, "pageSize": 100})
     assert resp.status_code == 200, resp.text
@@ -234,18 +223,11 @@ def test_registrations_are_answered_while_the_index_cannot_be_written(
     monkeypatch.setattr(indexer, "SETTLE_TIMEOUT_SECONDS", 1.0)
     ids = [f"held-{index:02d}" for index in range(12)]
 
-    async def register_all() -> list[int]:
-        async with httpx.AsyncClient(base_url=live_server_url, timeout=30,
-                                     headers={"Authorization": f"Bearer {admin_token}"}) as api:
-            answers = await asyncio.gather(*(api.post("/api/v1/agents", json={
-                "agent_id": agent_id, "public": True, "ttl_seconds": 600,
-                "card": card_03(name=f"Heldback {agent_id}")}) for agent_id in ids))
-        return [answer.status_code for answer in answers]
-
     search = {"query": {"text": "heldback"}, "pageSize": 100}
     with index_locked() as release:
         started = time.monotonic()
-        assert asyncio.run(register_all()) == [201] * len(ids)
+        assert _register_together(live_server_url, admin_token, ids, "Heldback") == \
+            [201] * len(ids)
         assert time.monotonic() - started < 5
         assert indexer.writer().deferred()
         started = time.monotonic()
