@@ -9,7 +9,7 @@ agent) run on core 0, wrk on core 1, interleaved rounds; ``--profile`` also reco
 tree's gateway with py-spy for one more run (collapsed stacks, for flamegraph tools).
 
     .venv/bin/python bench/hot_cpu.py [--baseline-ref main] [--rounds 5] [--duration 3]
-        [--conns 64] [--profile]
+        [--conns 64] [--size 1024] [--profile]
 """
 
 from __future__ import annotations
@@ -185,6 +185,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=int, default=3)
     parser.add_argument("--conns", type=int, default=64)
+    parser.add_argument("--size", type=int, default=1024,
+                        help="request body bytes (a message/send of exactly this size; "
+                             "262144 for the 256 KiB scenario)")
     parser.add_argument("--callgrind", type=int, metavar="SECONDS", default=0,
                         help="instead: each build's gateway under valgrind's callgrind, "
                              "instructions per request over SECONDS of wrk at c=1")
@@ -214,7 +217,7 @@ def main() -> int:
                     raise RuntimeError(f"{arm.name}: {arm.reason}")
                 arm.pids = [arm.server_pid]  # the gateway's own CPU, not the agent's
             body = tmp / "body.json"
-            body.write_bytes(rpc_body(1024))
+            body.write_bytes(rpc_body(args.size))
             for arm in arms:  # warm-up: caches, pools, first-call imports
                 run_wrk(arm, body, args.conns, 1)
             for index in range(args.rounds):
@@ -245,7 +248,7 @@ def main() -> int:
     print(summary)
     path = write_results("hot-cpu", {
         "command": " ".join(sys.argv), "baseline_ref": args.baseline_ref, "conns": args.conns,
-        "load_core": LOAD_CORE, "machine": machine_info(), "runs": runs, "summary": summary,
+        "size": args.size, "load_core": LOAD_CORE, "machine": machine_info(), "runs": runs, "summary": summary,
         "profile": profile,
     })
     print(f"results: {path}")

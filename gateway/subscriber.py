@@ -52,6 +52,7 @@ from gateway import errors, outbound, tracing
 from gateway import metrics as m
 from gateway.conf import NodeSettings
 from gateway.headers import outbound_headers, relayed_response_headers
+from gateway.jsonrpc import parse_request
 from gateway.resume import ReplayStream, not_found
 from gateway.sse import KEEPALIVE, largest_event, split_events
 from outbound.errors import classify, describe
@@ -747,7 +748,7 @@ class VirtualSubscriber:
         """kubemq profile: tell the agent its stream was cancelled (KubeMQ-style agents
         implement a ``stream_cancel`` JSON-RPC method)."""
         try:
-            original = orjson.loads(body).get("id")
+            original = parse_request(body).get("id")
         except (orjson.JSONDecodeError, AttributeError):
             original = None
         notice = orjson.dumps({

@@ -278,6 +278,47 @@ def test_validation_answers(gw: httpx.Client, agent):
     assert agent.arrived == []  # nothing reached the agent
 
 
+def test_large_bodies_are_validated_as_small_ones(gw: httpx.Client, agent, path_mode):
+    """Bodies above gateway.jsonrpc.LAZY_ABOVE_BYTES take the lazy parse: the same -32700 and
+    -32600 answers, the last of duplicate keys, the caller's timeout, and the body forwarded
+    byte for byte."""
+    register("large-agent", agent.url)
+    url = "/a2a/large-agent"
+    pad = b"p" * 300_000
+
+    def post(body: bytes) -> httpx.Response:
+        return gw.post(url, content=body, headers={"Content-Type": "application/json"})
+
+    for invalid in (b'{"jsonrpc":"2.0","id":1,"method":"m","x":"\xff' + pad + b'"}',  # UTF-8
+                    b'{"jsonrpc":"2.0","id":1,"method":"m","x":"' + pad + b'"',  # truncated
+                    b"\xef\xbb\xbf" + orjson.dumps(rpc(pad=pad.decode()))):  # a BOM
+        r = post(invalid)
+        assert r.status_code == 200 and error_of(r)["code"] == -32700, invalid[:60]
+        assert r.json()["id"] is None and r.headers["x-a2a-executed"] == "false"
+    r = post(b"[" + orjson.dumps(rpc(pad=pad.decode())) + b"]")
+    assert error_of(r)["code"] == -32600
+    assert error_of(r)["data"]["kind"] == "invalid_request"
+    assert "batch" in error_of(r)["message"]
+    # duplicate keys: the last one counts, as for the agent's own parser
+    r = post(b'{"jsonrpc":"2.0","id":3,"method":"message/send","pad":"' + pad
+             + b'","method":""}')
+    assert error_of(r)["code"] == -32600 and r.json()["id"] == 3
+    assert agent.arrived == []
+    forwarded = b'{"jsonrpc":"2.0","id":4,"method":"","pad":"' + pad \
+        + b'","method":"message/send","params":{"n":1}}'
+    r = post(forwarded)
+    assert r.status_code == 200 and r.json()["result"] == {"method": "message/send",
+                                                           "params": {"n": 1}}
+    assert agent.arrived[-1].body == forwarded
+    # the caller's timeout is read from a large body too
+    slow = rpc(rpc_id="t", mode="slow", delay=5, pad=pad.decode())
+    slow["params"]["configuration"] = {"timeout": 1}
+    started = time.monotonic()
+    r = post(orjson.dumps(slow))
+    assert error_of(r)["data"]["kind"] == "timeout" and r.json()["id"] == "t"
+    assert time.monotonic() - started < 4
+
+
 def test_what_the_agent_would_accept_is_forwarded_unchanged(gw: httpx.Client, agent):
     """The gateway checks only what it needs (a JSON object with a string method): a missing
     or non-JSON Content-Type, another jsonrpc version or an unusual id reach the agent as sent,
