@@ -248,8 +248,8 @@ def main() -> int:
     print(summary)
     path = write_results("hot-cpu", {
         "command": " ".join(sys.argv), "baseline_ref": args.baseline_ref, "conns": args.conns,
-        "size": args.size, "load_core": LOAD_CORE, "machine": machine_info(), "runs": runs, "summary": summary,
-        "profile": profile,
+        "size": args.size, "load_core": LOAD_CORE, "machine": machine_info(), "runs": runs,
+        "summary": summary, "profile": profile,
     })
     print(f"results: {path}")
     return 0

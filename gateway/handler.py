@@ -39,7 +39,7 @@ from gateway import errors, metrics, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
-from gateway.jsonrpc import parse_request
+from gateway.jsonrpc import LAZY_ABOVE_BYTES, parse_request
 from gateway.limits import request_timeout
 from gateway.liveness import OWNER_LOST
 from gateway.replicator import ORIGIN
@@ -138,8 +138,10 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
                          extra=[(b"connection", b"close")])
             return
     try:
-        # Tracing reads the task and context ids of params: it takes the whole parse.
-        payload = parse_request(body, whole=tracing.ENABLED)
+        # A small body (the common case) is parsed whole without a call more; tracing reads
+        # the task and context ids of params, so it takes the whole parse too.
+        payload = orjson.loads(body) if len(body) <= LAZY_ABOVE_BYTES \
+            else parse_request(body, whole=tracing.ENABLED)
     except orjson.JSONDecodeError:
         await _error(send, errors.PARSE_ERROR, None, None,
                      _invalid_json_detail(headers.content_type))
