@@ -46,9 +46,9 @@ def parse_request(body: bytes, *, whole: bool = False) -> Any:
         return orjson.loads(body)
     try:
         return _skeleton(body)
-    except _Whole:
-        return orjson.loads(body)
-    except (ValueError, RuntimeError):  # simdjson's refusals (invalid JSON, big integers...)
+    # declined, or refused by simdjson (ValueError: invalid JSON; RuntimeError: big integers,
+    # depth): the whole parse decides
+    except (_Whole, ValueError, RuntimeError):
         return orjson.loads(body)
 
 
