@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -79,22 +80,59 @@ def serve_app(app, **kwargs) -> Iterator[ThreadedUvicorn]:
         # before the test's database is emptied for the next test
 
 
+class PortTaken(Exception):
+    """A ``manage.py serve`` subprocess stopped because its port was taken meanwhile (a port
+    from :func:`free_port` is free only until another process, such as CI's other pass, binds
+    it)."""
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a listening TCP socket on ``port`` (Linux ``/proc``)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for descriptor in descriptors:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{descriptor}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def wait_until_serving(process, url: str, *, timeout: float, what: str) -> None:
-    """Wait for a ``manage.py serve`` subprocess to answer ``/healthz``; fail the test with its
-    output if it exits or does not answer within ``timeout`` seconds."""
+    """Wait for a ``manage.py serve`` subprocess to answer ``/healthz`` on its own socket (an
+    answer from another process that took the port does not count); fail the test with its
+    output if it exits or does not answer within ``timeout`` seconds, or raise
+    :class:`PortTaken` when it stopped because its port was taken."""
     import httpx
     import pytest
 
+    port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
     deadline = time.monotonic() + timeout
     while True:
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200 \
+                    and listens_on(process.pid, port):
                 return
         except httpx.HTTPError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             output = process.stdout.read().decode(errors="replace") if process.stdout else ""
+            if f"port {port} is in use" in output:
+                raise PortTaken(output)
             pytest.fail(f"{what} did not start:\n{output}")
         time.sleep(0.1)
 

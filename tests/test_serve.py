@@ -146,3 +146,35 @@ def test_admin_assets_are_served(live_server_url):
     r = httpx.get(live_server_url + "/static/admin/css/base.css")
     assert r.status_code == 200 and "text/css" in r.headers["content-type"]
     assert httpx.get(live_server_url + "/static/nope.css").status_code == 404
+
+
+def test_waiting_for_a_node_tells_its_own_answer_from_another_process_on_its_port(tmp_path):
+    """Test plumbing CI depends on: a port from ``free_port`` can be taken by another process
+    (CI's other pass) before a node subprocess binds it. ``wait_until_serving`` must not take
+    that process's ``/healthz`` for the node's: it raises ``PortTaken`` (the node stopped on
+    ``port N is in use``) so the caller retries on another port."""
+    from tests.servers import PortTaken, listens_on, serve_app, wait_until_serving
+
+    async def healthy(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b'{"status": "ok"}'})
+
+    env = _env(tmp_path)
+    _manage(env, "migrate", "--no-input")
+    with serve_app(healthy, lifespan="off") as squatter:
+        port = int(squatter.url.rsplit(":", 1)[1])
+        assert listens_on(os.getpid(), port)  # the squatter is this test process
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--port", str(port), "--server", "uvicorn"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        try:
+            with pytest.raises(PortTaken, match=f"port {port} is in use"):
+                wait_until_serving(proc, squatter.url, timeout=60, what="node")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)

@@ -38,6 +38,7 @@ from tests.conftest import make_client
 from tests.gateway.test_cluster import _database_url
 from tests.gateway.test_proxy import rpc
 from tests.servers import (
+    PortTaken,
     answer_lifespan,
     free_port,
     kernel_buffer_bytes,
@@ -185,12 +186,10 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
         for k, v in os.environ.items()
         if not k.startswith("PYTEST") and k not in ("DATABASE_URL", "REDIS_URL")
     }
-    port = free_port()
     env.update(
         SECRET_KEY="backpressure-test",
         A2A_TESTING="false",
         LOG_LEVEL="WARNING",
-        NODE_ID=f"bp-{server}-{port}",
         A2A_SSE_STALL_TIMEOUT_SECONDS=str(STALL_SECONDS),
         # the test's outbound client (the ``outbound_client`` fixture sets the setting)
         A2A_OUTBOUND_CLIENT=settings.A2A_OUTBOUND_CLIENT,
@@ -203,25 +202,33 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
             token = make_client(["admin"])[1]
         else:
             token = _embedded_data(env, data_dir)
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "manage.py",
-                "serve",
-                "--server",
-                server,
-                "--port",
-                str(port),
-                "--no-periodic",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        node = Node(f"http://127.0.0.1:{port}", port, process, token)
+        for attempt in range(3):  # a free port can be taken before the node binds it
+            port = free_port()
+            env["NODE_ID"] = extra.get("NODE_ID") or f"bp-{server}-{port}"
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "manage.py",
+                    "serve",
+                    "--server",
+                    server,
+                    "--port",
+                    str(port),
+                    "--no-periodic",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            node = Node(f"http://127.0.0.1:{port}", port, process, token)
+            try:
+                wait_until_serving(process, node.url, timeout=60, what="node")
+                break
+            except PortTaken:
+                if attempt == 2:
+                    raise
         try:
-            wait_until_serving(process, node.url, timeout=60, what="node")
             yield node
         finally:
             process.terminate()
