@@ -137,6 +137,33 @@ def wait_until_serving(process, url: str, *, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+def start_node(env: dict[str, str], server: str = "uvicorn", *, what: str = "node",
+               timeout: float = 60.0, node_id: str | None = None):
+    """``manage.py serve --server <server> --no-periodic`` in a subprocess with ``env``, on a
+    free port, serving; answers ``(process, port)``. A free port can be taken before the node
+    binds it (:class:`PortTaken`): it starts again on another one, three times at most.
+    ``NODE_ID`` is ``node_id``, else the environment's, else ``node-<port>``."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    for attempt in range(3):
+        port = free_port()
+        env = {**env, "NODE_ID": node_id or env.get("NODE_ID") or f"node-{port}"}
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "serve", "--server", server, "--port", str(port),
+             "--no-periodic"],
+            cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_until_serving(process, f"http://127.0.0.1:{port}", timeout=timeout, what=what)
+            return process, port
+        except PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 # --- raw ASGI agents: what every scripted agent of the tests does the same way ------------------
 
 

@@ -14,6 +14,7 @@ events as fast as its connection takes them and counts what it sent.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 import socket
@@ -38,13 +39,11 @@ from tests.conftest import make_client
 from tests.gateway.test_cluster import _database_url
 from tests.gateway.test_proxy import rpc
 from tests.servers import (
-    PortTaken,
     answer_lifespan,
-    free_port,
     kernel_buffer_bytes,
     read_body,
     serve_agent,
-    wait_until_serving,
+    start_node,
     watch_disconnect,
 )
 
@@ -177,6 +176,9 @@ def _embedded_data(env: dict[str, str], data_dir: str) -> str:
     return token
 
 
+_node_numbers = itertools.count(1)
+
+
 @contextmanager
 def running_node(server: str, *, distributed: bool = False, **extra: str) -> Iterator[Node]:
     """``manage.py serve --server <server>`` in a subprocess: embedded with its own data dir,
@@ -202,32 +204,9 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
             token = make_client(["admin"])[1]
         else:
             token = _embedded_data(env, data_dir)
-        for attempt in range(3):  # a free port can be taken before the node binds it
-            port = free_port()
-            env["NODE_ID"] = extra.get("NODE_ID") or f"bp-{server}-{port}"
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "manage.py",
-                    "serve",
-                    "--server",
-                    server,
-                    "--port",
-                    str(port),
-                    "--no-periodic",
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-            node = Node(f"http://127.0.0.1:{port}", port, process, token)
-            try:
-                wait_until_serving(process, node.url, timeout=60, what="node")
-                break
-            except PortTaken:
-                if attempt == 2:
-                    raise
+        process, port = start_node(env, server, node_id=extra.get("NODE_ID")
+                                   or f"bp-{server}-{os.getpid()}-{next(_node_numbers)}")
+        node = Node(f"http://127.0.0.1:{port}", port, process, token)
         try:
             yield node
         finally:

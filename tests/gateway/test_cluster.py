@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import quote
 
 import httpx
@@ -28,10 +26,9 @@ from tests.conftest import make_client
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import rpc
 from tests.gateway.test_streaming import read_events, wait_until
-from tests.servers import free_port, wait_until_serving, wire_name
+from tests.servers import start_node, wire_name
 
 agent = proxy.agent
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _database_url() -> str:
@@ -58,19 +55,13 @@ def node_b(request, live_server_url, redis_url, postgres_url):
     """Node B, a ``manage.py serve`` process; ``indirect`` parametrization adds settings."""
     if settings.EMBEDDED or connection.vendor != "postgresql":
         pytest.skip("cross-node routing needs the distributed mode (REDIS_URL, DATABASE_URL)")
-    port = free_port()
     node_id = f"node-b-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(NODE_ID=node_id, DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL,
                SECRET_KEY="cluster-test", LOG_LEVEL="WARNING",
                ALLOWED_HOSTS="127.0.0.1,localhost", **getattr(request, "param", {}))
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--server", "uvicorn", "--port", str(port),
-         "--no-periodic"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    process, port = start_node(env, what="node B", timeout=30)
     url = f"http://127.0.0.1:{port}"
-    wait_until_serving(process, url, timeout=30, what="node B")
     try:
         yield NodeB(node_id, url, process)
     finally:

@@ -13,9 +13,7 @@ from __future__ import annotations
 import gzip
 import os
 import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
@@ -32,9 +30,8 @@ from registry import services
 from registry.permissions import SYSTEM
 from tests.discovery.servers import CardServer, make_card, skill
 from tests.gateway.test_streaming import wait_until
-from tests.servers import free_port, read_body, serve_app, wait_until_serving
+from tests.servers import free_port, read_body, serve_app, start_node
 
-ROOT = Path(__file__).resolve().parents[2]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{CALLER_SPAN}-01"
@@ -309,7 +306,6 @@ def test_parentage_across_two_nodes(
 
     collector = OtlpCollector()
     with serve_app(collector, lifespan="off") as otlp:
-        port = free_port()
         node_b_id = f"node-b-trace-{os.getpid()}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "OTEL_"))}
         env.update(
@@ -324,25 +320,9 @@ def test_parentage_across_two_nodes(
             OTEL_BSP_SCHEDULE_DELAY="100",
             OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{otlp.url}/v1/traces",
         )
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "manage.py",
-                "serve",
-                "--server",
-                "uvicorn",
-                "--port",
-                str(port),
-                "--no-periodic",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        process, port = start_node(env, what="node B", timeout=30)
         node_b = f"http://127.0.0.1:{port}"
         try:
-            wait_until_serving(process, node_b, timeout=30, what="node B")
             _, admin = make_client(["admin"], name="trace-admin")
             r = httpx.post(
                 f"{node_b}/api/v1/agents",
