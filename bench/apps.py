@@ -1,14 +1,14 @@
 """The ASGI applications the proxy benchmark runs, each in its own pinned process.
 
 * ``upstream``       -- the fast local agent: raw ASGI, a fixed JSON-RPC result for any POST
-                        (the stand-in for PERFORMANCE.md's nginx upstream); ``message/stream``
+                        (the stand-in for a fixed-answer nginx upstream); ``message/stream``
                         answers SSE. Serve it with uvicorn + uvloop + httptools.
 * ``httpx_proxy``    -- the *naive* proxy (arm ``httpx-naive-proxy``): the simplest one a user
                         would write, Starlette + one shared ``httpx.AsyncClient`` with its
                         defaults (20 keep-alive connections), deliberately not tuned like the
                         aiohttp arm (raw ASGI, unlimited pool). A floor, not a target.
 * ``aiohttp_proxy``  -- raw ASGI + one aiohttp ``ClientSession``: the reference proxy whose
-                        throughput PERFORMANCE.md's gateway targets are measured against.
+                        throughput the gateway floors in docs/performance.md are measured against.
 * ``otlp_sink``      -- an OTLP/HTTP trace receiver that accepts and drops every export (the
                         collector of the traced gateway arm, ``proxy_bench.py --tracing``).
 * ``daphne_ceiling`` -- a raw ASGI callable that answers a fixed JSON-RPC result, routed by a

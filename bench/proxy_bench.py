@@ -1,6 +1,6 @@
 """Gateway benchmark: the gateway side by side with a direct call and reference proxies.
 
-Method (PERFORMANCE.md): one run, interleaved rounds, every server process pinned to core 0
+Method (docs/performance.md): one run, interleaved rounds, every server process pinned to core 0
 (``taskset -c 0``), the load generator (``wrk -t1``, and this script's own aiohttp client for
 SSE) on core 1, a fast local agent answering a fixed JSON-RPC result. Arms:
 
@@ -654,7 +654,7 @@ def ratios(summary: dict) -> list[dict]:
         if scenario == "1KiB c=1":
             rows.append({"figure": "1KiB c=1: aiohttp-proxy added p50 over direct (us)",
                          "value": round(p50_aio - p50_direct) if p50_aio and p50_direct
-                         else None, "target": "reference (PERFORMANCE.md: ~+200)"})
+                         else None, "target": "reference (~+200 us on this machine kind)"})
     return rows
 
 

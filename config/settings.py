@@ -206,7 +206,7 @@ if REDIS_URL:
                     {
                         "address": REDIS_URL,
                         "socket_connect_timeout": 2,
-                        # Above the core layer's 5 s blocking read (see PERFORMANCE.md).
+                        # Above the core layer's 5 s blocking read (redis-py 8 raises TimeoutError on an idle receive otherwise).
                         "socket_timeout": 10,
                     }
                 ],
@@ -242,7 +242,7 @@ ARD_INDEX_REPAIR_SECONDS = env_float("ARD_INDEX_REPAIR_SECONDS", 300.0, minimum=
 # (config.periodic): expiry and node-death recovery need no single beat process. Empty: beat only.
 A2A_NODE_PERIODIC_TASKS = env_list("A2A_NODE_PERIODIC_TASKS",
                                    ["registry-expire-agents", "ard-index-repair"])
-# Every entry expires within its interval so a backlog never piles up (STYLE.md rule 10).
+# Every entry expires within its interval so a backlog never piles up (Celery beat entries with expires <= interval).
 CELERY_BEAT_SCHEDULE = {
     "registry-expire-agents": {
         "task": "registry.tasks.agents_expire_task",

@@ -89,7 +89,7 @@ def _positive(value: Any, where: str) -> int:
 
 
 def validate_config(data: dict[str, Any]) -> dict[str, Any]:
-    """Check the file's shape (ARCHITECTURE.md) and return it normalised."""
+    """Check the file's shape (docs/discovery.md) and return it normalised."""
     unknown = sorted(set(data) - TOP_LEVEL_KEYS)
     if unknown:
         raise ConfigFileError(f"unknown keys: {', '.join(unknown)}")

@@ -1,4 +1,4 @@
-"""Gateway errors: the kinds of ARCHITECTURE.md's table, their codes per error profile, and the
+"""Gateway errors: the kinds of the error table (docs/kubemq.md), their codes per error profile, and the
 JSON-RPC error bodies the gateway answers with.
 
 A *transport* error is answered by the gateway itself: a JSON-RPC error with the caller's
@@ -90,7 +90,7 @@ _PREFIX = {
 def message_for(
     kind: str, agent_id: str | None, detail: str = "", status: int | None = None
 ) -> str:
-    """The error message of ARCHITECTURE.md's table for ``kind``."""
+    """The error message of the error table for ``kind``."""
     if kind in _PREFIX:
         return _PREFIX[kind] + (detail or kind.replace("_", " "))
     if kind == AGENT_NOT_FOUND:

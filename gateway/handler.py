@@ -758,7 +758,7 @@ class _Credit:
     Sent from a task of its own, one at a time (a later total replaces an unsent one): the
     relay never waits on a publish, so a caller leaving is acted on at once even while the
     layer's publishes queue up (the Redis pub/sub layer publishes one message at a time per
-    connection; issue 9.7)."""
+    connection)."""
 
     __slots__ = ("node", "tags", "agent_id", "step", "total", "reported", "_sending")
 

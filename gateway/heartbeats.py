@@ -1,7 +1,7 @@
 """Heartbeats answered before Django's view stack (the registry's hottest call).
 
 10,000 agents heartbeating every 10 s is 1,000 requests/s; Django's view and middleware stack
-alone caps a core near that (PERFORMANCE.md), and sync views under ASGI run one at a time on
+alone caps a core near that (docs/adr/0001), and sync views under ASGI run one at a time on
 one thread. So ``POST /api/v1/agents/{id}/heartbeat`` and KubeMQ's ``POST /agents/heartbeat``
 with a bearer token are answered here: token from the process's token cache (the one DRF
 uses), the lease renewed with the heartbeats arriving with it (one ``UPDATE ... RETURNING``

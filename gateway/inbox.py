@@ -3,7 +3,7 @@
 It carries two kinds of message: replies to the Queries this node's gateway sent through the
 broker (demultiplexed by request id to the waiting request), and registry events other nodes
 announce on the ``_AGENTS_.discovery`` group (handed to the replicator). One receive loop per
-channel, never cancelled and re-issued, as both Redis layers require (PERFORMANCE.md).
+channel, never cancelled and re-issued, as both Redis layers require (docs/adr/0003).
 
 The loop never waits on a request: each pending request registers a non-blocking ``put_nowait``
 into a bounded buffer of its own (``gateway.sse.StreamBuffer``). A slow stream cannot stall it

@@ -3,7 +3,7 @@
 How it was chosen, by measurement (wrk -t1 pinned to core 1, servers on core 0, 1 KiB
 message/send, CPU per request read from /proc, interleaved rounds on this 2-core machine):
 
-- httpx: out of the hot path (PERFORMANCE.md: its pool is 10x slower than aiohttp at c=64;
+- httpx: out of the hot path (docs/adr/0002: its pool is 10x slower than aiohttp at c=64;
   httpx over the aiohttp transport still 2.7x slower). It stays the project's HTTP API
   everywhere else (card fetching, discovery, tests).
 - aiohttp behind this module (first version): the gateway reached ~0.8x the reference

@@ -1,7 +1,7 @@
 """The gateway's own Redis channel layer (``A2A_CHANNEL_LAYER=direct``, the default with Redis).
 
 Redis pub/sub under the Channels layer API (``send``, ``receive``, ``new_channel``, the groups
-and flush extensions), with the pub/sub layer's semantics (PERFORMANCE.md) and less work per
+and flush extensions), with the pub/sub layer's semantics (docs/adr/0003) and less work per
 message. Profiling two nodes under load showed channels-redis's pub/sub layer spending most of
 a cross-node call in redis-py: every ``publish()`` takes a lock and a pooled connection and waits
 for its own round trip (so at c=64 the sends of a node queue behind one another), and every

@@ -11,7 +11,7 @@ checked one by one and written together (group commit, :mod:`gateway.batching`):
 handoff and one transaction of multi-row statements per batch. The DRF views stay the documented
 implementation (OpenAPI) and answer what this path passes on: staff sessions, other content
 types, bodies without a ``Content-Length`` on /api/v1. Django's view and middleware stack and
-its one-at-a-time sync thread cost more than a registration itself (PERFORMANCE.md).
+its one-at-a-time sync thread cost more than a registration itself (docs/adr/0005).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """HTTP routing: ``/a2a/...``, ``/metrics``, heartbeats and registrations to lean ASGI handlers,
 the rest to Django.
 
-Django's view and middleware stack alone caps a core near 1,000 req/s (PERFORMANCE.md), so the
+Django's view and middleware stack alone caps a core near 1,000 req/s (docs/adr/0001), so the
 gateway's hot path never enters it; the admin, the REST API and everything else do. The router
 hands each ``/a2a`` request the node it serves (:class:`gateway.runtime.NodeHost`).
 """

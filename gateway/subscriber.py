@@ -437,7 +437,7 @@ class VirtualSubscriber:
 
     async def _refuse(self, sink: Sink, message: dict[str, Any], local: bool) -> None:
         """Answer a Query without running it. Through the broker the reply is sent from a task
-        of its own: the receive loop must never wait on a publish (issue 9.7: the Redis pub/sub
+        of its own: the receive loop must never wait on a publish (the Redis pub/sub
         layer publishes one message at a time per connection, so a busy reply queued behind
         the relayed streams' publishes held the loop for seconds while the stream_cancel and
         stream_credit messages piled up on the agent's channel, and every waiting stream kept
@@ -451,7 +451,7 @@ class VirtualSubscriber:
         # The slot is released here, not in the stream task: a stream cancelled before its
         # task first ran never enters ``_run_stream`` (its ``finally`` never runs), and a
         # cancel can come that soon - the Redis pub/sub layer queues messages locally, so the
-        # receive loop may take the Query and its stream_cancel in one go (issue 9.7).
+        # receive loop may take the Query and its stream_cancel in one go.
         self.in_flight -= 1
         self.streams.pop(request_id, None)
         self._stream_sinks.pop(request_id, None)
@@ -490,7 +490,7 @@ class VirtualSubscriber:
 
     def _cancel(self, request_id: str, task: asyncio.Task, tries: int = CANCEL_RETRIES) -> None:
         """Cancel a stream's task, and cancel it again while it keeps running: a cancellation
-        can be swallowed by code the relay awaits (issue 9.7: redis-py's asyncio client, under
+        can be swallowed by code the relay awaits (redis-py's asyncio client, under
         channels-redis, sometimes completes a ``publish`` whose task was cancelled meanwhile;
         the relay then went on to wait for stream credit until the credit timeout)."""
         if task.done():

@@ -16,7 +16,7 @@ as "connect timed out", and for the gateway a delivered request as never sent. I
 its own session, so the checked resolver and the policy's TLS context would have to be
 injected through its internals. Measured here (bench/discovery_bench.py's card server, 3,000
 GETs on loopback): plain httpx 1,260/s at concurrency 2 falling to 720/s at 16 (its pool scans
-every connection per request, PERFORMANCE.md), httpx over this transport 11,000/s; the
+every connection per request, docs/adr/0002), httpx over this transport 11,000/s; the
 10,000-card all-304 discovery cycle needs the latter to stay within 10 s on two cores. So the
 transport stays, 60 lines, with a correct error map (:func:`_map_aiohttp_error`).
 """

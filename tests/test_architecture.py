@@ -1,4 +1,4 @@
-"""The import rules of the layout (STYLE.md rule 2, issue 7): the registry imports neither the
+"""The import rules of the layout: the registry imports neither the
 gateway nor discovery, the shared outbound layer (``outbound/``) imports none of the apps, and
 the gateway's modules import one another one way (no cycle, counting imports inside functions
 too, which hide cycles rather than remove them)."""

@@ -210,7 +210,7 @@ def _register_one(reg: Registration) -> tuple[Agent, bool]:
     fields = dict(reg.fields)
     created = False
     # One locked read, then one write: the owner and quota checks see the row the write
-    # replaces (a registration is a handful of statements, PERFORMANCE.md).
+    # replaces (a registration is a handful of statements).
     with transaction.atomic():
         agent = _locked(agent_id)
         old_sha = agent.card_sha256 if agent is not None else None

@@ -1,4 +1,4 @@
-"""Callers that vanish from SSE streams, repeated until a slip shows (issue 9.7).
+"""Callers that vanish from SSE streams, repeated until a slip shows.
 
 A fault run once saw one abandoned stream in ~3,300 keep its agent-side stream and its
 concurrency slot for ~20 s. This test repeats the disconnect pattern many times: raw-socket
@@ -242,7 +242,7 @@ def _in_flight(base_url: str, agent_id: str):
 
 
 #: Through Redis (the pub/sub layer), callers vanishing in the "credit" pattern once left up to
-#: 64 agent streams open for the credit timeout (issue 9.7). Causes, all fixed in the gateway:
+#: 64 agent streams open for the credit timeout. Causes, all fixed in the gateway:
 #: the cancelled stream task kept running (redis-py's asyncio ``publish`` can swallow a
 #: cancellation: the task is now cancelled again until it ends), the leaked slots made new
 #: Queries ``busy``, and the receive loop awaited each busy reply's publish behind the layer's
@@ -300,7 +300,7 @@ def test_stream_cancelled_before_its_task_ran_frees_the_slot(live_server_url, st
     """A Query and its stream_cancel taken by the receive loop in one go, without the loop
     yielding in between (the Redis pub/sub layer and the in-memory layer hand queued messages
     over that way): the stream's task is cancelled before it first ran. Its slot must still be
-    released; before issue 9.7's fix it never was (the task's ``finally`` never ran)."""
+    released; before the fix it never was (the task's ``finally`` never ran)."""
     from gateway import envelope as env
     from gateway import runtime
 

@@ -1,4 +1,4 @@
-"""Backpressure of relayed streams against running nodes (issue 10.2).
+"""Backpressure of relayed streams against running nodes.
 
 A caller that stops reading an SSE stream must not make the node buffer the agent's stream:
 at most ``A2A_SSE_BUFFER_BYTES`` wait per stream, the agent is then no longer read, and a

@@ -1,6 +1,6 @@
 """Profile kubemq: an agent's HTTP error status that is not a JSON-RPC answer becomes HTTP 200
 with a JSON-RPC error, as KubeMQ documents (kubemq-a2a docs/reference/error-codes.md); the
-a2a profile relays the agent's status and body unchanged (issue 10.19).
+a2a profile relays the agent's status and body unchanged.
 
 Against the scripted agent of test_proxy (``mode=status``), over the local fast path and the
 Channels layer, for sync and streaming methods.

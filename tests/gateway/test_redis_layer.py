@@ -1,4 +1,4 @@
-"""The broker semantics the gateway relies on (PERFORMANCE.md), proved on a real Redis for both
+"""The broker semantics the gateway relies on (docs/adr/0003), proved on a real Redis for both
 Redis layers it supports: ``direct`` (gateway.redis_layer, the default) and ``pubsub``
 (channels-redis). Single owner, no delivery without a listener, checked sends, order, groups,
 bounded mailboxes, recovery after a Redis restart."""

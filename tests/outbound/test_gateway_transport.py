@@ -149,7 +149,7 @@ def test_header_floods_are_bounded(gw, shape):
 def test_bytes_after_a_response_never_reach_a_caller(gw, extra, outbound_client):
     if outbound_client == "aiohttp" and extra == b"SMUGGLED":
         # aiohttp 3.14 pools the poisoned connection: the next call on it fails (`unreachable`)
-        # - the defect of issue 10.5, in the library. The own client closes it.
+        # - the defect, in the library. The own client closes it.
         pytest.xfail("aiohttp reuses a connection with bytes left after a response")
 
     def script(conn: socket.socket, agent: RawAgent) -> None:

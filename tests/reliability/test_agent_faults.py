@@ -1,7 +1,7 @@
 """Fault matrix, agent rows: agent killed -9 mid-stream, hang, 5xx, connection reset, cut-off
 body, and the concurrency cap (100 of 150). Each test counts at the agent which request ids it
 received, so it can assert 0 lost and 0 duplicated, and checks the error kind the caller got.
-(``X-A2A-Executed`` after delivery -- issue 9.5 -- is asserted where the gateway already sets it:
+(``X-A2A-Executed`` after delivery is asserted where the gateway already sets it:
 busy refusals and terminal stream events.)"""
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def test_agent_body_cut_off(platform):
         agent_id = register(proxy.url)
         response = caller.post(f"/a2a/{agent_id}", json=_send("c-1"))
         # The request reached the agent; its answer was cut: a retryable transport error.
-        # (Whether it says executed=true is issue 9.5's transport part, not checked here.)
+        # (Whether it says executed=true is the transport's part, not checked here.)
         assert _error_kind(response) in ("unreachable", "upstream_unavailable"), response.text
         assert rpc_ids_received(agent) == ["c-1"]
 

@@ -1,4 +1,4 @@
-"""Gateway auth hardening (issue 10.9, 10.10, 10.18) against a live node and real SDK agents.
+"""Gateway auth hardening against a live node and real SDK agents.
 
 * token-less and bad-token floods are rate limited per client address before authentication,
   while a good caller at the same address keeps its own allowance;

@@ -1,4 +1,4 @@
-"""Fault matrix, scheduling rows (issue 9.3): Celery beat survives PostgreSQL and Redis outages
+"""Fault matrix, scheduling rows: Celery beat survives PostgreSQL and Redis outages
 (started while the database is down, database killed -9 under it, broker killed -9 under it),
 and agent expiry does not need beat at all: serving nodes run it under a cluster-wide lock."""
 

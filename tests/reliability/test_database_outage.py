@@ -1,4 +1,4 @@
-"""Fault matrix, PostgreSQL rows (issue 9.1, 9.2): the private PostgreSQL is killed -9 under a
+"""Fault matrix, PostgreSQL rows: the private PostgreSQL is killed -9 under a
 running node (private Redis too, distributed mode) and restarted.
 
 * calls keep flowing with verified tokens while the database is down (stale window), each

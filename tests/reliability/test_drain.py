@@ -1,4 +1,4 @@
-"""A node stopping (SIGTERM) drains its calls, under both servers (issue 9.6: a rolling restart
+"""A node stopping (SIGTERM) drains its calls, under both servers (a rolling restart
 loses no call).
 
 The server stops accepting connections and closes its idle ones at once; the calls it is

@@ -1,4 +1,4 @@
-"""Failover (issue 9.4, 9.6): calls to a dead owner end at once; a surviving node adopts a dead
+"""Failover: calls to a dead owner end at once; a surviving node adopts a dead
 node's agents; a node stopping cleanly hands its agents over; KubeMQ's expire-and-re-register
 behaviour stays available (``A2A_FAILOVER=expire``).
 
