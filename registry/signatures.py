@@ -282,11 +282,9 @@ def policy() -> str:
 
 
 def _raw_view(card: dict[str, Any]) -> str:
-    from a2a.utils._jcs import canonicalize
-    from a2a.utils.signing import _clean_empty
+    from registry.sdk_signing import canonical_card_payload
 
-    body = {k: v for k, v in card.items() if k != "signatures"}
-    return canonicalize(_clean_empty(body) or {})
+    return canonical_card_payload(card)
 
 
 def _sdk_view(card: dict[str, Any]) -> tuple[Any, str] | None:
@@ -294,14 +292,15 @@ def _sdk_view(card: dict[str, Any]) -> tuple[Any, str] | None:
     import warnings
 
     from a2a.client.card_resolver import parse_agent_card
-    from a2a.utils.signing import _canonicalize_agent_card
     from google.protobuf.json_format import ParseError
+
+    from registry.sdk_signing import canonical_sdk_card_payload
 
     try:
         proto = parse_agent_card(copy.deepcopy(card))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # missing required fields: not our concern here
-            return proto, _canonicalize_agent_card(proto)
+            return proto, canonical_sdk_card_payload(proto)
     except (ParseError, ValueError, TypeError, RecursionError):
         return None
 

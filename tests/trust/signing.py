@@ -58,11 +58,9 @@ def sign_10(card: dict[str, Any], key: TestKey, *, jku: str | None = None) -> di
 
 def sign_raw(card: dict[str, Any], key: TestKey, *, jku: str | None = None) -> dict[str, Any]:
     """Any card signed over its own JCS form (``signatures`` and empty values removed)."""
-    from a2a.utils._jcs import canonicalize
-    from a2a.utils.signing import _clean_empty
+    from registry.sdk_signing import canonical_card_payload
 
-    body = {k: v for k, v in card.items() if k != "signatures"}
-    payload = canonicalize(_clean_empty(body)).encode()
+    payload = canonical_card_payload(card).encode()
     headers = {k: v for k, v in key.header(jku).items() if v is not None}
     token = api_jws.encode(payload, key.private, algorithm=key.alg, headers=headers)
     protected, _, signature = token.split(".")
