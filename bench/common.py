@@ -160,6 +160,8 @@ class PlatformNode:
         if database_url:
             extra["DATABASE_URL"] = database_url
             extra.setdefault("SECRET_KEY", "bench-secret-key")
+            if "REDIS_URL" not in extra:
+                extra["A2A_SINGLE_NODE"] = "true"
         self.env = clean_env(**extra)
         self.env["PYTHONPATH"] = str(root)
         self.tmp = tmp

@@ -183,6 +183,7 @@ def main() -> int:
     if args.postgres:
         url, created = create_postgres_db(args.postgres_url)
         os.environ["DATABASE_URL"] = url
+        os.environ["A2A_SINGLE_NODE"] = "true"
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     server = _start_server(port)

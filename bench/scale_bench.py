@@ -54,6 +54,7 @@ NODE = "scale-node"
 def _setup_django(tmp: str, database_url: str | None) -> None:
     if database_url:
         os.environ["DATABASE_URL"] = database_url
+        os.environ["A2A_SINGLE_NODE"] = "true"
     else:
         os.environ.pop("DATABASE_URL", None)
         os.environ["A2A_SQLITE_PATH"] = os.path.join(tmp, "scale.sqlite3")

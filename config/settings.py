@@ -17,7 +17,15 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_choice, env_float, env_int, env_list, env_str
+from config.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    refuse_unknown_names,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("A2A_DATA_DIR", str(BASE_DIR / "data")))
@@ -26,11 +34,34 @@ DATABASE_URL = env_str("DATABASE_URL")
 REDIS_URL = env_str("REDIS_URL")
 EMBEDDED = not REDIS_URL
 
+# PostgreSQL without Redis is a mode of its own, chosen explicitly: one node on PostgreSQL with
+# the in-memory channel layer and in-process jobs. Without the switch, DATABASE_URL alone is
+# refused: a second node started the same way would share the database but not the broker, and
+# calls entering it for the first node's agents would find no subscriber.
+A2A_SINGLE_NODE = env_bool("A2A_SINGLE_NODE", False)
+if DATABASE_URL and not REDIS_URL and not A2A_SINGLE_NODE:
+    raise ImproperlyConfigured(
+        "DATABASE_URL is set but REDIS_URL is not. Set REDIS_URL too for distributed mode "
+        "(several nodes, Celery workers and beat), or set A2A_SINGLE_NODE=true to run exactly "
+        "one node on this database with the in-memory channel layer and in-process jobs."
+    )
+if A2A_SINGLE_NODE and REDIS_URL:
+    raise ImproperlyConfigured(
+        "A2A_SINGLE_NODE=true and REDIS_URL contradict each other: unset A2A_SINGLE_NODE for "
+        "distributed mode, or unset REDIS_URL for one node."
+    )
+
 DEBUG = env_bool("DEBUG", False)
+if DEBUG and not EMBEDDED:
+    raise ImproperlyConfigured(
+        "DEBUG=true is refused in distributed mode (REDIS_URL set): it would accept any Host "
+        "header and show tracebacks to callers. Unset DEBUG, or develop in embedded mode "
+        "(unset REDIS_URL and DATABASE_URL)."
+    )
 
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
-    if not (EMBEDDED or DEBUG):
+    if not EMBEDDED:
         raise ImproperlyConfigured("SECRET_KEY must be set in distributed mode (REDIS_URL set).")
     # Embedded/dev only: a key generated once and kept in the data folder so sessions survive
     # restarts. Never used when SECRET_KEY is configured.
@@ -471,6 +502,27 @@ ARD_MIN_SCORE = env_int("ARD_MIN_SCORE", 1)
 # (searches on that node wait for them; other nodes see them milliseconds later). Off: each
 # batch writes its documents before answering.
 ARD_INDEX_DEFERRED = env_bool("ARD_INDEX_DEFERRED", True)
+
+# --- settings that must agree with one another (checked last: every name above has been read) ---
+if A2A_NODE_LIVENESS_TTL_SECONDS <= A2A_NODE_LIVENESS_REFRESH_SECONDS:
+    raise ImproperlyConfigured(
+        f"A2A_NODE_LIVENESS_TTL_SECONDS ({A2A_NODE_LIVENESS_TTL_SECONDS:g}) must be above "
+        f"A2A_NODE_LIVENESS_REFRESH_SECONDS ({A2A_NODE_LIVENESS_REFRESH_SECONDS:g}): a node's "
+        "liveness key would expire between two refreshes and its peers would take it for dead. "
+        "Raise the TTL to about three refreshes."
+    )
+if A2A_DEFAULT_TIMEOUT_SECONDS > A2A_MAX_TIMEOUT_SECONDS:
+    raise ImproperlyConfigured(
+        f"A2A_DEFAULT_TIMEOUT_SECONDS ({A2A_DEFAULT_TIMEOUT_SECONDS:g}) is above "
+        f"A2A_MAX_TIMEOUT_SECONDS ({A2A_MAX_TIMEOUT_SECONDS:g}): lower the default or raise "
+        "the maximum."
+    )
+if A2A_DEFAULT_TTL_SECONDS > A2A_MAX_TTL_SECONDS:
+    raise ImproperlyConfigured(
+        f"A2A_DEFAULT_TTL_SECONDS ({A2A_DEFAULT_TTL_SECONDS}) is above A2A_MAX_TTL_SECONDS "
+        f"({A2A_MAX_TTL_SECONDS}): lower the default or raise the maximum."
+    )
+refuse_unknown_names(("A2A_", "DISCOVERY_", "ARD_"))
 
 LOGGING = {
     "version": 1,

@@ -319,6 +319,8 @@ def platform_env(*, database_url: str | None, redis_url: str | None, **extra: st
         env["DATABASE_URL"] = database_url
     if redis_url:
         env["REDIS_URL"] = redis_url
+    elif database_url:
+        env["A2A_SINGLE_NODE"] = "true"  # PostgreSQL without Redis: one node, chosen explicitly
     env.update(extra)
     return env
 

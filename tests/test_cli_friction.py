@@ -44,8 +44,50 @@ def test_allowed_hosts_defaults_and_the_startup_error(tmp_path):
     configured = _python({**distributed, "ALLOWED_HOSTS": "registry.example.com"}, SHOW)
     assert configured.returncode == 0, configured.stderr
     assert configured.stdout.strip() == "['registry.example.com'] True"
-    debug = _python({**distributed, "DEBUG": "true"}, SHOW)
-    assert debug.stdout.startswith("['*']")
+    # DEBUG would accept any Host and show tracebacks: refused in distributed mode, kept for
+    # development in embedded mode.
+    debug = _manage({**distributed, "ALLOWED_HOSTS": "a.example", "DEBUG": "true"}, "check",
+                    check=False)
+    assert debug.returncode != 0
+    assert debug.stderr.strip().splitlines()[-1].startswith(
+        "configuration error: DEBUG=true is refused in distributed mode"), debug.stderr
+    assert "Traceback" not in debug.stderr
+    embedded_debug = _python({**_env(tmp_path), "DEBUG": "true"}, SHOW)
+    assert embedded_debug.stdout.startswith("['*']"), embedded_debug.stderr
+
+
+def _refused(env: dict[str, str]) -> str:
+    """``manage.py check`` under ``env`` must refuse to start with one plain line: returned."""
+    result = _manage(env, "check", check=False)
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("configuration error: "), result.stderr
+    return last
+
+
+def test_settings_that_contradict_each_other_refuse_to_start_naming_the_fix(tmp_path, postgres_url):
+    env = _env(tmp_path)
+    assert "did you mean A2A_SSE_BUFFER_BYTES?" in _refused({**env, "A2A_SSE_BUFER_BYTES": "1"})
+    assert "did you mean DISCOVERY_CONFIG?" in _refused({**env, "DISCOVERY_CONFG": "x.json"})
+    assert "ARD_NO_SUCH_THING" in _refused({**env, "ARD_NO_SUCH_THING": "1"})
+    last = _refused({**env, "A2A_NODE_LIVENESS_TTL_SECONDS": "1",
+                     "A2A_NODE_LIVENESS_REFRESH_SECONDS": "1"})
+    assert "A2A_NODE_LIVENESS_TTL_SECONDS (1) must be above" in last
+    last = _refused({**env, "A2A_DEFAULT_TIMEOUT_SECONDS": "7200"})
+    assert "A2A_DEFAULT_TIMEOUT_SECONDS (7200) is above A2A_MAX_TIMEOUT_SECONDS (3600)" in last
+    assert "A2A_DEFAULT_TTL_SECONDS" in _refused({**env, "A2A_DEFAULT_TTL_SECONDS": "100",
+                                                  "A2A_MAX_TTL_SECONDS": "50"})
+    # PostgreSQL without Redis is a mode of its own, chosen by name, never by accident.
+    on_postgres = {**env, "DATABASE_URL": postgres_url, "SECRET_KEY": "x"}
+    assert "set A2A_SINGLE_NODE=true" in _refused(on_postgres)
+    single = _manage({**on_postgres, "A2A_SINGLE_NODE": "true"}, "check", check=False)
+    assert single.returncode == 0, single.stderr
+    assert "contradict" in _refused({**env, "A2A_SINGLE_NODE": "true",
+                                     "REDIS_URL": "redis://127.0.0.1:1/0", "SECRET_KEY": "x",
+                                     "ALLOWED_HOSTS": "a.example"})
+    # Every name the node reads is a known one: a clean environment starts.
+    assert _manage(env, "check", check=False).returncode == 0
 
 
 def test_missing_database_fails_fast_with_the_cause_last(tmp_path, postgres_url):

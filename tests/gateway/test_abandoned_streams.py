@@ -18,8 +18,8 @@ of the caller leaving, and that the agent's in-flight gauge is back to 0 afterwa
 concurrency slot released; a later call is not answered ``busy``).
 
 Sized for CI (a few seconds of storm per path). For a long hunt:
-``A2A_STRESS_SECONDS=120 pytest tests/gateway/test_abandoned_streams.py``
-(``A2A_STRESS_PATTERNS=credit`` for one pattern).
+``TEST_STRESS_SECONDS=120 pytest tests/gateway/test_abandoned_streams.py``
+(``TEST_STRESS_PATTERNS=credit`` for one pattern).
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ from tests.servers import answer_lifespan, read_body, serve_agent, watch_disconn
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
 pytestmark = pytest.mark.usefixtures("outbound_client")
 
-#: Seconds of storm per test (per path); A2A_STRESS_SECONDS lengthens it for a hunt.
-STORM_SECONDS = float(os.environ.get("A2A_STRESS_SECONDS", "4"))
+#: Seconds of storm per test (per path); TEST_STRESS_SECONDS lengthens it for a hunt.
+STORM_SECONDS = float(os.environ.get("TEST_STRESS_SECONDS", "4"))
 #: Callers vanishing at once.
 CALLERS = 16
 #: After its caller left, an agent-side stream must be closed within this (generous: the CI
 #: machine is shared; the defect held a stream ~20 s).
 CLOSE_BOUND = 5.0
-#: The disconnect moments (module docstring); A2A_STRESS_PATTERNS=credit hunts one of them.
-PATTERNS = tuple(os.environ.get("A2A_STRESS_PATTERNS", "before,mid,ack,credit,first").split(","))
+#: The disconnect moments (module docstring); TEST_STRESS_PATTERNS=credit hunts one of them.
+PATTERNS = tuple(os.environ.get("TEST_STRESS_PATTERNS", "before,mid,ack,credit,first").split(","))
 EVENT = 1024
 
 

@@ -190,7 +190,6 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
     }
     env.update(
         SECRET_KEY="backpressure-test",
-        A2A_TESTING="false",
         LOG_LEVEL="WARNING",
         A2A_SSE_STALL_TIMEOUT_SECONDS=str(STALL_SECONDS),
         # the test's outbound client (the ``outbound_client`` fixture sets the setting)

@@ -313,7 +313,6 @@ def test_parentage_across_two_nodes(
             DATABASE_URL=_database_url(),
             REDIS_URL=settings.REDIS_URL,
             SECRET_KEY="trace-test",
-            A2A_TESTING="false",
             LOG_LEVEL="WARNING",
             A2A_TRACING="on",
             OTEL_TRACES_EXPORTER="otlp",
