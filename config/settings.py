@@ -237,7 +237,8 @@ if REDIS_URL:
                     {
                         "address": REDIS_URL,
                         "socket_connect_timeout": 2,
-                        # Above the core layer's 5 s blocking read (redis-py 8 raises TimeoutError on an idle receive otherwise).
+                        # Above the core layer's 5 s blocking read: with redis-py 8 an idle
+                        # receive() raises TimeoutError otherwise.
                         "socket_timeout": 10,
                     }
                 ],
@@ -273,7 +274,7 @@ ARD_INDEX_REPAIR_SECONDS = env_float("ARD_INDEX_REPAIR_SECONDS", 300.0, minimum=
 # (config.periodic): expiry and node-death recovery need no single beat process. Empty: beat only.
 A2A_NODE_PERIODIC_TASKS = env_list("A2A_NODE_PERIODIC_TASKS",
                                    ["registry-expire-agents", "ard-index-repair"])
-# Every entry expires within its interval so a backlog never piles up (Celery beat entries with expires <= interval).
+# Every entry expires within its interval so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
     "registry-expire-agents": {
         "task": "registry.tasks.agents_expire_task",
