@@ -1,5 +1,5 @@
-"""Gateway errors: the kinds of the error table (docs/kubemq.md), their codes per error profile, and the
-JSON-RPC error bodies the gateway answers with.
+"""Gateway errors: the kinds of the error table (docs/kubemq.md), their codes per error profile,
+and the JSON-RPC error bodies the gateway answers with.
 
 A *transport* error is answered by the gateway itself: a JSON-RPC error with the caller's
 ``id``, ``X-A2A-Executed`` and ``error.data = {executed, retryable, kind, agent_id}``. The agent's
