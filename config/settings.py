@@ -64,6 +64,9 @@ CSRF_FAILURE_VIEW = "config.views.csrf_failure"  # JSON outside the admin
 A2A_TRUSTED_PROXIES = env_list("A2A_TRUSTED_PROXIES")
 
 INSTALLED_APPS = [
+    # First: its management commands win over daphne's and Django's (config's runserver refuses
+    # and points to serve).
+    "config",
     "daphne",
     # The admin with the operator dashboard as its index (console.site.ConsoleAdminSite).
     "console.apps.ConsoleAdminConfig",
@@ -83,7 +86,6 @@ INSTALLED_APPS = [
     "gateway",
     "discovery",
     "ard",
-    "config",  # the node's management commands (serve)
     "console",
 ]
 
