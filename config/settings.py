@@ -90,10 +90,14 @@ if not ALLOWED_HOSTS:
             "ALLOWED_HOSTS=registry.example.com,127.0.0.1 ('*' accepts any Host header)."
         )
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+CSRF_FAILURE_VIEW = "config.views.csrf_failure"  # JSON outside the admin
 # Proxies whose X-Forwarded-Proto / X-Forwarded-Host are believed (IPs). Empty: none.
 A2A_TRUSTED_PROXIES = env_list("A2A_TRUSTED_PROXIES")
 
 INSTALLED_APPS = [
+    # First: its management commands win over daphne's and Django's (config's runserver refuses
+    # and points to serve).
+    "config",
     "daphne",
     # The admin with the operator dashboard as its index (console.site.ConsoleAdminSite).
     "console.apps.ConsoleAdminConfig",
@@ -113,7 +117,6 @@ INSTALLED_APPS = [
     "gateway",
     "discovery",
     "ard",
-    "config",  # the node's management commands (serve)
     "console",
 ]
 

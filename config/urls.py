@@ -18,12 +18,18 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("registry.api.urls")),
     path("api/v1/", include("discovery.api_urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/schema/", views.methods("GET")(SpectacularAPIView.as_view()), name="schema"),
     # Swagger UI and ReDoc load their assets from this server (drf-spectacular-sidecar).
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path(
+        "api/docs/",
+        views.methods("GET")(SpectacularSwaggerView.as_view(url_name="schema")),
+        name="api-docs",
+    ),
     path(
         "api/redoc/",
-        SpectacularRedocView.as_view(url_name="schema", template_name="console/redoc.html"),
+        views.methods("GET")(
+            SpectacularRedocView.as_view(url_name="schema", template_name="console/redoc.html")
+        ),
         name="api-redoc",
     ),
     path("healthz", views.healthz),
@@ -33,6 +39,9 @@ urlpatterns = [
     path("", include("registry.kubemq_urls")),
 ]
 
-# JSON for unexpected errors; a database outage anywhere in the stack answers 503 (config.outage).
-handler500 = "config.views.server_error"
+# JSON, never Django's HTML pages; a database outage anywhere in the stack answers 503
+# (config.outage).
+handler400 = "config.views.bad_request"
+handler403 = "config.views.permission_denied"
 handler404 = "config.views.not_found"
+handler500 = "config.views.server_error"

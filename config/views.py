@@ -1,16 +1,24 @@
 """Process health (/healthz), readiness (/readyz: each dependency, short timeouts) and the JSON
-answer to unexpected errors (``handler500``)."""
+answers Django would otherwise give as HTML pages: ``handler400`` (a Host not in
+``ALLOWED_HOSTS``, another suspicious request), ``handler403``, ``handler404``, ``handler500``,
+a CSRF failure outside the admin, and 405 on the plain views (:func:`methods`).
+
+Every one is the API's error shape, ``{"error": "<message>"}``."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from functools import wraps
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
 from django.db import close_old_connections, connection
 from django.http import JsonResponse
+from django.views.csrf import csrf_failure as django_csrf_failure
+from django.views.decorators.csrf import csrf_exempt
 
 from config import outage
 
@@ -21,6 +29,37 @@ CHECK_TIMEOUT_SECONDS = 1.5
 _db_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="a2a-readyz")
 
 
+def methods(*allowed: str):
+    """Wrap a view (or a view callable) so any other method answers a JSON 405 with ``Allow``;
+    the wrapped view takes no CSRF token (it changes nothing). ``GET`` allows ``HEAD`` too."""
+    allowed_set = set(allowed) | ({"HEAD"} if "GET" in allowed else set())
+
+    def decorate(view):
+        def refuse(request):
+            response = JsonResponse(
+                {"error": f"method {request.method} not allowed: use "
+                          f"{' or '.join(sorted(allowed_set))}"}, status=405)
+            response["Allow"] = ", ".join(sorted(allowed_set))
+            return response
+
+        if asyncio.iscoroutinefunction(view):
+            @wraps(view)
+            async def checked(request, *args, **kwargs):
+                if request.method not in allowed_set:
+                    return refuse(request)
+                return await view(request, *args, **kwargs)
+        else:
+            @wraps(view)
+            def checked(request, *args, **kwargs):
+                if request.method not in allowed_set:
+                    return refuse(request)
+                return view(request, *args, **kwargs)
+        return csrf_exempt(checked)
+
+    return decorate
+
+
+@methods("GET")
 async def healthz(request):
     return JsonResponse({"status": "ok"})
 
@@ -64,6 +103,7 @@ async def _broker() -> str:
     return "ok"
 
 
+@methods("GET")
 async def readyz(request):
     """``{"status": "ok"|"unavailable", "checks": {"database": ..., "broker": ...}}``: 200 when
     every dependency answers, else 503 naming the one that is down (checks run concurrently)."""
@@ -96,3 +136,31 @@ def server_error(request):
 def not_found(request, exception=None):
     """``handler404``: JSON like every other answer of the API (never Django's HTML page)."""
     return JsonResponse({"error": "not found"}, status=404)
+
+
+def bad_request(request, exception=None):
+    """``handler400``: a Host this node does not answer to (``DisallowedHost``) says which
+    setting lists the accepted ones; any other suspicious request a plain JSON 400."""
+    if isinstance(exception, DisallowedHost):
+        host = request.META.get("HTTP_HOST", "")[:200]
+        return JsonResponse(
+            {"error": f"host {host!r} is not one this node answers to: call it by a host name "
+                      f"listed in its ALLOWED_HOSTS setting, or add {host!r} to ALLOWED_HOSTS"},
+            status=400)
+    return JsonResponse({"error": "bad request"}, status=400)
+
+
+def permission_denied(request, exception=None):
+    """``handler403``: JSON, never Django's HTML page."""
+    return JsonResponse({"error": "forbidden"}, status=403)
+
+
+def csrf_failure(request, reason=""):
+    """``CSRF_FAILURE_VIEW``: the admin keeps Django's page (a browser reads it); every other
+    path answers JSON. API clients with a token never meet CSRF (it guards session cookies)."""
+    if request.path.startswith("/admin/"):
+        return django_csrf_failure(request, reason=reason)
+    return JsonResponse(
+        {"error": f"CSRF check failed: {reason}. A request authenticated by a session cookie "
+                  "needs the CSRF token; API clients send 'Authorization: Bearer <token>'."},
+        status=403)

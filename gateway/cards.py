@@ -83,7 +83,7 @@ def gateway_base_url(scope: dict[str, Any], host: str, forwarded_proto: str,
         fhost = forwarded_host.split(",")[0].strip()
         if fhost and _HOST_RE.match(fhost):
             host = fhost
-    if not host or not _HOST_RE.match(host) or not _host_allowed(host):
+    if not host or not _HOST_RE.match(host) or not host_allowed(host):
         # A Host this node does not answer to is never written into a card.
         server = scope.get("server")
         host = f"{server[0]}:{server[1]}" if server else "localhost"
@@ -96,7 +96,7 @@ def _host_allowed_in(host: str, allowed: tuple[str, ...]) -> bool:
     return bool(domain) and validate_host(domain, list(allowed))
 
 
-def _host_allowed(host: str) -> bool:
+def host_allowed(host: str) -> bool:
     """Whether ``host`` is in ``ALLOWED_HOSTS`` (Django's own rule, as its views apply it)."""
     return _host_allowed_in(host.lower(), tuple(settings.ALLOWED_HOSTS))
 

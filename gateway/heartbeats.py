@@ -29,6 +29,7 @@ from django.conf import settings
 from config import outage
 from gateway.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
+from gateway.cards import host_allowed
 from registry.api.views import v1_heartbeat, v1_heartbeat_answer
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.kubemq_api import kubemq_heartbeat, kubemq_heartbeat_answer, kubemq_heartbeat_id
@@ -55,14 +56,18 @@ def route(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
         if match is None:
             return None
         kind, agent_id = "v1", match.group(1)
-    authorization = cookie = None
+    authorization = cookie = host = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             authorization = value.decode("latin-1")
         elif name == b"cookie":
             cookie = value
+        elif name == b"host":
+            host = value
     if authorization is None and cookie is not None:
         return None  # a staff session: Django's authentication handles it
+    if host is not None and not host_allowed(host.decode("latin-1")):
+        return None  # Django refuses a Host outside ALLOWED_HOSTS (config.views.bad_request)
 
     async def app(scope, receive, send) -> None:
         await _answer(kind, agent_id, authorization, receive, send)

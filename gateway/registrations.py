@@ -30,6 +30,7 @@ from config import outage
 from gateway import metrics
 from gateway.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
+from gateway.cards import host_allowed
 from gateway.heartbeats import authenticate, check_breaker, outage_answer, send_json
 from registry import netcheck
 from registry.api.exceptions import exception_handler
@@ -61,18 +62,22 @@ def route(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
         kind = "kubemq"
     else:
         return None
-    authorization = cookie = content_type = length = None
+    authorization = cookie = content_type = length = host = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             authorization = value.decode("latin-1")
         elif name == b"cookie":
             cookie = value
+        elif name == b"host":
+            host = value
         elif name == b"content-type":
             content_type = value
         elif name == b"content-length":
             length = value
     if authorization is None and cookie is not None:
         return None  # a staff session: Django's authentication (and CSRF) handles it
+    if host is not None and not host_allowed(host.decode("latin-1")):
+        return None  # Django refuses a Host outside ALLOWED_HOSTS (config.views.bad_request)
     if kind == "v1":
         # DRF picks the parser by Content-Type and reads no body without a Content-Length:
         # anything but a JSON body of announced length goes to the view.

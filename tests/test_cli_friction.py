@@ -9,6 +9,7 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from registry import services
 from registry.permissions import SYSTEM
@@ -178,3 +179,19 @@ def test_serving_beyond_loopback_without_allowed_hosts_warns(tmp_path):
         proc.terminate()
         proc.wait(timeout=20)
     assert line.startswith("warning: listening on 0.0.0.0") and "ALLOWED_HOSTS" in line
+
+
+def test_runserver_refuses_and_points_to_serve(tmp_path):
+    """Daphne's (and Django's) ``runserver`` would start a process without the node around
+    Django; the command refuses, whatever its arguments, starts nothing, and names ``serve``."""
+    env = _env(tmp_path)
+    port = free_port()
+    for args in ([], [f"127.0.0.1:{port}"], ["--noreload", str(port)]):
+        result = _manage(env, "runserver", *args, check=False)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "python manage.py serve" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+    listed = _manage(env, "help").stdout
+    assert "[daphne]" not in listed or "runserver" not in listed.split("[daphne]")[1].split("[")[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from config import tracing
-from registry.card_fetch import CardFetchError, fetch_card_bytes
+from registry.card_fetch import CardFetchError, fetch_card_bytes, names_a_card
 from registry.cards import CardError, ParsedCard, card_signature_check, parse_card
 from registry.models import Agent, CardVersion
 from registry.netcheck import UnsafeUrl, check_agent_url
@@ -33,6 +33,8 @@ def _resolve_card(
                 card = fetch_card_bytes(url)
         except CardFetchError as exc:
             raise InvalidInput(str(exc)) from None
+        if names_a_card(url):
+            url = None  # the card's address, not the agent's: its endpoint is the card's own
     try:
         parsed = card_signature_check(parse_card(card, url=url, strict=strict))
     except CardError as exc:
