@@ -71,6 +71,25 @@ def test_tree_builds_without_network(card_server, configure, cache, clock):
 
 
 @pytest.mark.django_db
+def test_tree_cards_list_only_the_gateways_interfaces(card_server, configure, cache, clock):
+    """An agent offering gRPC first, then JSON-RPC and HTTP+JSON: the tree's card offers the
+    gateway's JSON-RPC alone, so a remote agent built from it calls through the gateway."""
+    base = card_server.base("/a/one")
+    card_server.set_card("/a/one", make_card(
+        "One", base + "grpc", [skill("s", "x")], preferredTransport="GRPC",
+        additionalInterfaces=[{"url": base, "transport": "JSONRPC"},
+                              {"url": base + "rest", "transport": "HTTP+JSON"}]))
+    configure(static=[{"local_name": "agent_one", "url": base,
+                       "description": "The reviewed one."}])
+    run_cycle(cache=cache)
+    pin, _ = sessions.session_pin(session_id="s")
+    (agent,) = tree_factory.tree_for(pin.snapshot, base_url="https://gw.example").agents
+    gw = "https://gw.example/a2a/agent-one/"
+    assert (agent.card["url"], agent.card["preferredTransport"]) == (gw, "JSONRPC")
+    assert agent.card["additionalInterfaces"] == [{"url": gw, "transport": "JSONRPC"}]
+
+
+@pytest.mark.django_db
 def test_adk_adapter(card_server, configure, cache, clock):
     require_extra("google.adk", "pip install google-adk")
     from discovery.adk import agent_card, build_remote_agents

@@ -1,4 +1,4 @@
-"""Card shapes, endpoint resolution, lenient and strict validation, rewriting."""
+"""Card shapes, endpoint resolution, lenient and strict validation."""
 
 import pytest
 
@@ -8,7 +8,6 @@ from registry.cards import (
     SHAPE_KUBEMQ,
     CardError,
     parse_card,
-    rewrite_card_endpoints,
 )
 from tests.registry.cards import card_03, card_10, card_kubemq
 
@@ -90,18 +89,6 @@ def test_strict_validation_uses_the_a2a_schema():
     del bad03["skills"][0]["id"]
     with pytest.raises(CardError, match="A2A 0.3 schema"):
         parse_card(bad03, strict=True)
-
-
-def test_rewrite_every_endpoint():
-    gw = "http://gw.example/a2a/w-1/"
-    out = rewrite_card_endpoints(card_10(), gw)
-    assert "url" not in out  # a 1.0 card keeps its shape
-    assert {i["url"] for i in out["supportedInterfaces"]} == {gw}
-    c03 = card_03()
-    c03["additionalInterfaces"] = [{"url": "http://a.example/grpc", "transport": "GRPC"}]
-    out = rewrite_card_endpoints(c03, gw)
-    assert out["url"] == gw and out["additionalInterfaces"][0]["url"] == gw
-    assert c03["url"] != gw  # the original is untouched
 
 
 def test_nul_characters_refused():
