@@ -68,17 +68,24 @@ def card_shape(card: dict[str, Any]) -> str:
 
 
 def card_endpoint(card: dict[str, Any]) -> str | None:
-    """The card's own endpoint: ``url``, else the first JSONRPC ``supportedInterfaces`` entry."""
+    """The card's own JSON-RPC endpoint, where the gateway forwards calls.
+
+    ``url`` when the card's main interface is JSON-RPC (``preferredTransport`` absent or
+    ``JSONRPC``), else the first JSON-RPC entry of ``additionalInterfaces`` (0.3) or
+    ``supportedInterfaces`` (1.0), else ``url`` whatever it serves.
+    """
     url = card.get("url")
-    if isinstance(url, str) and url:
+    has_url = isinstance(url, str) and bool(url)
+    if has_url and interface_binding(card.get("preferredTransport")) == JSONRPC:
         return url
-    for iface in card.get("supportedInterfaces") or []:
-        if not isinstance(iface, dict):
-            continue
-        binding = interface_binding(iface.get("protocolBinding") or iface.get("transport"))
-        if binding == JSONRPC and isinstance(iface.get("url"), str):
-            return iface["url"]
-    return None
+    for key in ("additionalInterfaces", "supportedInterfaces"):
+        for iface in card.get(key) or []:
+            if not isinstance(iface, dict):
+                continue
+            binding = interface_binding(iface.get("protocolBinding") or iface.get("transport"))
+            if binding == JSONRPC and isinstance(iface.get("url"), str) and iface["url"]:
+                return iface["url"]
+    return url if has_url else None
 
 
 def _check_types(card: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ import pytest
 from discovery import sessions, tree_factory
 from discovery.loop import run_cycle
 from discovery.models import CardBlob, Snapshot
+from registry.models import Agent
 from tests.conftest import make_client
 from tests.discovery.conftest import require_extra
 from tests.discovery.servers import make_card, skill
@@ -87,6 +88,8 @@ def test_tree_cards_list_only_the_gateways_interfaces(card_server, configure, ca
     gw = "https://gw.example/a2a/agent-one/"
     assert (agent.card["url"], agent.card["preferredTransport"]) == (gw, "JSONRPC")
     assert agent.card["additionalInterfaces"] == [{"url": gw, "transport": "JSONRPC"}]
+    # and the gateway forwards JSON-RPC to the agent's JSON-RPC interface, not its gRPC one
+    assert Agent.objects.get(agent_id="agent-one").url == base
 
 
 @pytest.mark.django_db

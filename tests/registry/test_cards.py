@@ -98,3 +98,21 @@ def test_nul_characters_refused():
         parse_card(card)
     with pytest.raises(CardError, match="NUL"):
         parse_card(b'{"name": "x\\u0000", "url": "http://a.example/"}')
+
+
+def test_endpoint_is_the_cards_json_rpc_interface():
+    """The gateway forwards JSON-RPC: a card whose main interface is another binding gives the
+    URL of its JSON-RPC interface, and only a card without one falls back to ``url``."""
+    grpc_main = {**card_03("http://a.example/grpc"), "preferredTransport": "GRPC",
+                 "additionalInterfaces": [
+                     {"url": "http://a.example/rest", "transport": "HTTP+JSON"},
+                     {"url": "http://a.example/rpc", "transport": "JSONRPC"}]}
+    assert parse_card(grpc_main).endpoint == "http://a.example/rpc"
+    both = {**grpc_main, "additionalInterfaces": [], "supportedInterfaces": [
+        {"url": "a.example:50051", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
+        {"url": "http://a.example/v1", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}]}
+    assert parse_card(both).endpoint == "http://a.example/v1"
+    del both["supportedInterfaces"][1]
+    assert parse_card(both).endpoint == "http://a.example/grpc"  # no JSON-RPC interface at all
+    assert parse_card(card_03("http://a.example/")).endpoint == "http://a.example/"
+    assert parse_card(grpc_main, url="http://reg.example/").endpoint == "http://reg.example/"
