@@ -71,11 +71,15 @@ def test_served_card_lists_only_json_rpc_at_the_gateway(echo_agent_factory, regi
     digest = hashlib.sha256(response.content).hexdigest()[:32]
     assert response.headers["etag"] == f'"{digest}"'
 
-    # The API's caller view of the agent is the same card.
+    # A caller reading the agent through the API or the KubeMQ surface sees the same card.
     seen = httpx.get(f"{live_server_url}/api/v1/agents/{target.agent_id}", headers=caller.auth)
     assert seen.status_code == 200, seen.text
-    assert seen.json()["card"]["supportedInterfaces"] == card["supportedInterfaces"]
-    assert seen.json()["card"]["additionalInterfaces"] == card["additionalInterfaces"]
+    kubemq = httpx.get(f"{live_server_url}/agents/{target.agent_id}", headers=caller.auth)
+    assert kubemq.status_code == 200, kubemq.text
+    for view in (seen.json()["card"], kubemq.json()):
+        assert view["supportedInterfaces"] == card["supportedInterfaces"]
+        assert view["additionalInterfaces"] == card["additionalInterfaces"]
+        assert (view["url"], view["preferredTransport"]) == (gw, "JSONRPC")
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
