@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 
 from discovery.models import CardBlob, Snapshot
-from registry.cards import rewrite_card_endpoints
+from registry.bindings import rewrite_card_endpoints
 
 
 @dataclass(frozen=True)

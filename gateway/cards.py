@@ -1,12 +1,14 @@
 """``GET /a2a/{agent_id}/.well-known/agent-card.json``: the agent's card, pointed at the gateway.
 
-Every endpoint URL in the card (``url``, ``supportedInterfaces[].url``,
-``additionalInterfaces[].url``) is rewritten to this gateway's ``/a2a/{agent_id}/``, so a stock
-A2A client given the gateway URL keeps going through the gateway (A2A 1.x SDK clients follow
-``supportedInterfaces``, so rewriting ``url`` alone would not do). The base URL is
-``A2A_PUBLIC_BASE_URL`` when set, else the request's own scheme and Host (``X-Forwarded-Proto``
-/ ``X-Forwarded-Host`` believed only from ``A2A_TRUSTED_PROXIES``; a Host outside
-``ALLOWED_HOSTS`` is replaced by the server's address, and the answer carries ``Vary: Host``).
+The card lists only the interfaces the gateway answers for the agent, each at this gateway's
+``/a2a/{agent_id}/`` (``url``, ``supportedInterfaces``, ``additionalInterfaces`` alike;
+:func:`registry.bindings.rewrite_card_endpoints`), so a stock A2A client given the gateway URL
+keeps going through the gateway and never picks a binding the gateway does not serve (A2A 1.x
+SDK clients follow ``supportedInterfaces``, so rewriting ``url`` alone would not do). The base
+URL is ``A2A_PUBLIC_BASE_URL`` when set, else the request's own scheme and Host
+(``X-Forwarded-Proto`` / ``X-Forwarded-Host`` believed only from ``A2A_TRUSTED_PROXIES``; a Host
+outside ``ALLOWED_HOSTS`` is replaced by the server's address, and the answer carries
+``Vary: Host``).
 The card is served from its stored bytes with key order kept on every database. ``ETag`` and
 ``Cache-Control`` are computed over the rewritten bytes, which are cached per card hash and
 base URL. Cards are public unless ``A2A_CARDS_REQUIRE_TOKEN`` is on.
@@ -28,7 +30,7 @@ from django.http.request import split_domain_port, validate_host
 from gateway import errors, metrics
 from gateway.headers import scan_request_headers
 from registry.auth import UNAUTHENTICATED_MESSAGE
-from registry.cards import rewrite_card_endpoints
+from registry.bindings import rewrite_card_endpoints
 from registry.ids import AGENT_ID_RE
 from registry.selectors import agent_get
 from registry.token_cache import AuthFailed

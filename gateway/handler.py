@@ -7,7 +7,10 @@ from it, and never looks a node up itself.
 ``POST /a2a/{agent_id}[/]`` validates only what the gateway needs -- a JSON object (else
 -32700; a batch or another JSON value -32600) with a non-empty string ``method`` (else -32600)
 -- and forwards everything else unchanged, whatever the Content-Type says (it only words the
--32700 message: an agent parses the body, not the header). It then checks the agent id
+-32700 message: an agent parses the body, not the header). The ``kubemq`` error profile
+refuses what KubeMQ's connector refuses, with its codes, so a drop-in gets the same answers: a
+Content-Type that is not JSON (-32700, id null) and a ``jsonrpc`` other than ``"2.0"`` (-32600,
+the caller's id). It then checks the agent id
 (-32600), authenticates (cached tokens; 401), authorizes (403), rate-limits (429), looks the
 agent up in the in-memory routing table (``agent_not_found``), turns the request into a Query
 envelope and hands it to the agent's virtual subscriber: directly when it lives in this process
@@ -57,6 +60,10 @@ logger = logging.getLogger(__name__)
 JSON_HEADERS = [(b"content-type", b"application/json")]
 EXECUTED_FALSE = (b"x-a2a-executed", b"false")
 EXECUTED_TRUE = (b"x-a2a-executed", b"true")
+#: Profile kubemq: the envelope checks KubeMQ's connector makes (its -32700 and -32600
+#: triggers), answered before the request goes anywhere (executed false).
+CONTENT_TYPE_NOT_JSON = "Content-Type must be application/json"
+JSONRPC_NOT_2_0 = 'jsonrpc must be "2.0"'
 #: How long a Query sent through the broker may go without any sign of life from the
 #: subscriber (a reply or an ack) before the gateway answers `unreachable`.
 ACK_TIMEOUT_SECONDS = 3.0
@@ -137,6 +144,10 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
                          f"request body larger than {cap} bytes",
                          extra=[(b"connection", b"close")])
             return
+    kubemq = settings.A2A_ERROR_PROFILE == "kubemq"
+    if kubemq and not _is_json_media_type(_media_type(headers.content_type)):
+        await _error(send, errors.PARSE_ERROR, None, None, CONTENT_TYPE_NOT_JSON)
+        return
     try:
         # A small body (the common case) is parsed whole without a call more; tracing reads
         # the task and context ids of params, so it takes the whole parse too.
@@ -152,6 +163,9 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         await _error(send, errors.INVALID_REQUEST, None, None, detail)
         return
     rpc_id = payload.get("id")
+    if kubemq and payload.get("jsonrpc") != "2.0":
+        await _error(send, errors.INVALID_REQUEST, rpc_id, None, JSONRPC_NOT_2_0)
+        return
     method = payload.get("method")
     if not isinstance(method, str) or not method:
         await _error(send, errors.INVALID_REQUEST, rpc_id, None,
@@ -256,10 +270,15 @@ async def _read_rest(first: dict[str, Any], receive, cap: int) -> bytes:
 
 def _invalid_json_detail(content_type: bytes) -> str:
     """The -32700 message: says when the declared media type was not JSON either."""
-    media_type = content_type.split(b";", 1)[0].strip().lower()
+    media_type = _media_type(content_type)
     if not media_type or _is_json_media_type(media_type):
         return "invalid JSON"
     return f"invalid JSON (Content-Type {media_type.decode('latin-1')} is not JSON)"
+
+
+def _media_type(content_type: bytes) -> bytes:
+    """The media type of a Content-Type value, lower-cased, parameters dropped."""
+    return content_type.split(b";", 1)[0].strip().lower()
 
 
 def _is_json_media_type(media_type: bytes) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 
+from registry.bindings import JSONRPC, interface_binding
 from registry.signatures import SignatureResult, policy, verify_card
 
 
@@ -67,17 +68,24 @@ def card_shape(card: dict[str, Any]) -> str:
 
 
 def card_endpoint(card: dict[str, Any]) -> str | None:
-    """The card's own endpoint: ``url``, else the first JSONRPC ``supportedInterfaces`` entry."""
+    """The card's own JSON-RPC endpoint, where the gateway forwards calls.
+
+    ``url`` when the card's main interface is JSON-RPC (``preferredTransport`` absent or
+    ``JSONRPC``), else the first JSON-RPC entry of ``additionalInterfaces`` (0.3) or
+    ``supportedInterfaces`` (1.0), else ``url`` whatever it serves.
+    """
     url = card.get("url")
-    if isinstance(url, str) and url:
+    has_url = isinstance(url, str) and bool(url)
+    if has_url and interface_binding(card.get("preferredTransport")) == JSONRPC:
         return url
-    for iface in card.get("supportedInterfaces") or []:
-        if not isinstance(iface, dict):
-            continue
-        binding = str(iface.get("protocolBinding") or iface.get("transport") or "").upper()
-        if binding in ("JSONRPC", "JSON-RPC", "") and isinstance(iface.get("url"), str):
-            return iface["url"]
-    return None
+    for key in ("additionalInterfaces", "supportedInterfaces"):
+        for iface in card.get(key) or []:
+            if not isinstance(iface, dict):
+                continue
+            binding = interface_binding(iface.get("protocolBinding") or iface.get("transport"))
+            if binding == JSONRPC and isinstance(iface.get("url"), str) and iface["url"]:
+                return iface["url"]
+    return url if has_url else None
 
 
 def _check_types(card: dict[str, Any]) -> None:
@@ -223,21 +231,3 @@ def card_signature_check(parsed: ParsedCard) -> ParsedCard:
             "cards signed by a trusted key (A2A_CARD_SIGNATURES=require)"
         )
     return replace(parsed, signature=result)
-
-
-def rewrite_card_endpoints(card: dict[str, Any], gateway_url: str) -> dict[str, Any]:
-    """A copy of ``card`` with every endpoint URL pointed at ``gateway_url``.
-
-    Rewrites ``url`` and each ``supportedInterfaces[].url`` / ``additionalInterfaces[].url``:
-    A2A 1.x SDK clients follow ``supportedInterfaces``, so ``url`` alone is not enough.
-    """
-    out = dict(card)
-    if "url" in out or "supportedInterfaces" not in out:
-        out["url"] = gateway_url
-    for key in ("supportedInterfaces", "additionalInterfaces"):
-        if isinstance(out.get(key), list):
-            out[key] = [
-                {**iface, "url": gateway_url} if isinstance(iface, dict) else iface
-                for iface in out[key]
-            ]
-    return out

@@ -15,7 +15,7 @@ import orjson
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
-from registry.cards import rewrite_card_endpoints
+from registry.bindings import rewrite_card_endpoints
 from registry.models import Agent
 from registry.permissions import SCOPE_CALL, Actor
 

@@ -26,6 +26,12 @@ Card shapes (``card_shape``), served at ``/.well-known/agent-card.json``:
   1.x clients reading it speak the 0.3 method names;
 * ``"both"`` -- what the SDK serves for an agent with a 1.0 and a 0.3 interface: the 1.0 card
   with the 0.3 fields merged in.
+
+``interfaces`` overrides the card's interfaces: ``[(binding, version), ...]`` in the agent's
+order of preference, e.g. gRPC first. ``JSONRPC`` is served at the agent's RPC path and
+``HTTP+JSON`` (1.0 routes, 0.3 under ``/v1/``) under ``/rest``, both for real; ``GRPC`` is listed
+at ``127.0.0.1:{grpc_port}`` but not served (grpcio is not a dependency), so a client that picks
+it fails, as a client sent to a binding nobody answers does.
 """
 
 from __future__ import annotations
@@ -42,13 +48,18 @@ from typing import Any
 import httpx
 import pytest
 from a2a.client import Client, ClientConfig, ClientFactory
+from a2a.client import client_factory as client_factory_module
 from a2a.compat.v0_3.conversions import to_compat_agent_card
 from a2a.helpers import new_task, new_text_artifact, new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
-from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.routes import (
+    create_agent_card_routes,
+    create_jsonrpc_routes,
+    create_rest_routes,
+)
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import (
     AgentCapabilities,
@@ -70,6 +81,8 @@ from starlette.routing import Route
 from tests.servers import ThreadedUvicorn, free_port
 
 CARD_SHAPES = ("1.0", "0.3", "both")
+JSONRPC_BINDING, HTTP_JSON_BINDING, GRPC_BINDING = "JSONRPC", "HTTP+JSON", "GRPC"
+ALL_BINDINGS = [GRPC_BINDING, JSONRPC_BINDING, HTTP_JSON_BINDING]
 WAIT_LIMIT_SECONDS = 30.0
 
 
@@ -194,17 +207,20 @@ class EchoExecutor(AgentExecutor):
                                               task_id=context.task_id))
 
 
-def build_card(url: str, *, name: str = "Echo Agent", card_shape: str = "both") -> AgentCard:
-    """The agent's card (an SDK ``AgentCard``) with its interfaces for ``card_shape``."""
+def build_card(url: str, *, name: str = "Echo Agent", card_shape: str = "both",
+               interfaces: list[AgentInterface] | None = None) -> AgentCard:
+    """The agent's card (an SDK ``AgentCard``) with its interfaces for ``card_shape``, or
+    ``interfaces`` when given."""
     if card_shape not in CARD_SHAPES:
         raise ValueError(f"card_shape must be one of {CARD_SHAPES}")
-    interfaces = []
-    if card_shape in ("1.0", "both"):
-        interfaces.append(AgentInterface(url=url, protocol_binding="JSONRPC",
-                                         protocol_version="1.0"))
-    if card_shape in ("0.3", "both"):
-        interfaces.append(AgentInterface(url=url, protocol_binding="JSONRPC",
-                                         protocol_version="0.3"))
+    if interfaces is None:
+        interfaces = []
+        if card_shape in ("1.0", "both"):
+            interfaces.append(AgentInterface(url=url, protocol_binding="JSONRPC",
+                                             protocol_version="1.0"))
+        if card_shape in ("0.3", "both"):
+            interfaces.append(AgentInterface(url=url, protocol_binding="JSONRPC",
+                                             protocol_version="0.3"))
     return AgentCard(
         name=name,
         description="Echoes messages; streams task progress; cancellable waits.",
@@ -230,12 +246,20 @@ class EchoAgent:
     """An SDK echo agent on a free loopback port. Use as a context manager or start()/stop()."""
 
     def __init__(self, *, card_shape: str = "both", name: str = "Echo Agent", steps: int = 4,
-                 step_delay: float = 0.2, rpc_path: str = "/") -> None:
+                 step_delay: float = 0.2, rpc_path: str = "/",
+                 interfaces: list[tuple[str, str]] | None = None) -> None:
         self.card_shape = card_shape
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.rpc_url = f"{self.base_url}{rpc_path}"
-        self.card = build_card(self.rpc_url, name=name, card_shape=card_shape)
+        self.rest_url = f"{self.base_url}/rest"
+        self.grpc_address = f"127.0.0.1:{free_port()}"  # listed, never served
+        where = {"JSONRPC": self.rpc_url, "HTTP+JSON": self.rest_url, "GRPC": self.grpc_address}
+        self.card = build_card(self.rpc_url, name=name, card_shape=card_shape, interfaces=None
+                               if interfaces is None else [
+                                   AgentInterface(url=where[binding], protocol_binding=binding,
+                                                  protocol_version=version)
+                                   for binding, version in interfaces])
         self.card_document = card_json(self.card, card_shape)
         self.executor = EchoExecutor(steps=steps, step_delay=step_delay)
         self.handler = DefaultRequestHandler(
@@ -251,6 +275,9 @@ class EchoAgent:
         else:
             routes = create_agent_card_routes(self.card)
         routes += create_jsonrpc_routes(self.handler, rpc_path, enable_v0_3_compat=True)
+        if any(binding == "HTTP+JSON" for binding, _ in interfaces or []):
+            routes += create_rest_routes(self.handler, enable_v0_3_compat=True,
+                                         path_prefix="/rest")
         self.recorder = RequestRecorder(Starlette(routes=routes))
         self._server: ThreadedUvicorn | None = None
 
@@ -288,14 +315,40 @@ def running_echo_agent(**kwargs) -> Iterator[EchoAgent]:
 # --- SDK client helpers ----------------------------------------------------------------------
 
 
+def client_factory(config: ClientConfig, bindings: list[str]) -> ClientFactory:
+    """The SDK's ``ClientFactory`` accepting ``bindings`` (in the client's order of preference).
+
+    The SDK builds a gRPC transport only with grpcio installed, which this project does not
+    need: then a client accepting ``GRPC`` gets a stand-in that fails when the client picks
+    gRPC (its message names the address), as a real one would at its first call to a gRPC
+    address that nothing serves.
+    """
+    grpc_stand_in = GRPC_BINDING in bindings and client_factory_module.GrpcTransport is None
+    config.supported_protocol_bindings = [b for b in bindings
+                                          if not (grpc_stand_in and b == GRPC_BINDING)]
+    factory = ClientFactory(config)
+    if grpc_stand_in:
+        def no_grpc(card, url: str, config: ClientConfig):
+            raise ValueError(f"gRPC at {url}: no gRPC transport installed")
+
+        factory.register(GRPC_BINDING, no_grpc)
+        config.supported_protocol_bindings = list(bindings)
+    return factory
+
+
 @asynccontextmanager
 async def sdk_client(base_url: str, *, streaming: bool = True, polling: bool = False,
                      headers: dict[str, str] | None = None, timeout: float = 30.0,
-                     responses: list[httpx.Response] | None = None) -> AsyncIterator[Client]:
+                     responses: list[httpx.Response] | None = None,
+                     bindings: list[str] | None = None,
+                     client_preference: bool = False) -> AsyncIterator[Client]:
     """A stock a2a-sdk client resolved from ``base_url``'s well-known card, the way a user would.
 
     ``headers`` go on every request (card fetch included): bearer tokens, custom ``X-`` headers.
     ``responses``, when given, collects every HTTP response (headers available as they arrive).
+    ``bindings``: the protocol bindings the client accepts (the SDK's default: JSON-RPC only),
+    taken in the card's order, or in the client's own with ``client_preference``
+    (:func:`client_factory`).
     """
     hooks = {}
     if responses is not None:
@@ -305,8 +358,10 @@ async def sdk_client(base_url: str, *, streaming: bool = True, polling: bool = F
         hooks["response"] = [keep]
     async with httpx.AsyncClient(headers=headers or {}, timeout=timeout,
                                  event_hooks=hooks) as http:
-        config = ClientConfig(httpx_client=http, streaming=streaming, polling=polling)
-        client = await ClientFactory(config).create_from_url(base_url)
+        config = ClientConfig(httpx_client=http, streaming=streaming, polling=polling,
+                              use_client_preference=client_preference)
+        factory = client_factory(config, bindings or [JSONRPC_BINDING])
+        client = await factory.create_from_url(base_url)
         try:
             yield client
         finally:

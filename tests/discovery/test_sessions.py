@@ -9,6 +9,7 @@ import pytest
 from discovery import sessions, tree_factory
 from discovery.loop import run_cycle
 from discovery.models import CardBlob, Snapshot
+from registry.models import Agent
 from tests.conftest import make_client
 from tests.discovery.conftest import require_extra
 from tests.discovery.servers import make_card, skill
@@ -68,6 +69,27 @@ def test_tree_builds_without_network(card_server, configure, cache, clock):
     assert agent.local_name == "agent_one" and agent.description == "The reviewed one."
     assert agent.card["name"] == "One"  # the card as cached, endpoints rewritten
     assert agent.card["url"] == "https://gw.example/a2a/agent-one/"
+
+
+@pytest.mark.django_db
+def test_tree_cards_list_only_the_gateways_interfaces(card_server, configure, cache, clock):
+    """An agent offering gRPC first, then JSON-RPC and HTTP+JSON: the tree's card offers the
+    gateway's JSON-RPC alone, so a remote agent built from it calls through the gateway."""
+    base = card_server.base("/a/one")
+    card_server.set_card("/a/one", make_card(
+        "One", base + "grpc", [skill("s", "x")], preferredTransport="GRPC",
+        additionalInterfaces=[{"url": base, "transport": "JSONRPC"},
+                              {"url": base + "rest", "transport": "HTTP+JSON"}]))
+    configure(static=[{"local_name": "agent_one", "url": base,
+                       "description": "The reviewed one."}])
+    run_cycle(cache=cache)
+    pin, _ = sessions.session_pin(session_id="s")
+    (agent,) = tree_factory.tree_for(pin.snapshot, base_url="https://gw.example").agents
+    gw = "https://gw.example/a2a/agent-one/"
+    assert (agent.card["url"], agent.card["preferredTransport"]) == (gw, "JSONRPC")
+    assert agent.card["additionalInterfaces"] == [{"url": gw, "transport": "JSONRPC"}]
+    # and the gateway forwards JSON-RPC to the agent's JSON-RPC interface, not its gRPC one
+    assert Agent.objects.get(agent_id="agent-one").url == base
 
 
 @pytest.mark.django_db

@@ -344,6 +344,48 @@ def test_what_the_agent_would_accept_is_forwarded_unchanged(gw: httpx.Client, ag
     assert agent.arrived[1].header("content-type") == "text/plain"
 
 
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_kubemq_profile_refuses_what_kubemq_refuses(gw: httpx.Client, agent, settings, size):
+    """Profile kubemq: a non-JSON Content-Type (KubeMQ's -32700, id null) and a ``jsonrpc``
+    other than "2.0" (-32600, the caller's id) are refused before anything reaches the agent,
+    for small bodies and for large ones (the lazy parse); JSON media types pass."""
+    settings.A2A_ERROR_PROFILE = "kubemq"
+    register("strict-agent", agent.url)
+    url = "/a2a/strict-agent"
+    pad = "p" * (300_000 if size == "large" else 10)
+
+    def post(payload: dict, content_type: str | None = "application/json") -> httpx.Response:
+        headers = {"Content-Type": content_type} if content_type else {}
+        request = gw.build_request("POST", url, content=orjson.dumps(payload), headers=headers)
+        assert content_type is not None or "content-type" not in request.headers
+        return gw.send(request)
+
+    for content_type in ("text/plain", "application/x-www-form-urlencoded",
+                         "application/x-notjson", None):
+        r = post(rpc(rpc_id=9, pad=pad), content_type)
+        assert r.status_code == 200 and r.headers["x-a2a-executed"] == "false", content_type
+        assert r.json()["id"] is None
+        assert error_of(r) == {"code": -32700,
+                               "message": "parse error: Content-Type must be application/json",
+                               "data": {"executed": False, "retryable": False,
+                                        "kind": "parse_error", "agent_id": None}}
+    for version in ("1.0", 2.0, None):
+        payload = {**rpc(rpc_id="v", pad=pad), "jsonrpc": version}
+        if version is None:
+            del payload["jsonrpc"]
+        r = post(payload)
+        assert r.status_code == 200 and r.headers["x-a2a-executed"] == "false", version
+        assert r.json()["id"] == "v"
+        assert error_of(r)["code"] == -32600
+        assert error_of(r)["message"] == 'invalid request: jsonrpc must be "2.0"'
+    assert agent.arrived == []
+    for content_type in ("application/json", "Application/JSON; charset=utf-8",
+                         "application/vnd.a2a+json"):
+        r = post(rpc(pad=pad), content_type)
+        assert r.headers["x-a2a-executed"] == "true" and "result" in r.json(), content_type
+    assert len(agent.arrived) == 3
+
+
 def test_unknown_and_deregistered_agent(gw: httpx.Client, agent):
     r = gw.post("/a2a/nobody-here", json=rpc(rpc_id="abc"))
     assert r.status_code == 200

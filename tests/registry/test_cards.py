@@ -1,4 +1,4 @@
-"""Card shapes, endpoint resolution, lenient and strict validation, rewriting."""
+"""Card shapes, endpoint resolution, lenient and strict validation."""
 
 import pytest
 
@@ -8,7 +8,6 @@ from registry.cards import (
     SHAPE_KUBEMQ,
     CardError,
     parse_card,
-    rewrite_card_endpoints,
 )
 from tests.registry.cards import card_03, card_10, card_kubemq
 
@@ -92,18 +91,6 @@ def test_strict_validation_uses_the_a2a_schema():
         parse_card(bad03, strict=True)
 
 
-def test_rewrite_every_endpoint():
-    gw = "http://gw.example/a2a/w-1/"
-    out = rewrite_card_endpoints(card_10(), gw)
-    assert "url" not in out  # a 1.0 card keeps its shape
-    assert {i["url"] for i in out["supportedInterfaces"]} == {gw}
-    c03 = card_03()
-    c03["additionalInterfaces"] = [{"url": "http://a.example/grpc", "transport": "GRPC"}]
-    out = rewrite_card_endpoints(c03, gw)
-    assert out["url"] == gw and out["additionalInterfaces"][0]["url"] == gw
-    assert c03["url"] != gw  # the original is untouched
-
-
 def test_nul_characters_refused():
     card = card_03()
     card["description"] = "bad\x00byte"
@@ -111,3 +98,21 @@ def test_nul_characters_refused():
         parse_card(card)
     with pytest.raises(CardError, match="NUL"):
         parse_card(b'{"name": "x\\u0000", "url": "http://a.example/"}')
+
+
+def test_endpoint_is_the_cards_json_rpc_interface():
+    """The gateway forwards JSON-RPC: a card whose main interface is another binding gives the
+    URL of its JSON-RPC interface, and only a card without one falls back to ``url``."""
+    grpc_main = {**card_03("http://a.example/grpc"), "preferredTransport": "GRPC",
+                 "additionalInterfaces": [
+                     {"url": "http://a.example/rest", "transport": "HTTP+JSON"},
+                     {"url": "http://a.example/rpc", "transport": "JSONRPC"}]}
+    assert parse_card(grpc_main).endpoint == "http://a.example/rpc"
+    both = {**grpc_main, "additionalInterfaces": [], "supportedInterfaces": [
+        {"url": "a.example:50051", "protocolBinding": "GRPC", "protocolVersion": "1.0"},
+        {"url": "http://a.example/v1", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}]}
+    assert parse_card(both).endpoint == "http://a.example/v1"
+    del both["supportedInterfaces"][1]
+    assert parse_card(both).endpoint == "http://a.example/grpc"  # no JSON-RPC interface at all
+    assert parse_card(card_03("http://a.example/")).endpoint == "http://a.example/"
+    assert parse_card(grpc_main, url="http://reg.example/").endpoint == "http://reg.example/"

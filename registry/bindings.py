@@ -1,0 +1,126 @@
+"""Protocol bindings in agent cards, and the card a caller sees through the gateway.
+
+A2A 1.0 defines three standard protocol bindings: JSON-RPC (``JSONRPC``), HTTP+JSON
+(``HTTP+JSON``) and gRPC (``GRPC``). A card lists the agent's interfaces twice over:
+
+* A2A 1.0: ``supportedInterfaces[{url, protocolBinding, protocolVersion, tenant?}]``, in the
+  agent's order of preference (one entry per binding and protocol version);
+* A2A 0.3: ``url`` + ``preferredTransport`` (the main interface; JSON-RPC when absent) and
+  ``additionalInterfaces[{url, transport}]``. The SDKs render both for an agent that speaks 0.3
+  too, and a KubeMQ-style card has only ``url`` (JSON-RPC).
+
+SDK clients take the first interface in the card whose binding they support (or their own first
+preference the card offers), so a card served through the gateway must list **only interfaces
+the gateway answers for that agent**, each at the address where it answers; an interface the
+gateway does not serve, left in the card, sends a client to a 404 (or to a gRPC port that is not
+there) although another binding would have worked. :func:`gateway_bindings` is the one place
+that decides which bindings the gateway answers for an agent and where; every rewritten card
+(the gateway's well-known card path, the API's caller view, the KubeMQ surface's listing,
+session pins' tree cards) goes through :func:`rewrite_card_endpoints`, which applies it to both
+views of the card: entries of other bindings are dropped, the agent's order is kept, and
+``url``/``preferredTransport``/``additionalInterfaces`` agree with what is left.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+JSONRPC = "JSONRPC"
+HTTP_JSON = "HTTP+JSON"
+GRPC = "GRPC"
+
+_NAMES = {"JSONRPC": JSONRPC, "JSON-RPC": JSONRPC, "HTTP+JSON": HTTP_JSON, "HTTP_JSON": HTTP_JSON,
+          "REST": HTTP_JSON, "GRPC": GRPC}
+
+
+def interface_binding(value: object) -> str:
+    """The binding a ``protocolBinding`` / ``transport`` / ``preferredTransport`` value names.
+
+    Absent (``None`` or empty): JSON-RPC, the default of every A2A version. A name outside the
+    three standard bindings is answered upper-cased (a custom binding); a value that is not a
+    string names no binding at all (``""``).
+    """
+    if value is None:
+        return JSONRPC
+    if not isinstance(value, str):
+        return ""
+    name = value.strip().upper()
+    if not name:
+        return JSONRPC
+    return _NAMES.get(name, name)
+
+
+def gateway_bindings(card: dict[str, Any], gateway_url: str) -> dict[str, dict[str, str]]:
+    """The bindings the gateway answers for the agent of ``card``, each with the interface
+    fields (``url``) that say where it answers.
+
+    The gateway answers A2A JSON-RPC at ``gateway_url`` (``/a2a/{agent_id}/``) for every agent,
+    whatever protocol version the agent speaks (1.0 and 0.3 method names are forwarded alike),
+    and no other binding yet. A binding the gateway learns to answer is added here, and every
+    rewritten card lists the agent's interfaces of that binding from then on.
+    """
+    del card  # the same for every agent today
+    return {JSONRPC: {"url": gateway_url}}
+
+
+def _served(entries: list[Any], served: dict[str, dict[str, str]], *, binding_key: str,
+            versioned: bool) -> list[dict[str, Any]]:
+    """``entries`` (interfaces) of a served binding, pointed at the gateway, in their order.
+
+    After the rewrite two entries of one binding (and, for 1.0 entries, one protocol version and
+    tenant) would be the same interface: the first is kept.
+    """
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        binding = interface_binding(entry.get(binding_key, entry.get("transport")))
+        fields = served.get(binding)
+        if fields is None:
+            continue
+        key = (binding, entry.get("protocolVersion"), entry.get("tenant")) if versioned else (
+            binding,)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append({**entry, **fields})
+    return out
+
+
+def rewrite_card_endpoints(card: dict[str, Any], gateway_url: str) -> dict[str, Any]:
+    """A copy of ``card`` listing only the interfaces the gateway answers, at the gateway.
+
+    ``supportedInterfaces`` (1.0) keeps the agent's entries of the bindings
+    :func:`gateway_bindings` answers, in the agent's order, one per binding, protocol version and
+    tenant. The 0.3 view keeps ``additionalInterfaces`` entries the same way (one per binding);
+    ``url`` and ``preferredTransport`` name the agent's main interface when the gateway answers
+    its binding, else the first served ``additionalInterfaces`` entry, and are dropped when the
+    gateway answers none (the card then offers no 0.3 interface). A card with neither ``url``
+    nor ``supportedInterfaces`` (KubeMQ-style, endpoint given at registration) gets the gateway's
+    JSON-RPC ``url``. Everything else, key order included, is left as it is.
+    """
+    served = gateway_bindings(card, gateway_url)
+    out = dict(card)
+    interfaces = card.get("supportedInterfaces")
+    if isinstance(interfaces, list):
+        out["supportedInterfaces"] = _served(interfaces, served, binding_key="protocolBinding",
+                                             versioned=True)
+    additional = card.get("additionalInterfaces")
+    kept = []
+    if isinstance(additional, list):
+        kept = out["additionalInterfaces"] = _served(additional, served, binding_key="transport",
+                                                     versioned=False)
+    if "url" not in card and "supportedInterfaces" in card:
+        return out  # a 1.0 card: no 0.3 main interface to rewrite
+    main = interface_binding(card.get("preferredTransport"))
+    if main not in served:
+        main = interface_binding(kept[0].get("transport")) if kept else ""
+    if main not in served:
+        out.pop("url", None)
+        out.pop("preferredTransport", None)
+        return out
+    out["url"] = served[main]["url"]
+    if "preferredTransport" in card or main != JSONRPC:
+        out["preferredTransport"] = main
+    return out

@@ -1,0 +1,115 @@
+"""The card a caller sees through the gateway lists only interfaces the gateway answers.
+
+Unit tests of :func:`registry.bindings.rewrite_card_endpoints` on the card shapes agents
+publish; tests/gateway/test_card_bindings.py drives the served card with real SDK agents and
+clients.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from registry.bindings import (
+    GRPC,
+    HTTP_JSON,
+    JSONRPC,
+    gateway_bindings,
+    interface_binding,
+    rewrite_card_endpoints,
+)
+from tests.registry.cards import card_03, card_10, card_kubemq
+
+GW = "http://gw.example/a2a/w-1/"
+AGENT = "http://agent.example/"
+
+
+def iface(binding: str, version: str, url: str = AGENT) -> dict:
+    return {"url": url, "protocolBinding": binding, "protocolVersion": version}
+
+
+def sdk_card(*interfaces: dict) -> dict:
+    """A card as a2a-sdk 1.x renders it: ``supportedInterfaces`` plus the 0.3 view of the 0.x
+    entries (first one main, the rest ``additionalInterfaces``)."""
+    legacy = [i for i in interfaces if i["protocolVersion"].startswith("0.")]
+    card = {"name": "All", "supportedInterfaces": list(interfaces), "version": "1"}
+    if legacy:
+        card.update({
+            "url": legacy[0]["url"], "preferredTransport": legacy[0]["protocolBinding"],
+            "protocolVersion": "0.3",
+            "additionalInterfaces": [{"transport": i["protocolBinding"], "url": i["url"]}
+                                     for i in legacy[1:]],
+        })
+    return card
+
+
+def test_binding_names():
+    assert interface_binding(None) == interface_binding("") == JSONRPC
+    assert interface_binding("jsonrpc") == interface_binding("JSON-RPC") == JSONRPC
+    assert interface_binding("HTTP+JSON") == interface_binding("rest") == HTTP_JSON
+    assert interface_binding("grpc") == GRPC
+    assert interface_binding("custom") == "CUSTOM" and interface_binding(5) == ""
+
+
+def test_gateway_answers_json_rpc_at_its_own_url():
+    assert gateway_bindings(card_10(), GW) == {JSONRPC: {"url": GW}}
+
+
+def test_all_three_bindings_grpc_first_keeps_only_json_rpc_in_the_agents_order():
+    card = sdk_card(
+        iface(GRPC, "1.0", "agent.example:50051"), iface(JSONRPC, "1.0"),
+        iface(HTTP_JSON, "1.0", AGENT + "rest"),
+        iface(GRPC, "0.3", "agent.example:50052"), iface(JSONRPC, "0.3"),
+        iface(HTTP_JSON, "0.3", AGENT + "rest"),
+    )
+    original = copy.deepcopy(card)
+    out = rewrite_card_endpoints(card, GW)
+    assert out["supportedInterfaces"] == [iface(JSONRPC, "1.0", GW), iface(JSONRPC, "0.3", GW)]
+    # The 0.3 view agrees: its main interface was gRPC, the gateway answers JSON-RPC.
+    assert (out["url"], out["preferredTransport"]) == (GW, JSONRPC)
+    assert out["additionalInterfaces"] == [{"transport": JSONRPC, "url": GW}]
+    assert out["protocolVersion"] == "0.3"
+    assert list(out) == list(card)  # key order kept
+    assert card == original  # the stored card is untouched
+
+
+def test_one_entry_per_protocol_version_and_tenant():
+    card = {"name": "x", "supportedInterfaces": [
+        iface(JSONRPC, "1.0", AGENT + "a"), iface(JSONRPC, "1.0", AGENT + "b"),
+        iface(JSONRPC, "0.3"), {**iface(JSONRPC, "1.0"), "tenant": "t2"}, "junk",
+        {"url": AGENT},  # no binding: JSON-RPC
+    ]}
+    out = rewrite_card_endpoints(card, GW)
+    assert out["supportedInterfaces"] == [
+        iface(JSONRPC, "1.0", GW), iface(JSONRPC, "0.3", GW),
+        {**iface(JSONRPC, "1.0", GW), "tenant": "t2"}, {"url": GW},
+    ]
+    assert "url" not in out and "preferredTransport" not in out  # a 1.0 card keeps its shape
+
+
+def test_a_card_without_a_served_interface_offers_none():
+    card = {"name": "rest only", "supportedInterfaces": [iface(HTTP_JSON, "1.0")]}
+    assert rewrite_card_endpoints(card, GW)["supportedInterfaces"] == []
+    grpc03 = {**card_03(), "preferredTransport": "GRPC", "url": "agent.example:50051"}
+    out = rewrite_card_endpoints(grpc03, GW)
+    assert "url" not in out and "preferredTransport" not in out
+
+
+def test_03_card_main_binding_not_served_takes_the_first_served_additional():
+    card = {**card_03(AGENT), "preferredTransport": "HTTP+JSON",
+            "additionalInterfaces": [{"url": "agent.example:50051", "transport": "GRPC"},
+                                     {"url": AGENT + "rpc", "transport": "JSONRPC"},
+                                     {"url": AGENT + "rpc2", "transport": "JSONRPC"},
+                                     {"url": AGENT + "rest", "transport": "HTTP+JSON"}]}
+    out = rewrite_card_endpoints(card, GW)
+    assert (out["url"], out["preferredTransport"]) == (GW, JSONRPC)
+    assert out["additionalInterfaces"] == [{"url": GW, "transport": "JSONRPC"}]
+
+
+def test_03_and_kubemq_cards_point_at_the_gateway():
+    out = rewrite_card_endpoints(card_03(AGENT), GW)
+    assert (out["url"], out["preferredTransport"]) == (GW, JSONRPC)
+    kubemq = card_kubemq()
+    assert rewrite_card_endpoints(kubemq, GW)["url"] == GW
+    del kubemq["url"]  # endpoint given at registration only
+    assert rewrite_card_endpoints(kubemq, GW)["url"] == GW
+    assert "preferredTransport" not in rewrite_card_endpoints(kubemq, GW)
