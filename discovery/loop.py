@@ -46,6 +46,15 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 
+#: How a cycle's summary begins the lines the console reads back (discovery.admin): the
+#: configuration file could not be read, a source failed, a card fetch failed; and the first
+#: line of a cycle with nothing to do or one skipped.
+CONFIG_ERROR_LINE = "config file error: "
+SOURCE_ERROR_LINE = "source error: "
+FETCH_ERROR_LINE = "fetch error: "
+NOT_CONFIGURED = "discovery is not configured (no DISCOVERY_CONFIG, no source rows): idle"
+SKIPPED = "another discovery cycle is running: skipped"
+
 
 @dataclass
 class CycleReport:
@@ -87,9 +96,9 @@ class CycleReport:
 
     def summary(self) -> str:
         if not self.configured:
-            return "discovery is not configured (no DISCOVERY_CONFIG, no source rows): idle"
+            return NOT_CONFIGURED
         if self.skipped:
-            return "another discovery cycle is running: skipped"
+            return SKIPPED
         lines = [
             f"endpoints: {self.proposed} proposed, {self.admitted} admitted, "
             f"{self.refused} refused, {self.duplicates} duplicates, {self.collisions} collisions",
@@ -105,9 +114,9 @@ class CycleReport:
              else "no snapshot"),
         ]
         if self.config_error:
-            lines.insert(0, f"config file error: {self.config_error}")
-        lines += [f"source error: {e}" for e in self.source_errors]
-        lines += [f"fetch error: {e}" for e in self.errors[:20]]
+            lines.insert(0, f"{CONFIG_ERROR_LINE}{self.config_error}")
+        lines += [f"{SOURCE_ERROR_LINE}{e}" for e in self.source_errors]
+        lines += [f"{FETCH_ERROR_LINE}{e}" for e in self.errors[:20]]
         lines.append(f"took {self.seconds:.2f}s")
         return "\n".join(lines)
 

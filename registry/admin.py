@@ -219,6 +219,9 @@ class AgentChangeList(ChangeList):
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
+    class Media:
+        css = {"all": ("console/console.css",)}  # list layout
+
     form = AgentChangeForm
     change_form_template = "console/agent_change_form.html"
     # One line per column: other features add theirs here.
@@ -233,8 +236,7 @@ class AgentAdmin(admin.ModelAdmin):
         "node_id",
         "skill_tags",
         "max_concurrency",
-        "owner_display",
-        "source",
+        "origin",
     )
     list_select_related = ("owner",)
     list_filter = ("status", "source", NodeListFilter, "public")
@@ -331,6 +333,13 @@ class AgentAdmin(admin.ModelAdmin):
     @admin.display(description="owner", ordering="owner__client_id")
     def owner_display(self, agent: Agent) -> str:
         return agent.owner.client_id if agent.owner_id and agent.owner else "—"
+
+    @admin.display(description="owner, source", ordering="owner__client_id")
+    def origin(self, agent: Agent):
+        """Who registered the agent and through which surface, in one column (the list must
+        fit a laptop's width)."""
+        return format_html('{}<br><span class="quiet">{}</span>', self.owner_display(agent),
+                           agent.get_source_display())
 
     @admin.display(description="card (as registered)")
     def card_pretty(self, agent: Agent):
