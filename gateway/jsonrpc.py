@@ -116,7 +116,9 @@ def is_error_reply(body: bytes) -> bool:
     Never a parse of the body: a substring search of the head (the common answer, a
     ``result``, stops there), then, only when ``"error"`` stands in it, one regular-expression
     pass over the head that tracks the nesting depth, so ``"error"`` inside a result (a task's
-    text, a nested object) does not count, nor does an ``"error"`` string value."""
+    text, a nested object) does not count, nor does an ``"error"`` string value. Measured on
+    the 2-core development machine (timeit, best of 5): 0.2 µs for a 165-byte result, 1.7 µs
+    for a 1 MiB one (the bounded search), 3 µs for an error reply (the depth pass)."""
     if body.find(_ERROR_KEY, 0, ERROR_HEAD_BYTES) < 0:
         return False
     head = body[:ERROR_HEAD_BYTES]
