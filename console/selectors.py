@@ -177,6 +177,7 @@ def node_dead_after() -> timedelta:
 
 def dashboard(*, window_minutes: int = 15) -> dict:
     """Everything the admin index shows."""
+    from discovery.loop import cycle_health
     from discovery.models import Alert, CycleRun
 
     now = timezone.now()
@@ -209,6 +210,7 @@ def dashboard(*, window_minutes: int = 15) -> dict:
         for n in Node.objects.order_by("node_id")[:50]
     ]
     traffic = series(since=since)
+    cycle = CycleRun.objects.order_by("-started_at").first()
     totals = AgentMinute.objects.filter(minute__gte=minute_floor(since)).aggregate(
         last=Max("last_call_at")
     )
@@ -229,7 +231,8 @@ def dashboard(*, window_minutes: int = 15) -> dict:
         "top_errors": top_agents(since=since, by="errors"),
         "alerts_open": Alert.objects.filter(acknowledged=False).count(),
         "alerts": list(Alert.objects.filter(acknowledged=False)[:5]),
-        "cycle": CycleRun.objects.order_by("-started_at").first(),
+        "cycle": cycle,
+        "cycle_health": cycle_health(cycle) if cycle is not None else None,
     }
 
 

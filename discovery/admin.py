@@ -262,24 +262,6 @@ class AlertAdmin(SystemRowsAdmin):
         self.message_user(request, f"Acknowledged {count} alert(s).", messages.SUCCESS)
 
 
-def cycle_health(run: CycleRun) -> tuple[str, str, str]:
-    """A cycle's health badge: (css class, label, title), read from its summary's lines."""
-    lines = run.summary.splitlines()
-    if lines[:1] == [loop.NOT_CONFIGURED]:
-        return "expired", "idle", "discovery is not configured"
-    if lines[:1] == [loop.SKIPPED]:
-        return "expired", "skipped", "another discovery cycle was running"
-    config = [line for line in lines if line.startswith(loop.CONFIG_ERROR_LINE)]
-    if config:
-        return "dead", "config error", config[0]
-    sources = [line for line in lines if line.startswith(loop.SOURCE_ERROR_LINE)]
-    if sources:
-        return "dead", f"{len(sources)} source error(s)", "; ".join(sources)
-    if run.failed:
-        return "expiring", f"{run.failed} card(s) failed", "see the summary's fetch errors"
-    return "active", "ok", "every source and card answered"
-
-
 @admin.register(CycleRun)
 class CycleRunAdmin(SystemRowsAdmin):
     """The last discovery cycles and what each did; "Run discovery now" on top."""
@@ -310,7 +292,7 @@ class CycleRunAdmin(SystemRowsAdmin):
         """What went wrong in the cycle, from its summary: the configuration file could not be
         read (the cycle ran on the rows last read from it), a source failed, cards failed to
         fetch; or it had nothing to do, or another cycle was running."""
-        css, label, title = cycle_health(obj)
+        css, label, title = loop.cycle_health(obj)
         return format_html('<span class="badge badge-{}" title="{}">{}</span>', css, title,
                            label)
 

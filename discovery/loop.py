@@ -24,7 +24,7 @@ from discovery.config_file import ConfigFileError, config_file_sync
 from discovery.health import DEGRADED, degraded_urls, health_observe_many
 from discovery.locks import RedisLocks, default_locks
 from discovery.matcher import matched_needs, needs_active, policy_hook
-from discovery.models import Alert, ConfiguredAgent, DiscoveryPolicy, SourceFeed
+from discovery.models import Alert, ConfiguredAgent, CycleRun, DiscoveryPolicy, SourceFeed
 from discovery.resolver import Admission, allowlist_entries, resolve
 from discovery.sessions import sessions_expire
 from discovery.snapshots import (
@@ -119,6 +119,24 @@ class CycleReport:
         lines += [f"{FETCH_ERROR_LINE}{e}" for e in self.errors[:20]]
         lines.append(f"took {self.seconds:.2f}s")
         return "\n".join(lines)
+
+
+def cycle_health(run: CycleRun) -> tuple[str, str, str]:
+    """A cycle's health badge: (css class, label, title), read from its summary's lines."""
+    lines = run.summary.splitlines()
+    if lines[:1] == [NOT_CONFIGURED]:
+        return "expired", "idle", "discovery is not configured"
+    if lines[:1] == [SKIPPED]:
+        return "expired", "skipped", "another discovery cycle was running"
+    config = [line for line in lines if line.startswith(CONFIG_ERROR_LINE)]
+    if config:
+        return "dead", "config error", config[0]
+    sources = [line for line in lines if line.startswith(SOURCE_ERROR_LINE)]
+    if sources:
+        return "dead", f"{len(sources)} source error(s)", "; ".join(sources)
+    if run.failed:
+        return "expiring", f"{run.failed} card(s) failed", "see the summary's fetch errors"
+    return "active", "ok", "every source and card answered"
 
 
 def discovery_is_configured() -> bool:
@@ -361,8 +379,6 @@ def _record_cycle(report: CycleReport) -> None:
     from datetime import timedelta
 
     from django.utils import timezone
-
-    from discovery.models import CycleRun
 
     CycleRun.objects.create(
         started_at=timezone.now() - timedelta(seconds=report.seconds), seconds=report.seconds,

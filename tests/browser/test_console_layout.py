@@ -186,6 +186,10 @@ def test_console_pages_fit_the_width_and_headers_do_not_wrap(live_server_url):
                         narrow = [(sid, round(r, 2)) for sid, r in used if r < 0.3]
                         if narrow:
                             problems[f"dashboard sections at {width}px"] = {"narrow": narrow}
+            # The dashboard flags the last cycle's broken configuration file.
+            page.goto(f"{live_server_url}/admin/")
+            expect(page.locator("#cycle-health")).to_have_text("config error")
+            expect(page.locator("#console-discovery")).to_contain_text("(kept)")
             # The cycle list says what each cycle did: a kept snapshot is no failure, a broken
             # configuration file is.
             page.set_viewport_size({"width": 1440, "height": 900})
