@@ -55,6 +55,14 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+def short_time(at):
+    """Month, day and time to the second (the full date-time in its title): the stock
+    "Dec. 2, 2026, 5:17 p.m." takes a column's width and hides the second."""
+    at = timezone.localtime(at)
+    return format_html('<span title="{}">{}</span>', at.isoformat(),
+                       at.strftime("%m-%d %H:%M:%S"))
+
+
 @admin.register(CallRecord)
 class CallRecordAdmin(ReadOnlyAdmin):
     class Media:
@@ -82,11 +90,7 @@ class CallRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description="at", ordering="at")
     def at_display(self, row: CallRecord):
-        """Month, day and time to the second (the full date-time in its title): the stock
-        "Dec. 2, 2026, 5:17 p.m." takes a column's width and hides the second."""
-        at = timezone.localtime(row.at)
-        return format_html('<span title="{}">{}</span>', at.isoformat(),
-                           at.strftime("%m-%d %H:%M:%S"))
+        return short_time(row.at)
 
     @admin.display(description="latency", ordering="latency_ms")
     def latency_ms_display(self, row: CallRecord) -> str:
@@ -98,12 +102,16 @@ class RegistryChangeAdmin(ReadOnlyAdmin):
     class Media:
         css = {"all": ("console/console.css",)}  # list layout
 
-    list_display = ("at", "action", "actor", "agent_id", "client_id", "details")
+    list_display = ("at_display", "action", "actor", "agent_id", "client_id", "details")
     list_filter = ("action", "at", AgentFilter)
     search_fields = ("agent_id", "client_id", "actor")
     date_hierarchy = "at"
     list_per_page = 100
     show_full_result_count = False
+
+    @admin.display(description="at", ordering="at")
+    def at_display(self, row: RegistryChange):
+        return short_time(row.at)
 
 
 if settings.EMBEDDED:

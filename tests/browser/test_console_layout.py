@@ -152,6 +152,13 @@ def test_console_pages_fit_the_width_and_headers_do_not_wrap(live_server_url):
         "calls": "/admin/console/callrecord/",
         "cycles": "/admin/discovery/cyclerun/",
         "nodes": "/admin/registry/node/",
+        "clients": "/admin/registry/apiclient/",
+        "changes": "/admin/console/registrychange/",
+        "snapshots": "/admin/discovery/snapshot/",
+        "card-cache": "/admin/discovery/cardcacheentry/",
+        "endpoint-health": "/admin/discovery/endpointhealth/",
+        "configured-agents": "/admin/discovery/configuredagent/",
+        "alerts": "/admin/discovery/alert/",
     }
     problems: dict[str, dict] = {}
     with sync_playwright() as pw:
