@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin
+from django.utils import timezone
+from django.utils.html import format_html
 
 from console.models import CallRecord, RegistryChange
 
@@ -53,10 +55,21 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+def short_time(at):
+    """Month, day and time to the second (the full date-time in its title): the stock
+    "Dec. 2, 2026, 5:17 p.m." takes a column's width and hides the second."""
+    at = timezone.localtime(at)
+    return format_html('<span title="{}">{}</span>', at.isoformat(),
+                       at.strftime("%m-%d %H:%M:%S"))
+
+
 @admin.register(CallRecord)
 class CallRecordAdmin(ReadOnlyAdmin):
+    class Media:
+        css = {"all": ("console/console.css",)}  # list layout
+
     list_display = (
-        "at",
+        "at_display",
         "caller",
         "agent_id",
         "method",
@@ -75,6 +88,10 @@ class CallRecordAdmin(ReadOnlyAdmin):
     list_per_page = 100
     show_full_result_count = False
 
+    @admin.display(description="at", ordering="at")
+    def at_display(self, row: CallRecord):
+        return short_time(row.at)
+
     @admin.display(description="latency", ordering="latency_ms")
     def latency_ms_display(self, row: CallRecord) -> str:
         return f"{row.latency_ms:.1f} ms"
@@ -82,12 +99,19 @@ class CallRecordAdmin(ReadOnlyAdmin):
 
 @admin.register(RegistryChange)
 class RegistryChangeAdmin(ReadOnlyAdmin):
-    list_display = ("at", "action", "actor", "agent_id", "client_id", "details")
+    class Media:
+        css = {"all": ("console/console.css",)}  # list layout
+
+    list_display = ("at_display", "action", "actor", "agent_id", "client_id", "details")
     list_filter = ("action", "at", AgentFilter)
     search_fields = ("agent_id", "client_id", "actor")
     date_hierarchy = "at"
     list_per_page = 100
     show_full_result_count = False
+
+    @admin.display(description="at", ordering="at")
+    def at_display(self, row: RegistryChange):
+        return short_time(row.at)
 
 
 if settings.EMBEDDED:

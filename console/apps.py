@@ -3,7 +3,8 @@
 ``ConsoleAdminConfig`` replaces ``django.contrib.admin`` in ``INSTALLED_APPS`` so the default
 admin site is :class:`console.site.ConsoleAdminSite` (the dashboard is its index).
 ``ConsoleConfig.ready`` wires the recorder's flush job into the node's lifecycle and subscribes
-to the registry's audit hook.
+to the registry's audit hook; it installs the reader of an agent's recent calls that the
+API's agent detail shows (``registry.selectors.agent_calls``).
 """
 
 from django.apps import AppConfig
@@ -24,8 +25,11 @@ class ConsoleConfig(AppConfig):
     def ready(self) -> None:
         from config import node
         from console import audit, flusher, schema  # noqa: F401  (schema: auth extension)
+        from console import selectors as console_selectors
         from registry import events
+        from registry import selectors as registry_selectors
 
         events.subscribe_audit(audit.on_registry_audit)
+        registry_selectors.agent_calls_reader_install(console_selectors.agent_recent_calls)
         node.on_startup(flusher.start)
         node.on_shutdown(flusher.stop)

@@ -19,7 +19,20 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from console import audit, recorder
-from console.recorder import C_DIRTY, C_HIST, C_LAST_AT, C_LAST_OUTCOME, C_STREAMS
+from console.recorder import (
+    C_BYTES_IN,
+    C_BYTES_OUT,
+    C_DIRTY,
+    C_ERR_AGENT,
+    C_ERR_EXEC,
+    C_ERR_NOEXEC,
+    C_HIST,
+    C_LAST_AT,
+    C_LAST_OUTCOME,
+    C_LATENCY,
+    C_REQUESTS,
+    C_STREAMS,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +135,13 @@ def write_batch(batch: dict, node_id: str) -> None:
                 agent_id=agent_id,
                 minute=_ts(minute * 60),
                 node_id=node_id,
-                requests=cells[0],
-                errors_executed=cells[1],
-                errors_not_executed=cells[2],
-                bytes_in=cells[3],
-                bytes_out=cells[4],
-                latency_sum=cells[5],
+                requests=cells[C_REQUESTS],
+                errors_executed=cells[C_ERR_EXEC],
+                errors_not_executed=cells[C_ERR_NOEXEC],
+                errors_agent=cells[C_ERR_AGENT],
+                bytes_in=cells[C_BYTES_IN],
+                bytes_out=cells[C_BYTES_OUT],
+                latency_sum=cells[C_LATENCY],
                 streams_max=cells[C_STREAMS],
                 histogram=cells[C_HIST:],
                 last_call_at=_ts(last_at) if last_at else None,
@@ -143,6 +157,7 @@ def write_batch(batch: dict, node_id: str) -> None:
                 "requests",
                 "errors_executed",
                 "errors_not_executed",
+                "errors_agent",
                 "bytes_in",
                 "bytes_out",
                 "latency_sum",

@@ -19,10 +19,16 @@ class AgentMinute(models.Model):
     node_id = models.CharField(max_length=200)
     requests = models.PositiveIntegerField(default=0)
     errors_executed = models.PositiveIntegerField(
-        default=0, help_text="Failed after the agent received the request."
+        default=0, help_text="Gateway errors after the agent received the request."
     )
     errors_not_executed = models.PositiveIntegerField(
-        default=0, help_text="Failed before the agent received the request (safe to retry)."
+        default=0,
+        help_text="Gateway errors before the agent received the request (safe to retry).",
+    )
+    errors_agent = models.PositiveIntegerField(
+        default=0,
+        help_text="Agent errors: the agent answered a JSON-RPC error or an HTTP error status "
+        "(relayed unchanged).",
     )
     bytes_in = models.PositiveBigIntegerField(default=0, help_text="Request bytes.")
     bytes_out = models.PositiveBigIntegerField(default=0, help_text="Response bytes.")

@@ -11,9 +11,10 @@ at most ``A2A_AUDIT_MAX_REFUSED_PER_MINUTE`` such rows per node and minute (the 
 as dropped). A flood of refused calls, which address-keyed rate limiting answers before any
 authentication, therefore adds a bounded number of rows whatever its rate.
 
-Kept per agent and minute (cells of a list, see the ``C_*`` indexes): requests, errors after
-and before the agent received the request, request and response bytes, latency sum, then the
-latency histogram (:mod:`console.histogram`).
+Kept per agent and minute (cells of a list, see the ``C_*`` indexes): requests, gateway errors
+after and before the agent received the request, request and response bytes, latency sum,
+agent errors (outcome ``agent_error``: the agent answered a JSON-RPC error, or an HTTP error
+status; the gateway relayed it), then the latency histogram (:mod:`console.histogram`).
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from console.histogram import BASE_MS, BUCKETS
 
 C_REQUESTS, C_ERR_EXEC, C_ERR_NOEXEC, C_BYTES_IN, C_BYTES_OUT, C_LATENCY, C_STREAMS = range(7)
 C_LAST_AT, C_LAST_OUTCOME, C_DIRTY = 7, 8, 9  # last call (time, outcome); changed since flush
-C_HIST = 10
+C_ERR_AGENT = 10
+C_HIST = 11
 MAX_KEYS = 100_000
 
 #: Outcomes that are not errors (the caller got the agent's 2xx/3xx answer, or left).
 OK_OUTCOMES = frozenset({"ok", "client_disconnect"})
+#: The outcome of an agent's own error answer (not the gateway's: counted apart).
+AGENT_ERROR = "agent_error"
 
 # Configured from settings by :func:`configure` (the flusher calls it when the node starts).
 enabled = True
@@ -51,7 +55,7 @@ dropped = {"audit": 0, "stats": 0, "refused": 0}
 
 
 def new_cells() -> list:
-    return [0, 0, 0, 0, 0, 0.0, 0, 0.0, "", 0] + [0] * BUCKETS
+    return [0, 0, 0, 0, 0, 0.0, 0, 0.0, "", 0, 0] + [0] * BUCKETS
 
 
 def configure(*, stats_on: bool, audit: str, cap: int, refused_per_minute: int = 60) -> None:
@@ -119,7 +123,10 @@ def record(
         if cells is not None:
             cells[C_REQUESTS] += 1
             if not ok:
-                cells[C_ERR_EXEC if executed else C_ERR_NOEXEC] += 1
+                if outcome == AGENT_ERROR:
+                    cells[C_ERR_AGENT] += 1
+                else:
+                    cells[C_ERR_EXEC if executed else C_ERR_NOEXEC] += 1
             cells[C_BYTES_IN] += request_bytes
             cells[C_BYTES_OUT] += exchange.nbytes
             cells[C_LATENCY] += seconds

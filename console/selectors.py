@@ -25,11 +25,14 @@ def minute_floor(moment: datetime) -> datetime:
 
 @dataclass
 class Series:
-    """Per-minute totals over a window, oldest first."""
+    """Per-minute totals over a window, oldest first. ``errors`` counts every failed call:
+    the agent's own errors (``agent_errors``: a JSON-RPC error or an HTTP error status it
+    answered) and the gateway's."""
 
     minutes: list[datetime]
     requests: list[int]
     errors: list[int]
+    agent_errors: list[int] = field(default_factory=list)
 
     @property
     def total_requests(self) -> int:
@@ -39,12 +42,21 @@ class Series:
     def total_errors(self) -> int:
         return sum(self.errors)
 
+    @property
+    def total_agent_errors(self) -> int:
+        return sum(self.agent_errors)
+
+    @property
+    def total_gateway_errors(self) -> int:
+        return self.total_errors - self.total_agent_errors
+
 
 @dataclass
 class AgentStats:
     requests: int = 0
     errors_executed: int = 0
     errors_not_executed: int = 0
+    errors_agent: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
     streams_max: int = 0
@@ -57,8 +69,13 @@ class AgentStats:
     by_outcome: dict[str, int] = field(default_factory=dict)
 
     @property
-    def errors(self) -> int:
+    def gateway_errors(self) -> int:
         return self.errors_executed + self.errors_not_executed
+
+    @property
+    def errors(self) -> int:
+        """Every failed call: the gateway's errors and the agent's own."""
+        return self.gateway_errors + self.errors_agent
 
     @property
     def error_rate(self) -> float:
@@ -79,17 +96,19 @@ def series(
     if agent_id is not None:
         qs = qs.filter(agent_id=agent_id)
     rows = qs.values("minute").annotate(
-        r=Sum("requests"), e1=Sum("errors_executed"), e2=Sum("errors_not_executed")
+        r=Sum("requests"), e1=Sum("errors_executed"), e2=Sum("errors_not_executed"),
+        ea=Sum("errors_agent"),
     )
     steps = int((until - start).total_seconds() // 60) // step_minutes + 1
     minutes = [start + timedelta(minutes=i * step_minutes) for i in range(steps)]
-    requests, errors = [0] * steps, [0] * steps
+    requests, errors, agent_errors = [0] * steps, [0] * steps, [0] * steps
     for row in rows:
         i = int((row["minute"] - start).total_seconds() // 60) // step_minutes
         if 0 <= i < steps:
             requests[i] += row["r"] or 0
-            errors[i] += (row["e1"] or 0) + (row["e2"] or 0)
-    return Series(minutes, requests, errors)
+            errors[i] += (row["e1"] or 0) + (row["e2"] or 0) + (row["ea"] or 0)
+            agent_errors[i] += row["ea"] or 0
+    return Series(minutes, requests, errors, agent_errors)
 
 
 def agent_stats(
@@ -103,6 +122,7 @@ def agent_stats(
         out.requests += row.requests
         out.errors_executed += row.errors_executed
         out.errors_not_executed += row.errors_not_executed
+        out.errors_agent += row.errors_agent
         out.bytes_in += row.bytes_in
         out.bytes_out += row.bytes_out
         out.streams_max = max(out.streams_max, row.streams_max)
@@ -124,12 +144,15 @@ def agent_stats(
 
 
 def top_agents(*, since: datetime, by: str, limit: int = 5) -> list[dict]:
-    """Agents with the most requests (``by="requests"``) or errors (``by="errors"``)."""
+    """Agents with the most requests (``by="requests"``) or errors (``by="errors"``: the
+    gateway's and the agent's own; ``agent_errors`` the latter)."""
     qs = (
         AgentMinute.objects.filter(minute__gte=minute_floor(since))
         .values("agent_id")
         .annotate(
-            requests=Sum("requests"), errors=Sum("errors_executed") + Sum("errors_not_executed")
+            requests=Sum("requests"),
+            errors=Sum("errors_executed") + Sum("errors_not_executed") + Sum("errors_agent"),
+            agent_errors=Sum("errors_agent"),
         )
     )
     qs = qs.filter(errors__gt=0) if by == "errors" else qs
@@ -154,6 +177,7 @@ def node_dead_after() -> timedelta:
 
 def dashboard(*, window_minutes: int = 15) -> dict:
     """Everything the admin index shows."""
+    from discovery.loop import cycle_health
     from discovery.models import Alert, CycleRun
 
     now = timezone.now()
@@ -186,6 +210,7 @@ def dashboard(*, window_minutes: int = 15) -> dict:
         for n in Node.objects.order_by("node_id")[:50]
     ]
     traffic = series(since=since)
+    cycle = CycleRun.objects.order_by("-started_at").first()
     totals = AgentMinute.objects.filter(minute__gte=minute_floor(since)).aggregate(
         last=Max("last_call_at")
     )
@@ -206,5 +231,31 @@ def dashboard(*, window_minutes: int = 15) -> dict:
         "top_errors": top_agents(since=since, by="errors"),
         "alerts_open": Alert.objects.filter(acknowledged=False).count(),
         "alerts": list(Alert.objects.filter(acknowledged=False)[:5]),
-        "cycle": CycleRun.objects.order_by("-started_at").first(),
+        "cycle": cycle,
+        "cycle_health": cycle_health(cycle) if cycle is not None else None,
     }
+
+
+#: The window of the agent list's figures and of the API's ``calls`` field.
+RECENT_WINDOW_MINUTES = 15
+
+
+def agent_recent_calls(agent_id: str, *, window_minutes: int = RECENT_WINDOW_MINUTES) -> dict:
+    """One agent's calls over the last ``window_minutes`` (all nodes, one query): the API's
+    ``calls`` field (``registry.api.serializers.AgentCallsOutput``)."""
+    since = minute_floor(timezone.now() - timedelta(minutes=window_minutes))
+    rows = AgentMinute.objects.filter(agent_id=agent_id, minute__gte=since).values_list(
+        "requests", "errors_agent", "errors_executed", "errors_not_executed", "last_call_at",
+        "last_outcome",
+    )
+    out = {"window_minutes": window_minutes, "requests": 0, "agent_errors": 0,
+           "gateway_errors_executed": 0, "gateway_errors_not_executed": 0,
+           "last_call_at": None, "last_outcome": ""}
+    for requests, agent, executed, not_executed, last_at, last_outcome in rows:
+        out["requests"] += requests
+        out["agent_errors"] += agent
+        out["gateway_errors_executed"] += executed
+        out["gateway_errors_not_executed"] += not_executed
+        if last_at is not None and (out["last_call_at"] is None or last_at > out["last_call_at"]):
+            out["last_call_at"], out["last_outcome"] = last_at, last_outcome
+    return out

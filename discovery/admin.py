@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from discovery import loop
 from discovery.models import (
     Alert,
     AllowedHost,
@@ -265,12 +266,15 @@ class AlertAdmin(SystemRowsAdmin):
 class CycleRunAdmin(SystemRowsAdmin):
     """The last discovery cycles and what each did; "Run discovery now" on top."""
 
-    list_display = ["started_at", "seconds_display", "fetched", "not_modified", "failed",
-                    "selected", "published", "version", "short_digest"]
+    class Media:
+        css = {"all": ("console/console.css",)}  # list layout
+
+    list_display = ["started_at", "health_display", "seconds_display", "fetched",
+                    "not_modified", "failed", "selected", "snapshot_display", "short_digest"]
     list_filter = ["published"]
-    readonly_fields = ["started_at", "seconds", "fetched", "not_modified", "failed", "selected",
-                       "published", "version", "digest", "summary_text"]
-    exclude = ["summary"]
+    readonly_fields = ["started_at", "health_display", "seconds", "fetched", "not_modified",
+                       "failed", "selected", "snapshot_display", "digest", "summary_text"]
+    exclude = ["summary", "published", "version"]  # shown together as "snapshot"
     change_list_template = "console/cyclerun_change_list.html"
 
     def has_change_permission(self, request, obj=None) -> bool:
@@ -282,6 +286,23 @@ class CycleRunAdmin(SystemRowsAdmin):
                  name="discovery_cyclerun_run"),
             *super().get_urls(),
         ]
+
+    @admin.display(description="health")
+    def health_display(self, obj: CycleRun):
+        """What went wrong in the cycle, from its summary: the configuration file could not be
+        read (the cycle ran on the rows last read from it), a source failed, cards failed to
+        fetch; or it had nothing to do, or another cycle was running."""
+        css, label, title = loop.cycle_health(obj)
+        return format_html('<span class="badge badge-{}" title="{}">{}</span>', css, title,
+                           label)
+
+    @admin.display(description="snapshot", ordering="version")
+    def snapshot_display(self, obj: CycleRun) -> str:
+        """The snapshot the cycle left current: a new one published, or the current one kept
+        (nothing changed: not a failure)."""
+        if obj.version is None:
+            return "none"
+        return f"v{obj.version} " + ("published (new)" if obj.published else "kept (unchanged)")
 
     @admin.display(description="took", ordering="seconds")
     def seconds_display(self, obj: CycleRun) -> str:

@@ -24,7 +24,7 @@ from discovery.config_file import ConfigFileError, config_file_sync
 from discovery.health import DEGRADED, degraded_urls, health_observe_many
 from discovery.locks import RedisLocks, default_locks
 from discovery.matcher import matched_needs, needs_active, policy_hook
-from discovery.models import Alert, ConfiguredAgent, DiscoveryPolicy, SourceFeed
+from discovery.models import Alert, ConfiguredAgent, CycleRun, DiscoveryPolicy, SourceFeed
 from discovery.resolver import Admission, allowlist_entries, resolve
 from discovery.sessions import sessions_expire
 from discovery.snapshots import (
@@ -45,6 +45,15 @@ from registry.permissions import SYSTEM
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
+
+#: How a cycle's summary begins the lines the console reads back (discovery.admin): the
+#: configuration file could not be read, a source failed, a card fetch failed; and the first
+#: line of a cycle with nothing to do or one skipped.
+CONFIG_ERROR_LINE = "config file error: "
+SOURCE_ERROR_LINE = "source error: "
+FETCH_ERROR_LINE = "fetch error: "
+NOT_CONFIGURED = "discovery is not configured (no DISCOVERY_CONFIG, no source rows): idle"
+SKIPPED = "another discovery cycle is running: skipped"
 
 
 @dataclass
@@ -87,9 +96,9 @@ class CycleReport:
 
     def summary(self) -> str:
         if not self.configured:
-            return "discovery is not configured (no DISCOVERY_CONFIG, no source rows): idle"
+            return NOT_CONFIGURED
         if self.skipped:
-            return "another discovery cycle is running: skipped"
+            return SKIPPED
         lines = [
             f"endpoints: {self.proposed} proposed, {self.admitted} admitted, "
             f"{self.refused} refused, {self.duplicates} duplicates, {self.collisions} collisions",
@@ -105,11 +114,29 @@ class CycleReport:
              else "no snapshot"),
         ]
         if self.config_error:
-            lines.insert(0, f"config file error: {self.config_error}")
-        lines += [f"source error: {e}" for e in self.source_errors]
-        lines += [f"fetch error: {e}" for e in self.errors[:20]]
+            lines.insert(0, f"{CONFIG_ERROR_LINE}{self.config_error}")
+        lines += [f"{SOURCE_ERROR_LINE}{e}" for e in self.source_errors]
+        lines += [f"{FETCH_ERROR_LINE}{e}" for e in self.errors[:20]]
         lines.append(f"took {self.seconds:.2f}s")
         return "\n".join(lines)
+
+
+def cycle_health(run: CycleRun) -> tuple[str, str, str]:
+    """A cycle's health badge: (css class, label, title), read from its summary's lines."""
+    lines = run.summary.splitlines()
+    if lines[:1] == [NOT_CONFIGURED]:
+        return "expired", "idle", "discovery is not configured"
+    if lines[:1] == [SKIPPED]:
+        return "expired", "skipped", "another discovery cycle was running"
+    config = [line for line in lines if line.startswith(CONFIG_ERROR_LINE)]
+    if config:
+        return "dead", "config error", config[0]
+    sources = [line for line in lines if line.startswith(SOURCE_ERROR_LINE)]
+    if sources:
+        return "dead", f"{len(sources)} source error(s)", "; ".join(sources)
+    if run.failed:
+        return "expiring", f"{run.failed} card(s) failed", "see the summary's fetch errors"
+    return "active", "ok", "every source and card answered"
 
 
 def discovery_is_configured() -> bool:
@@ -352,8 +379,6 @@ def _record_cycle(report: CycleReport) -> None:
     from datetime import timedelta
 
     from django.utils import timezone
-
-    from discovery.models import CycleRun
 
     CycleRun.objects.create(
         started_at=timezone.now() - timedelta(seconds=report.seconds), seconds=report.seconds,

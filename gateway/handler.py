@@ -42,7 +42,12 @@ from gateway import errors, metrics, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
-from gateway.jsonrpc import LAZY_ABOVE_BYTES, parse_request
+from gateway.jsonrpc import (
+    LAZY_ABOVE_BYTES,
+    events_have_error,
+    is_error_reply,
+    parse_request,
+)
 from gateway.limits import request_timeout
 from gateway.liveness import OWNER_LOST
 from gateway.replicator import ORIGIN
@@ -849,8 +854,12 @@ class Exchange:
     """The caller's side of one request: turns reply messages into the ASGI response."""
 
     # status / nbytes: what the caller got (HTTP status, response bytes), for the console.
+    # outcome: "ok", "agent_error" (the agent answered an HTTP error status, or a JSON-RPC
+    # error: gateway.jsonrpc.is_error_reply on a whole body or the head of a large one,
+    # events_have_error on each chunk of an event stream), or the gateway's error kind.
+    # watch: what is still looked at for an agent error (_WATCH_* below).
     __slots__ = ("send", "rpc_id", "agent_id", "profile", "started", "done", "sse", "outcome",
-                 "mapped", "status", "nbytes")
+                 "mapped", "status", "nbytes", "watch")
 
     def __init__(self, send, rpc_id: Any, agent_id: str, profile: str = "a2a") -> None:
         self.send = send
@@ -864,6 +873,7 @@ class Exchange:
         self.mapped = False  # the agent's error status was answered as a JSON-RPC error
         self.status = 0
         self.nbytes = 0
+        self.watch = _WATCH_NONE
 
     async def deliver(self, message: dict[str, Any]) -> None:
         kind = message["k"]
@@ -898,15 +908,31 @@ class Exchange:
                 self.sse = True
                 if more:
                     self.send = send = flow_controlled(send)
-            self.outcome = "ok" if status < 400 else "agent_error"
+            if status >= 400:
+                self.outcome = "agent_error"
+            elif not more:
+                error = events_have_error(body) if self.sse else is_error_reply(body)
+                self.outcome = "agent_error" if error else "ok"
+            else:
+                self.outcome = "ok"
+                self.watch = _WATCH_EVENTS if self.sse else _WATCH_HEAD
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body, "more_body": more})
             self.done = not more
         elif kind == env.CHUNK:
             more = message["more"]
-            self.nbytes += len(message["body"])
-            await send({"type": "http.response.body", "body": message["body"],
-                        "more_body": more})
+            body = message["body"]
+            self.nbytes += len(body)
+            watch = self.watch
+            if watch and body:
+                if watch == _WATCH_HEAD:  # a large body: its first piece holds the head
+                    self.watch = _WATCH_NONE
+                    if is_error_reply(body):
+                        self.outcome = "agent_error"
+                elif events_have_error(body):
+                    self.watch = _WATCH_NONE
+                    self.outcome = "agent_error"
+            await send({"type": "http.response.body", "body": body, "more_body": more})
             self.done = not more
         elif kind == env.ERROR:
             await self.fail(message["kind"], message.get("detail") or "",
@@ -963,6 +989,10 @@ class Exchange:
         # A plain body cut short cannot be answered any more: returning without completing the
         # response makes the server close the connection, so the caller sees the truncation.
 
+
+#: What an Exchange still looks at for the agent's JSON-RPC error: nothing, the first piece
+#: of a large body (its head), every chunk of an event stream.
+_WATCH_NONE, _WATCH_HEAD, _WATCH_EVENTS = 0, 1, 2
 
 _AGENT_STATUS: dict[int, tuple[bytes, bytes]] = {}
 

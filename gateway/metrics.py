@@ -8,7 +8,9 @@ follows the registry, not history.
 
 Exposed: ``kubemq_a2a_requests_total{agent_id,method}`` (A2A 0.3 and 1.0 method names and
 ``tasks/send`` as themselves, anything else ``unknown``), ``kubemq_a2a_sse_streams_active
-{agent_id}``, ``kubemq_a2a_request_duration_seconds{agent_id,outcome}`` (histogram),
+{agent_id}``, ``kubemq_a2a_request_duration_seconds{agent_id,outcome}`` (histogram; outcome
+``ok``, ``agent_error`` -- the agent's own error: a JSON-RPC error response or event, or an
+HTTP error status, relayed unchanged -- or the gateway's error kind),
 ``kubemq_a2a_busy_rejections_total{agent_id}``, ``kubemq_a2a_in_flight{agent_id}``,
 ``kubemq_a2a_card_requests_total{result}``, the fast registration path's group commits,
 ``kubemq_a2a_registration_batches_total`` and ``kubemq_a2a_registration_batch_items_total``,

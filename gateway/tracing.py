@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from gateway import envelope as env
+from gateway.jsonrpc import is_error_reply
 
 #: Read by the hot path before calling into this module; set by config.tracing.setup().
 ENABLED = False
@@ -200,7 +201,9 @@ class _TracedSink:
                 if not message["sse"] and not message["more"] and len(body) <= _PARSE_LIMIT:
                     _answer_ids(attributes, body)
             if not message["more"]:
-                self._end("ok" if message["status"] < 400 else "agent_error")
+                error = message["status"] >= 400 or (not message["sse"]
+                                                      and is_error_reply(body))
+                self._end("agent_error" if error else "ok")
         elif kind == env.CHUNK:
             self.response_bytes += len(message["body"])
             if not message["more"]:

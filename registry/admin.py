@@ -38,7 +38,7 @@ from rest_framework_api_key.models import APIKey
 from console import services as console_services
 from console.charts import bar_chart
 from console.models import AgentMinute, ClientUsage
-from console.selectors import EXPIRING_SECONDS, agent_stats
+from console.selectors import EXPIRING_SECONDS, RECENT_WINDOW_MINUTES, agent_stats
 from console.templatetags.console import ago_html
 from registry import events, services
 from registry.ids import agent_id_error
@@ -46,7 +46,7 @@ from registry.models import Agent, ApiClient, CardVersion, Node
 from registry.permissions import ALL_SCOPES, Actor, PermissionDenied, staff_actor
 
 #: The agent list's traffic columns cover this many minutes.
-LIST_WINDOW_MINUTES = 15
+LIST_WINDOW_MINUTES = RECENT_WINDOW_MINUTES
 
 # The platform's tokens are ApiClient rows; the library's own APIKey model is unused, and
 # listing it next to "API clients" would only mislead an operator.
@@ -219,6 +219,9 @@ class AgentChangeList(ChangeList):
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
+    class Media:
+        css = {"all": ("console/console.css",)}  # list layout
+
     form = AgentChangeForm
     change_form_template = "console/agent_change_form.html"
     # One line per column: other features add theirs here.
@@ -233,8 +236,7 @@ class AgentAdmin(admin.ModelAdmin):
         "node_id",
         "skill_tags",
         "max_concurrency",
-        "owner_display",
-        "source",
+        "origin",
     )
     list_select_related = ("owner",)
     list_filter = ("status", "source", NodeListFilter, "public")
@@ -276,8 +278,11 @@ class AgentAdmin(admin.ModelAdmin):
             _requests=Subquery(per_agent.annotate(n=Sum("requests")).values("n"),
                                output_field=IntegerField()),
             _errors=Subquery(
-                per_agent.annotate(n=Sum("errors_executed") + Sum("errors_not_executed"))
+                per_agent.annotate(n=Sum("errors_executed") + Sum("errors_not_executed")
+                                   + Sum("errors_agent"))
                 .values("n"), output_field=IntegerField()),
+            _agent_errors=Subquery(per_agent.annotate(n=Sum("errors_agent")).values("n"),
+                                   output_field=IntegerField()),
             _last_outcome=Subquery(
                 window.filter(last_call_at__isnull=False).order_by("-last_call_at")
                 .values("last_outcome")[:1]),
@@ -311,8 +316,15 @@ class AgentAdmin(admin.ModelAdmin):
         return getattr(agent, "_requests", None) or 0
 
     @admin.display(description=f"errors ({LIST_WINDOW_MINUTES} min)", ordering="_errors")
-    def errors_15m(self, agent: Agent) -> int:
-        return getattr(agent, "_errors", None) or 0
+    def errors_15m(self, agent: Agent):
+        """Every failed call; the agent's own errors (a JSON-RPC error or an HTTP error status
+        it answered) named apart from the gateway's."""
+        errors = getattr(agent, "_errors", None) or 0
+        own = getattr(agent, "_agent_errors", None) or 0
+        if not own:
+            return errors
+        return format_html('{} <span class="agent-errors" title="the agent answered a JSON-RPC '
+                           'error or an HTTP error status">({} agent)</span>', errors, own)
 
     @admin.display(description="skill tags")
     def skill_tags(self, agent: Agent) -> str:
@@ -321,6 +333,13 @@ class AgentAdmin(admin.ModelAdmin):
     @admin.display(description="owner", ordering="owner__client_id")
     def owner_display(self, agent: Agent) -> str:
         return agent.owner.client_id if agent.owner_id and agent.owner else "—"
+
+    @admin.display(description="owner, source", ordering="owner__client_id")
+    def origin(self, agent: Agent):
+        """Who registered the agent and through which surface, in one column (the list must
+        fit a laptop's width)."""
+        return format_html('{}<br><span class="quiet">{}</span>', self.owner_display(agent),
+                           agent.get_source_display())
 
     @admin.display(description="card (as registered)")
     def card_pretty(self, agent: Agent):

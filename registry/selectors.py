@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -184,3 +185,20 @@ def actor_from_token(*, token: str) -> Actor | None:
         allowed_agents=frozenset(client.allowed_agents or []),
         api_client_pk=client.pk,
     )
+
+
+#: Reads an agent's recent gateway calls (``agent_id`` -> a dict of
+#: ``registry.api.serializers.AgentCallsOutput``'s fields). The statistics are the console's:
+#: it installs the reader when it starts (``console.apps``), so the registry imports no console.
+_calls_reader: Callable[[str], dict[str, Any]] | None = None
+
+
+def agent_calls_reader_install(reader: Callable[[str], dict[str, Any]] | None) -> None:
+    global _calls_reader
+    _calls_reader = reader
+
+
+def agent_calls(*, agent_id: str) -> dict[str, Any] | None:
+    """The agent's recent gateway calls, or None when no statistics are kept here."""
+    reader = _calls_reader
+    return reader(agent_id) if reader is not None else None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
-from registry import visibility
+from registry import selectors, visibility
 from registry.auth import request_actor
 from registry.models import Agent
 
@@ -107,6 +108,44 @@ class AgentOutput(serializers.ModelSerializer):
         data["node_id"] = ""
         data["owner"] = None
         return data
+
+
+class AgentCallsOutput(serializers.Serializer):
+    """An agent's calls through the gateway over the last ``window_minutes`` (all nodes)."""
+
+    window_minutes = serializers.IntegerField()
+    requests = serializers.IntegerField()
+    agent_errors = serializers.IntegerField(
+        help_text="Calls the agent answered with an error of its own -- a JSON-RPC error "
+        "response (e.g. -32601, even at HTTP 200) or an HTTP error status -- relayed unchanged "
+        "to the caller. Not gateway errors.")
+    gateway_errors_executed = serializers.IntegerField(
+        help_text="Gateway errors after the agent received the request (timeout, cut "
+        "connection, ...).")
+    gateway_errors_not_executed = serializers.IntegerField(
+        help_text="Gateway errors before the agent received the request (safe to retry).")
+    last_call_at = serializers.DateTimeField(allow_null=True)
+    last_outcome = serializers.CharField(
+        help_text="ok, agent_error, or the gateway's error kind; empty without calls.")
+
+
+class AgentDetailOutput(AgentOutput):
+    """``GET /api/v1/agents/{agent_id}``: the agent, and its recent calls through the gateway
+    (``calls``: null for a caller who is not its owner or an admin, and where no statistics
+    are kept)."""
+
+    calls = serializers.SerializerMethodField()
+
+    class Meta(AgentOutput.Meta):
+        fields = [*AgentOutput.Meta.fields, "calls"]
+
+    @extend_schema_field(AgentCallsOutput(allow_null=True))
+    def get_calls(self, agent: Agent) -> dict | None:
+        request = self.context.get("request")
+        if request is not None and not visibility.sees_internals(request_actor(request), agent):
+            return None
+        calls = selectors.agent_calls(agent_id=agent.agent_id)
+        return None if calls is None else AgentCallsOutput(calls).data
 
 
 def _owner(agent: Agent) -> str | None:

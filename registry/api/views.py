@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from registry import selectors, services, visibility
 from registry.api.parsers import RawJSONParser, raw_json_member
 from registry.api.serializers import (
+    AgentDetailOutput,
     AgentOutput,
     AgentRegisterInput,
     AgentUpdateInput,
@@ -149,6 +150,9 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     def get_queryset(self):
         return visibility.agents_visible(selectors.agent_list(), request_actor(self.request))
+
+    def get_serializer_class(self):
+        return AgentDetailOutput if self.action == "retrieve" else AgentOutput
 
     @extend_schema(request=AgentRegisterInput, responses={200: AgentOutput, 201: AgentOutput})
     def create(self, request):

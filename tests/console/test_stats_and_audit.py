@@ -104,16 +104,18 @@ def test_statistics_and_audit_match_the_calls_made(fast_flush, live_server_url, 
     def totals(agent_id):
         return AgentMinute.objects.filter(agent_id=agent_id).aggregate(
             requests=Sum("requests"), exec_=Sum("errors_executed"),
-            noexec=Sum("errors_not_executed"), bytes_in=Sum("bytes_in"),
+            noexec=Sum("errors_not_executed"), agent=Sum("errors_agent"), bytes_in=Sum("bytes_in"),
             bytes_out=Sum("bytes_out"))
 
     assert wait_for(lambda: totals("dead-agent")["requests"] == 2
                     and CallRecord.objects.count() == 5)
     ok_totals = db(lambda: totals(ok.agent_id))
-    assert ok_totals == {"requests": 7, "exec_": 0, "noexec": 0, "bytes_in": sent_ok,
+    assert ok_totals == {"requests": 7, "exec_": 0, "noexec": 0, "agent": 0, "bytes_in": sent_ok,
                          "bytes_out": got_ok}
+    # The agent's own 500s are agent errors, not the gateway's.
     assert db(lambda: totals("failing-agent"))["requests"] == 3
-    assert db(lambda: totals("failing-agent"))["exec_"] == 3
+    assert db(lambda: totals("failing-agent"))["agent"] == 3
+    assert db(lambda: totals("failing-agent"))["exec_"] == 0
     assert db(lambda: totals("dead-agent"))["noexec"] == 2
 
     # Audit "errors": exactly the five failed calls, metadata only, with the caller's id.
@@ -135,6 +137,7 @@ def test_statistics_and_audit_match_the_calls_made(fast_flush, live_server_url, 
     assert dead.last_outcome == "unreachable"
     dash = db(dashboard)
     assert dash["series"].total_requests == 12 and dash["series"].total_errors == 5
+    assert dash["series"].total_agent_errors == 3 and dash["series"].total_gateway_errors == 2
     assert [row["agent_id"] for row in dash["top_traffic"]][0] == ok.agent_id
     assert [row["agent_id"] for row in dash["top_errors"]] == ["failing-agent", "dead-agent"]
     assert db(lambda: ClientUsage.objects.filter(client_id=caller.client_id).exists())

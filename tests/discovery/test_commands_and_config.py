@@ -163,3 +163,38 @@ def test_admin_changelists_have_flat_query_counts(admin_client, configure):
                 assert admin_client.get(url).status_code == 200
             counts.setdefault(name, []).append(len(ctx.captured_queries))
     assert all(a == b for a, b in counts.values()), counts
+
+
+def test_cycle_list_tells_a_kept_snapshot_from_a_broken_config_file(card_server, tmp_path,
+                                                                     settings, admin_client):
+    """Real cycles: the first publishes, the second keeps the snapshot (not a failure), the
+    third runs with a configuration file that no longer parses (flagged, though the cycle
+    still ran on the rows read before)."""
+    import re
+
+    from django.urls import reverse
+
+    from discovery.loop import run_cycle
+
+    card_server.set_card("/a/one", make_card("One", card_server.base("/a/one"),
+                                             [skill("s", "x")]))
+    path = tmp_path / "discovery.yaml"
+    path.write_text(
+        "allowlist:\n  - {host: 127.0.0.1, allow_http: true}\n"
+        f"static:\n  - {{local_name: one, url: '{card_server.base('/a/one')}'}}\n")
+    settings.DISCOVERY_CONFIG = str(path)
+    assert run_cycle().published
+    kept = run_cycle()
+    assert not kept.published and kept.version == 1
+    path.write_text("static: [unclosed\n")
+    broken = run_cycle()
+    assert broken.config_error
+
+    html = admin_client.get(reverse("admin:discovery_cyclerun_changelist")).content.decode()
+    rows = re.findall(r'<tr>.*?</tr>', html.split("<tbody>", 1)[1], re.S)
+    health = [re.search(r'field-health_display">(.*?)</td>', r, re.S).group(1) for r in rows]
+    snapshot = [re.search(r'field-snapshot_display">(.*?)</td>', r).group(1) for r in rows]
+    assert [re.sub(r"<[^>]+>", "", h) for h in health] == ["config error", "ok", "ok"]
+    assert "badge-dead" in health[0] and "config file error" in health[0]
+    assert snapshot == ["v1 kept (unchanged)", "v1 kept (unchanged)", "v1 published (new)"]
+    assert 'alt="False"' not in html  # no red cross for a snapshot kept
