@@ -133,7 +133,7 @@ def top_agents(*, since: datetime, by: str, limit: int = 5) -> list[dict]:
         )
     )
     qs = qs.filter(errors__gt=0) if by == "errors" else qs
-    return list(qs.order_by(f"-{by}", "agent_id")[:limit])
+    return list(qs.order_by(f"-{by}", "agent_id")[:limit])  # type: ignore[arg-type]  # values() rows are dicts
 
 
 def agents_unreachable(*, agent_ids: list[str], since: datetime) -> set[str]:
