@@ -123,7 +123,7 @@ class GatewayNode:
         broadcasting = self.liveness is not None and _broadcasts(self.layer)
         self.manager = SubscriberManager(
             self.table, self.layer, settings,
-            is_alive=self.liveness.is_alive if broadcasting else None,
+            is_alive=self.liveness.is_alive if broadcasting else None,  # type: ignore[union-attr]  # broadcasting: set
         )
         self.replicator = Replicator(self.layer, self.manager, settings,
                                      broadcast=self.cross_process)
@@ -235,6 +235,7 @@ class GatewayNode:
         """A clean stop: hand this node's agents to the live nodes before stopping; each old
         subscriber drains after the new owner's takeover (gateway.subscriber, "Handover")."""
         liveness = self.liveness
+        assert liveness is not None  # stop() checked
         await asyncio.to_thread(liveness.stopping)
         if self.settings.A2A_FAILOVER != "adopt":
             return
