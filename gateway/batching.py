@@ -11,7 +11,7 @@ submission is refused with :class:`Overloaded` rather than queued.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -29,7 +29,7 @@ class Coalescer(Generic[T, R]):
     exception is raised to that item's submitter alone. ``run`` raising fails the whole batch.
     """
 
-    def __init__(self, run: Callable[[list[T]], Awaitable[list[R | BaseException]]], *,
+    def __init__(self, run: Callable[[list[T]], Awaitable[Sequence[R | BaseException]]], *,
                  max_batch: int, max_waiting: int, max_running: int = 1) -> None:
         self._run = run
         self._max_batch = max_batch

@@ -101,7 +101,7 @@ class Inbox:
             if not isinstance(message, dict):
                 continue
             if message.get("type") == env.REPLY:
-                deliver = pending.get(message.get("i"))  # type: ignore[arg-type]
+                deliver = pending.get(message.get("i"))  # type: ignore[arg-type]  # no id: no match
                 if deliver is not None:
                     deliver(message)
             elif self.on_other is not None:

@@ -47,7 +47,7 @@ class InMemoryChannelLayer(_InMemoryChannelLayer):
         self._next_sweep = now + self.SWEEP_INTERVAL_SECONDS
         # Channels' own sweep (same expiry rules), shown only the channels that may hold a
         # message; a channel it forgets (emptied by expiry) is forgotten here too.
-        everything = self.channels
+        everything = self.channels  # type: ignore[has-type]  # untyped in Channels
         before = {name: everything[name] for name in self._holding if name in everything}
         self.channels = dict(before)
         try:

@@ -208,7 +208,7 @@ class _Connection(asyncio.Protocol):
         if not out or self.closed:
             return
         self.out = []
-        self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
+        self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]  # connected
 
     def _check(self) -> None:
         """Replies outstanding and none arrived for a whole ``timeout``: the connection is
@@ -611,4 +611,4 @@ def _close_with_loop(owner: RedisDirectChannelLayer, loop: asyncio.AbstractEvent
         self.close = original
         return original(*args, **kwargs)
 
-    loop.close = types.MethodType(close, loop)
+    loop.close = types.MethodType(close, loop)  # type: ignore[method-assign]  # close() restores it

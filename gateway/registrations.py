@@ -186,8 +186,8 @@ async def _look_up_ahead(kind: str, data: dict | None) -> None:
             waits[asyncio.wrap_future(future)] = host
     if waits:
         _, late = await asyncio.wait(waits, timeout=settings.A2A_URL_CHECK_DNS_TIMEOUT_SECONDS)
-        for future in late:
-            netcheck.unresolved_for_now(waits[future])
+        for waited in late:
+            netcheck.unresolved_for_now(waits[waited])
 
 
 async def _alone(item: _Item) -> tuple[int, dict]:
