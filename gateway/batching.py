@@ -35,14 +35,14 @@ class Coalescer(Generic[T, R]):
         self._max_batch = max_batch
         self._max_waiting = max_waiting
         self._max_running = max_running
-        self._waiting: list[tuple[T, asyncio.Future]] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: T) -> R:
         """``item``'s result, once a batch holding it has run."""
         if len(self._waiting) >= self._max_waiting:
             raise Overloaded
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
         if len(self._tasks) < self._max_running:
             task = asyncio.get_running_loop().create_task(self._drain())
@@ -61,7 +61,7 @@ class Coalescer(Generic[T, R]):
             _fail(waiting, exc)
             raise
 
-    async def _run_batch(self, batch: list[tuple[T, asyncio.Future]]) -> None:
+    async def _run_batch(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
             results = await self._run([item for item, _ in batch])
             if len(results) != len(batch):
@@ -80,7 +80,7 @@ class Coalescer(Generic[T, R]):
                 future.set_result(result)
 
 
-def _fail(batch: list[tuple[Any, asyncio.Future]], exc: BaseException) -> None:
+def _fail(batch: list[tuple[Any, asyncio.Future[Any]]], exc: BaseException) -> None:
     for _, future in batch:
         if future.done():
             continue
@@ -95,7 +95,7 @@ def per_loop(factory: Callable[[], Any]) -> Callable[[], Any]:
     use): a coalescer's futures belong to one loop, and a test process runs several."""
     import weakref
 
-    made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    made: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
     def get() -> Any:
         loop = asyncio.get_running_loop()

@@ -41,7 +41,7 @@ def cluster_of(database: Mapping[str, object]) -> str:
     return hashlib.sha1(where.encode()).hexdigest()[:12]
 #: What ends a call in flight on a node found dead (pushed into the call's reply buffer,
 #: gateway.handler).
-OWNER_LOST: dict = {"k": "owner_lost"}
+OWNER_LOST: dict[str, str] = {"k": "owner_lost"}
 #: A known node whose key has been gone this many TTLs is dropped from the known set.
 FORGET_AFTER_TTLS = 20
 
