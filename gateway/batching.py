@@ -90,14 +90,14 @@ def _fail(batch: list[tuple[Any, asyncio.Future[Any]]], exc: BaseException) -> N
             future.set_exception(exc)
 
 
-def per_loop(factory: Callable[[], Any]) -> Callable[[], Any]:
+def per_loop(factory: Callable[[], T]) -> Callable[[], T]:
     """A function answering one object per running event loop (``factory()`` made on first
     use): a coalescer's futures belong to one loop, and a test process runs several."""
     import weakref
 
-    made: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+    made: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = weakref.WeakKeyDictionary()
 
-    def get() -> Any:
+    def get() -> T:
         loop = asyncio.get_running_loop()
         obj = made.get(loop)
         if obj is None:
