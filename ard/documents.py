@@ -125,10 +125,10 @@ def build_document(
 ) -> dict[str, Any]:
     """The index document of an agent: its catalog entry (no URL) and its searchable text."""
     skills = [s for s in card.get("skills") or [] if isinstance(s, dict)]
-    skill_ids = _dedupe([s.get("id") for s in skills if isinstance(s.get("id"), str)])
-    skill_names = _dedupe([s.get("name") for s in skills if isinstance(s.get("name"), str)])
+    skill_ids = _dedupe([s.get("id") for s in skills if isinstance(s.get("id"), str)])  # type: ignore[misc]  # str only
+    skill_names = _dedupe([s.get("name") for s in skills if isinstance(s.get("name"), str)])  # type: ignore[misc]  # str only
     skill_descs = _dedupe(
-        [s.get("description") for s in skills if isinstance(s.get("description"), str)]
+        [s.get("description") for s in skills if isinstance(s.get("description"), str)]  # type: ignore[misc]  # str only
     )
     tags = _dedupe([t for s in skills for t in _strings(s.get("tags"))])
     examples = _dedupe([e for s in skills for e in _strings(s.get("examples"))])

@@ -101,7 +101,7 @@ def _upsert(agent: Agent) -> AgentDoc:
     doc = AgentDoc(agent_id=agent.agent_id, **fields)
     meta = AgentDoc._meta
     # QuerySet._insert is bulk_create's own statement, without its BEGIN/COMMIT around it.
-    AgentDoc.objects._insert(
+    AgentDoc.objects._insert(  # type: ignore[attr-defined]  # private QuerySet API
         [doc],
         fields=[f for f in meta.concrete_fields if not f.primary_key],
         on_conflict=OnConflict.UPDATE,
@@ -119,10 +119,10 @@ def _upsert_many(agents: list[Agent]) -> None:
             for agent, row in zip(agents, rows, strict=True)]
     quote = connection.ops.quote_name
     meta = AgentDoc._meta
-    updates = ", ".join(f"{quote(meta.get_field(name).column)} = "
-                        f"EXCLUDED.{quote(meta.get_field(name).column)}" for name in rows[0])
+    updates = ", ".join(f"{quote(meta.get_field(name).column)} = "  # type: ignore[union-attr, arg-type]  # concrete fields
+                        f"EXCLUDED.{quote(meta.get_field(name).column)}" for name in rows[0])  # type: ignore[union-attr, arg-type]  # concrete fields
     insert_rows(AgentDoc, docs,
-                suffix=f"ON CONFLICT ({quote(meta.get_field('agent_id').column)}) "
+                suffix=f"ON CONFLICT ({quote(meta.get_field('agent_id').column)}) "  # type: ignore[arg-type]  # a concrete field
                        f"DO UPDATE SET {updates}")
 
 

@@ -54,7 +54,7 @@ def query_terms(text: str) -> list[str]:
 @dataclass(frozen=True)
 class Hit:
     doc_id: int
-    score: int
+    score: float
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ def visible_docs(actor: Actor | None) -> QuerySet[AgentDoc]:
     if key == "all":
         return qs
     if key.startswith("some:"):
-        allowed = sorted(actor.allowed_agents)  # type: ignore[union-attr]
+        allowed = sorted(actor.allowed_agents)  # type: ignore[union-attr]  # a "some:" key has an actor
         return qs.filter(Q(public=True) | Q(agent_id__in=allowed))
     return qs.filter(public=True)
 
@@ -244,7 +244,7 @@ def _matched_entries(actor: Actor | None, query: Query, base_url: str) -> Iterat
 
 def explore(*, actor: Actor | None, request: ExploreRequest, base_url: str) -> dict[str, Any]:
     """``POST /explore``: facet counts over the whole matched set (same cutoff as search)."""
-    counters = {f.field: Counter() for f in request.facets}
+    counters: dict[str, Counter[str]] = {f.field: Counter() for f in request.facets}
     for entry in _matched_entries(actor, request.query, base_url):
         for path, counter in counters.items():
             counter.update(set(path_values(entry, path)))

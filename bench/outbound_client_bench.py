@@ -59,8 +59,8 @@ HEADERS = {"content-type": "application/json", "a2a-version": "0.3", "x-kubemq-c
 
 def load(path: Path, name: str):
     spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]  # a .py path: a spec
+    spec.loader.exec_module(module)  # type: ignore[union-attr]  # a .py path: a loader
     return module
 
 

@@ -30,5 +30,5 @@ def application(scope, receive, send):
 
 # ASGI 3 for the servers that inspect it: Channels and Daphne read this flag, uvicorn asks
 # asyncio.iscoroutinefunction (which the marker answers true).
-application._asgi_single_callable = True  # type: ignore[attr-defined]
+application._asgi_single_callable = True  # type: ignore[attr-defined]  # a marker for Channels
 markcoroutinefunction(application)

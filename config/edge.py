@@ -76,5 +76,5 @@ def limit_body(app):
 
         await app(scope, capped_receive, guarded_send)
 
-    router._asgi_single_callable = True  # type: ignore[attr-defined]  (for Channels)
+    router._asgi_single_callable = True  # type: ignore[attr-defined]  # a marker for Channels
     return router

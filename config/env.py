@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -23,6 +23,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     READ[name] = None
     value = os.environ.get(name)
@@ -51,7 +55,7 @@ def _env_number(name: str, default: T, cast: Callable[[str], T], minimum: float 
         result = cast(value.strip())
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be a number, not {value!r}") from exc
-    if minimum is not None and result < minimum:  # type: ignore[operator]
+    if minimum is not None and result < minimum:  # type: ignore[operator]  # T is int or float
         raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value!r}")
     return result
 

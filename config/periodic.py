@@ -96,7 +96,7 @@ def start_periodic_tasks(*, distributed: bool | None = None) -> list[asyncio.Tas
         interval = _interval_seconds(entry["schedule"])
         tasks.append(
             asyncio.get_running_loop().create_task(
-                _loop(name, entry["task"], interval, distributed), name=f"periodic:{name}"
+                _loop(name, entry["task"], interval, distributed), name=f"periodic:{name}"  # type: ignore[arg-type]  # a task name
             )
         )
         logger.info(

@@ -26,9 +26,13 @@ import socket
 import time
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from twisted.internet.task import LoopingCall
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +57,7 @@ class ServerLimits:
 
     def body_cap(self, path: bytes | str) -> int:
         prefix = b"/a2a/" if isinstance(path, bytes) else "/a2a/"
-        return self.a2a_body_bytes if path.startswith(prefix) else self.api_body_bytes
+        return self.a2a_body_bytes if path.startswith(prefix) else self.api_body_bytes  # type: ignore[arg-type]  # prefix has path's type
 
 
 #: Under Daphne, gateway bodies above this (or chunked) wait for authentication before they are
@@ -219,7 +223,7 @@ def uvicorn_protocol(limits: ServerLimits):
                 self.loop.create_task(sweep(self.connections))
             self.head_since = self.loop.time()  # the first head is due from the connect
             # Everything uvicorn writes goes through the one-write-per-response transport.
-            self.transport = _CoalescingTransport(transport, _held_heads(self.loop))
+            self.transport = _CoalescingTransport(transport, _held_heads(self.loop))  # type: ignore[assignment]  # duck-typed wrapper
 
         def on_message_begin(self) -> None:
             # The first bytes of a next request on a kept-alive connection start its deadline.
@@ -472,10 +476,10 @@ def daphne_factory_class(limits: ServerLimits):
                 return
             if now - since > limits.header_timeout:
                 self.edge_head_since = None
-                self.transport.write(TIMEOUT_RESPONSE)
-                self.transport.loseConnection()
+                self.transport.write(TIMEOUT_RESPONSE)  # type: ignore[call-arg, misc]  # zope interface
+                self.transport.loseConnection()  # type: ignore[misc]  # zope interface
 
-        def connectionLost(self, reason) -> None:  # noqa: N802
+        def connectionLost(self, reason) -> None:  # type: ignore[override]  # noqa: N802  # Twisted always passes reason
             self.edge_head_since = None
             self.factory.edge_channels.discard(self)
             self.factory.edge_connections -= 1
@@ -490,7 +494,7 @@ def daphne_factory_class(limits: ServerLimits):
             self.edge_connections = 0
             self.edge_channels: set = set()
             self.edge_draining = False
-            self._edge_sweeper = None
+            self._edge_sweeper: LoopingCall | None = None
 
         def edge_drain(self) -> None:
             """The node is stopping: close the idle connections; the busy ones close once
@@ -562,8 +566,8 @@ def _refuser_class():
 
     class Refuser(Protocol):
         def connectionMade(self) -> None:  # noqa: N802
-            self.transport.write(BUSY_RESPONSE)
-            self.transport.loseConnection()
+            self.transport.write(BUSY_RESPONSE)  # type: ignore[union-attr, call-arg, misc]  # zope; connected
+            self.transport.loseConnection()  # type: ignore[union-attr, misc]  # zope; connected
 
     return Refuser
 

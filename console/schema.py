@@ -82,7 +82,7 @@ def _gateway_paths() -> dict[str, Any]:
             },
         },
     }
-    security = [{"bearerAuth": []}, {}]
+    security: list[dict[str, list[str]]] = [{"bearerAuth": []}, {}]
     # The gateway's own refusals, answered before any agent is involved.
     refusals = {
         "401": {

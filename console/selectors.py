@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Max, Q, Sum
@@ -156,7 +157,7 @@ def top_agents(*, since: datetime, by: str, limit: int = 5) -> list[dict]:
         )
     )
     qs = qs.filter(errors__gt=0) if by == "errors" else qs
-    return list(qs.order_by(f"-{by}", "agent_id")[:limit])
+    return list(qs.order_by(f"-{by}", "agent_id")[:limit])  # type: ignore[arg-type]  # values() rows are dicts
 
 
 def agents_unreachable(*, agent_ids: list[str], since: datetime) -> set[str]:
@@ -240,7 +241,8 @@ def dashboard(*, window_minutes: int = 15) -> dict:
 RECENT_WINDOW_MINUTES = 15
 
 
-def agent_recent_calls(agent_id: str, *, window_minutes: int = RECENT_WINDOW_MINUTES) -> dict:
+def agent_recent_calls(agent_id: str, *, window_minutes: int = RECENT_WINDOW_MINUTES
+                       ) -> dict[str, Any]:
     """One agent's calls over the last ``window_minutes`` (all nodes, one query): the API's
     ``calls`` field (``registry.api.serializers.AgentCallsOutput``)."""
     since = minute_floor(timezone.now() - timedelta(minutes=window_minutes))
@@ -248,7 +250,7 @@ def agent_recent_calls(agent_id: str, *, window_minutes: int = RECENT_WINDOW_MIN
         "requests", "errors_agent", "errors_executed", "errors_not_executed", "last_call_at",
         "last_outcome",
     )
-    out = {"window_minutes": window_minutes, "requests": 0, "agent_errors": 0,
+    out: dict[str, Any] = {"window_minutes": window_minutes, "requests": 0, "agent_errors": 0,
            "gateway_errors_executed": 0, "gateway_errors_not_executed": 0,
            "last_call_at": None, "last_outcome": ""}
     for requests, agent, executed, not_executed, last_at, last_outcome in rows:

@@ -110,6 +110,7 @@ async def _call_gateway(agent_id: str, body: bytes, token: str) -> tuple[int, di
         await never.wait()  # the caller stays connected until the reply is complete
         return {"type": "http.disconnect"}
 
+    chunks: list[bytes]
     status, headers, chunks = 0, {}, []
 
     async def send(message: dict) -> None:

@@ -125,7 +125,7 @@ class SessionPinInline(admin.TabularInline):
     model = SessionPin
     extra = 0
     fields = ["session_id", "client_id", "created_at", "last_seen_at"]
-    readonly_fields = fields
+    readonly_fields = fields  # type: ignore[assignment]  # flat field names
     can_delete = False
     show_change_link = True
 
@@ -219,7 +219,7 @@ class SnapshotAdmin(admin.ModelAdmin):
 
     @admin.display(description="pinned sessions", ordering="pin_count")
     def pinned_sessions(self, obj: Snapshot) -> int:
-        return obj.pin_count
+        return obj.pin_count  # type: ignore[attr-defined]  # from .annotate(pin_count=...)
 
     @admin.display(description="agents")
     def agent_table(self, obj: Snapshot) -> str:

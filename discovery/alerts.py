@@ -62,7 +62,7 @@ def alert_raise(
 def _post(payload: dict[str, Any]) -> None:
     try:
         http.sync_client().post(
-            settings.DISCOVERY_ALERT_WEBHOOK_URL, json=payload, timeout=httpx.Timeout(5, connect=3)
+            settings.DISCOVERY_ALERT_WEBHOOK_URL, json=payload, timeout=httpx.Timeout(5, connect=3)  # type: ignore[arg-type]  # posted only when set
         ).raise_for_status()
     except httpx.HTTPError as exc:
         logger.warning("discovery alert webhook failed: %s", exc)

@@ -180,7 +180,8 @@ def _row_from_entry(entry: CardEntry) -> CardCacheEntry:
     return CardCacheEntry(
         card_url=entry.card_url, etag=entry.etag if keep else "", sha256=entry.sha256,
         raw=entry.raw if keep else None, card=entry.card if keep else None,
-        cache_control=entry.cache_control[:300], expires_at=_dt(entry.expires_at),
+        cache_control=entry.cache_control[:300],
+        expires_at=datetime.fromtimestamp(entry.expires_at, tz=UTC),
         fetched_at=_dt(entry.fetched_at), changed_at=_dt(entry.changed_at),
         failures=entry.failures, last_error=entry.last_error[:2000],
         last_status=entry.last_status,
@@ -244,7 +245,7 @@ class CardCache:
         entry = self.get(card_url)
         if entry is None or not entry.has_card:
             raise CardFetchFailed(entry.last_error if entry else f"{card_url}: never fetched")
-        return entry.card  # type: ignore[return-value]
+        return entry.card  # type: ignore[return-value]  # has_card means card is not None
 
     def entries(self) -> dict[str, CardEntry]:
         return dict(self._index)
@@ -281,7 +282,7 @@ class CardCache:
         qs = CardCacheEntry.objects.values_list(
             "card_url", "sha256", "etag", "expires_at", "failures"
         )
-        rows = []
+        rows: Iterable[tuple[str, str, str, datetime, int]] = []
         if len(wanted) <= BATCH:
             rows = qs.filter(card_url__in=list(wanted))
         elif len(wanted) <= 4 * BATCH:
@@ -343,10 +344,10 @@ class CardCache:
                     mine.append(url)
             # One future per chunk of claimed URLs: waiters pick their URL from its results.
             for i in range(0, len(mine), BATCH):
-                chunk = (mine[i:i + BATCH], Future())
-                chunks.append(chunk)
-                for url in chunk[0]:
-                    self._inflight[url] = chunk[1]
+                claimed: tuple[list[str], Future] = (mine[i:i + BATCH], Future())
+                chunks.append(claimed)
+                for url in claimed[0]:
+                    self._inflight[url] = claimed[1]
         pending: _Batch | None = None
         try:
             # Pipelined: the next chunk is on the wire while this one is written.
@@ -553,7 +554,7 @@ class CardCache:
                     full.add(url)
                 continue
             lifetime, no_store = cache_lifetime(got.cache_control)
-            common = {
+            common: dict[str, Any] = {
                 "expires_at": self._expiry(now, lifetime), "fetched_at": now, "failures": 0,
                 "last_error": "", "last_status": got.status, "cache_control": got.cache_control,
                 "no_store": no_store,

@@ -259,7 +259,7 @@ class _Reader:
             card_url = f"catalog:{identifier}"
             record = CatalogRecord(
                 local_name=name,
-                base_url=endpoint,
+                base_url=endpoint,  # type: ignore[arg-type]  # set: refused above when missing
                 source="catalog",
                 identifier=identifier,
                 inline_card=raw,

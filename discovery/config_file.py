@@ -113,7 +113,7 @@ def validate_config(data: dict[str, Any]) -> dict[str, Any]:
                 raise ConfigFileError(f"{kind}[{i}].local_name: {error}")
             if name in names:
                 raise ConfigFileError(f"{kind}[{i}].local_name: {name!r} is used twice")
-            names.add(name)
+            names.add(name)  # type: ignore[arg-type]  # local_name_error refused non-strings
             description = entry.get("description") or ""
             if not isinstance(description, str):
                 raise ConfigFileError(f"{kind}[{i}].description: must be a string")

@@ -60,7 +60,7 @@ def health_observe_many(
     for i in range(0, len(urls), 500):
         for url, *state in EndpointHealth.objects.filter(card_url__in=urls[i:i + 500]) \
                 .values_list("card_url", "state", "failure_streak", "success_streak"):
-            rows[url] = HealthState(*state)
+            rows[url] = HealthState(*state)  # type: ignore[arg-type]  # the fields, in order
     now = timezone.now()
     changed: dict[tuple, list[str]] = {}
     created, transitions = [], []

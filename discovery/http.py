@@ -59,7 +59,7 @@ def _ensure() -> None:
         try:
             import uvloop
 
-            loop = uvloop.new_event_loop()
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
         except ImportError:
             loop = asyncio.new_event_loop()
         ready = threading.Event()

@@ -89,7 +89,7 @@ class RedisLocks:
         return set(pending)
 
 
-_default: dict[str, object] = {}
+_default: dict[str, LocalLocks | RedisLocks] = {}
 
 
 def default_locks() -> LocalLocks | RedisLocks:
@@ -98,4 +98,4 @@ def default_locks() -> LocalLocks | RedisLocks:
     key = f"{os.getpid()}:{url}"
     if key not in _default:
         _default[key] = RedisLocks(url) if url else LocalLocks()
-    return _default[key]  # type: ignore[return-value]
+    return _default[key]

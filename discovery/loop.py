@@ -187,8 +187,8 @@ def _alert_changes(results: dict[str, RefreshResult], names: dict[str, str], rep
     for url, result in results.items():
         if result.changed:
             alerts.alerts_for_card_change(
-                local_name=names[url], card_url=url, old_card=result.previous.card,
-                new_card=result.entry.card,
+                local_name=names[url], card_url=url, old_card=result.previous.card,  # type: ignore[union-attr]  # changed: set
+                new_card=result.entry.card,  # type: ignore[union-attr]  # changed: set
             )
         if result.outcome == Outcome.FAILED:
             entry = result.entry
@@ -458,7 +458,7 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
             continue  # require: no valid signature (alerted)
         if signed is not None and signed.sha256 != entry.sha256:
             entry = replace(entry, card=signed.card, raw=signed.raw, sha256=signed.sha256)
-        card: dict[str, Any] = entry.card  # type: ignore[assignment]
+        card: dict[str, Any] = entry.card  # type: ignore[assignment]  # has_card checked above
         if record.configured and record.source == ConfiguredAgent.Kind.STATIC:
             description = record.description
         else:
@@ -469,7 +469,7 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
             description = record.description if record.configured and record.description \
                 else matched[0].description
         endpoint = card_endpoint(card)
-        reason = admission.refusal(endpoint) if endpoint else "the card has no endpoint"
+        reason = admission.refusal(endpoint) if endpoint else "the card has no endpoint"  # type: ignore[assignment]  # None: admitted
         if reason and record.inline_card is None:
             alerts.alert_raise(
                 kind=Alert.Kind.REFUSED, subject=record.card_url,

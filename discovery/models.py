@@ -233,7 +233,7 @@ class CardBlob(models.Model):
         return self.sha256[:12]
 
 
-class SnapshotQuerySet(models.QuerySet):
+class SnapshotQuerySet(models.QuerySet["Snapshot"]):
     def current(self) -> Snapshot | None:
         return self.order_by("-version").first()
 

@@ -205,7 +205,7 @@ def _kube_services_official(
             )
         import json
 
-        return json.loads(result.data).get("items") or []
+        return json.loads(result.data).get("items") or []  # type: ignore[attr-defined]  # the raw response
     except Exception as exc:  # the client raises its own ApiException and urllib3 errors
         raise SourceError(f"kubernetes {api_url or 'in-cluster'}: {exc}") from None
 

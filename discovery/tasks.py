@@ -42,8 +42,8 @@ def card_refresh_task(entry_id: int) -> str | None:
         name = ConfiguredAgent.objects.filter(url__startswith=base).values_list(
             "local_name", flat=True).first() or entry.card_url
         alerts.alerts_for_card_change(
-            local_name=name, card_url=entry.card_url, old_card=result.previous.card,
-            new_card=result.entry.card,
+            local_name=name, card_url=entry.card_url, old_card=result.previous.card,  # type: ignore[union-attr]  # changed: set
+            new_card=result.entry.card,  # type: ignore[union-attr]  # changed: set
         )
     return str(result.outcome)
 

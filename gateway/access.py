@@ -9,6 +9,8 @@ Prometheus scrape config) or an admin-scope API token.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from django.conf import settings
 
@@ -20,14 +22,15 @@ UNAUTHORIZED = (
 )
 
 
-def _authorization(scope) -> str | None:
-    for name, value in scope["headers"]:
+def _authorization(scope: dict[str, Any]) -> str | None:
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    for name, value in headers:
         if name == b"authorization":
             return value.decode("latin-1")
     return None
 
 
-async def metrics_allowed(scope) -> bool:
+async def metrics_allowed(scope: dict[str, Any]) -> bool:
     """Whether this request may read the metrics."""
     if not settings.A2A_METRICS_REQUIRE_TOKEN:
         return True
@@ -47,7 +50,7 @@ async def metrics_allowed(scope) -> bool:
     return actor is not None and actor.is_admin and not actor.is_anonymous
 
 
-async def refuse(send) -> None:
+async def refuse(send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
     await send(
         {
             "type": "http.response.start",

@@ -11,7 +11,7 @@ submission is refused with :class:`Overloaded` rather than queued.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -29,20 +29,20 @@ class Coalescer(Generic[T, R]):
     exception is raised to that item's submitter alone. ``run`` raising fails the whole batch.
     """
 
-    def __init__(self, run: Callable[[list[T]], Awaitable[list[R | BaseException]]], *,
+    def __init__(self, run: Callable[[list[T]], Awaitable[Sequence[R | BaseException]]], *,
                  max_batch: int, max_waiting: int, max_running: int = 1) -> None:
         self._run = run
         self._max_batch = max_batch
         self._max_waiting = max_waiting
         self._max_running = max_running
-        self._waiting: list[tuple[T, asyncio.Future]] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._waiting: list[tuple[T, asyncio.Future[R]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def submit(self, item: T) -> R:
         """``item``'s result, once a batch holding it has run."""
         if len(self._waiting) >= self._max_waiting:
             raise Overloaded
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._waiting.append((item, future))
         if len(self._tasks) < self._max_running:
             task = asyncio.get_running_loop().create_task(self._drain())
@@ -61,7 +61,7 @@ class Coalescer(Generic[T, R]):
             _fail(waiting, exc)
             raise
 
-    async def _run_batch(self, batch: list[tuple[T, asyncio.Future]]) -> None:
+    async def _run_batch(self, batch: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
             results = await self._run([item for item, _ in batch])
             if len(results) != len(batch):
@@ -80,7 +80,7 @@ class Coalescer(Generic[T, R]):
                 future.set_result(result)
 
 
-def _fail(batch: list[tuple[Any, asyncio.Future]], exc: BaseException) -> None:
+def _fail(batch: list[tuple[Any, asyncio.Future[Any]]], exc: BaseException) -> None:
     for _, future in batch:
         if future.done():
             continue
@@ -90,14 +90,14 @@ def _fail(batch: list[tuple[Any, asyncio.Future]], exc: BaseException) -> None:
             future.set_exception(exc)
 
 
-def per_loop(factory: Callable[[], Any]) -> Callable[[], Any]:
+def per_loop(factory: Callable[[], T]) -> Callable[[], T]:
     """A function answering one object per running event loop (``factory()`` made on first
     use): a coalescer's futures belong to one loop, and a test process runs several."""
     import weakref
 
-    made: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    made: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = weakref.WeakKeyDictionary()
 
-    def get() -> Any:
+    def get() -> T:
         loop = asyncio.get_running_loop()
         obj = made.get(loop)
         if obj is None:

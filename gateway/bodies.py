@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class Disconnected(Exception):
@@ -23,7 +24,7 @@ async def read_body(receive: Receive, cap: int) -> bytes:
     message = await receive()
     if message["type"] == "http.disconnect":
         raise Disconnected
-    body = message.get("body", b"")
+    body: bytes = message.get("body", b"")
     if not message.get("more_body"):
         if len(body) > cap:
             raise BodyTooLarge

@@ -79,7 +79,7 @@ class NodeSettings:
 
     def but(self, **changes: Any) -> NodeSettings:
         """A copy with ``changes`` (the object itself never changes)."""
-        return replace(self, **{name: tuple(value) if isinstance(value, list) else value
+        return replace(self, **{name: tuple(value) if isinstance(value, list) else value  # type: ignore[arg-type]  # replace() checks
                                 for name, value in changes.items()})
 
 

@@ -215,7 +215,7 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         if subscriber is _NOWHERE:
             await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
         elif method in env.STREAMING_METHODS:
-            await _relay_stream(node, subscriber, query, exchange, receive, route.node_id)
+            await _relay_stream(node, subscriber, query, exchange, receive, route.node_id)  # type: ignore[union-attr]  # admitted: set
         elif subscriber is not None and settings.A2A_LOCAL_FAST_PATH:
             # The local fast path, inline: the subscriber's own outbound timeout (the
             # caller's, shorter than the gateway's wait) always ends the call first, so no
@@ -230,7 +230,7 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         else:
             await _remote_sync(node, query, exchange,
                                timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS,
-                               route.node_id)
+                               route.node_id)  # type: ignore[union-attr]  # admitted: set
     except asyncio.CancelledError:
         if not await _answer_stopping(exchange):
             raise

@@ -294,7 +294,7 @@ def outbound_headers(
         if name is not None:
             headers[name] = value
     headers[caller_header] = caller_id
-    return headers
+    return headers  # type: ignore[return-value]  # names: str once not _NO_TAG
 
 
 # --- response headers ---------------------------------------------------------------------

@@ -28,7 +28,7 @@ from django.conf import settings
 
 from config import outage
 from gateway.batching import Coalescer, Overloaded, per_loop
-from gateway.bodies import BodyTooLarge, Disconnected, read_body
+from gateway.bodies import BodyTooLarge, Disconnected, Receive, Send, read_body
 from gateway.cards import host_allowed
 from registry.api.views import v1_heartbeat, v1_heartbeat_answer
 from registry.auth import UNAUTHENTICATED_MESSAGE
@@ -69,14 +69,14 @@ def route(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
     if host is not None and not host_allowed(host.decode("latin-1")):
         return None  # Django refuses a Host outside ALLOWED_HOSTS (config.views.bad_request)
 
-    async def app(scope, receive, send) -> None:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await _answer(kind, agent_id, authorization, receive, send)
 
     return app
 
 
-async def _answer(kind: str, agent_id: str | None, authorization: str | None, receive,
-                  send) -> None:
+async def _answer(kind: str, agent_id: str | None, authorization: str | None,
+                  receive: Receive, send: Send) -> None:
     limit = settings.A2A_MAX_CARD_BYTES
     try:
         body = await read_body(receive, limit)
@@ -92,7 +92,7 @@ async def _answer(kind: str, agent_id: str | None, authorization: str | None, re
 
 
 async def _heartbeat(kind: str, agent_id: str | None, body: bytes, actor: Actor,
-                     extra: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+                     extra: list[tuple[bytes, bytes]]) -> tuple[int, dict[str, Any]]:
     """Renew the lease in the loop's next batch of heartbeats (group commit); whatever the
     batch did not renew (unknown, forbidden, a malformed body) is answered by the views' own
     function, whose reads tell those apart."""
@@ -125,8 +125,9 @@ async def _renew(beats: list[tuple[Actor, str]]) -> list[HeartbeatResult | None]
     worker threads, become one per batch.
     """
     try:
-        return await database_sync_to_async(agents_heartbeat, thread_sensitive=False)(
-            beats=beats)
+        renewed: list[HeartbeatResult | None] = await database_sync_to_async(
+            agents_heartbeat, thread_sensitive=False)(beats=beats)
+        return renewed
     except Exception as exc:
         if outage.is_database_outage(exc):
             raise
@@ -143,7 +144,7 @@ _renewals = per_loop(lambda: Coalescer(_renew, max_batch=MAX_BATCH, max_waiting=
 
 
 async def authenticate(authorization: str | None
-                       ) -> tuple[int, dict, list[tuple[bytes, bytes]], Actor | None]:
+                       ) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]], Actor | None]:
     """The caller's actor from the process's token cache (the one DRF uses), or the refusal
     (status, body, extra headers) every surface gives; ``actor`` None means refused."""
     extra: list[tuple[bytes, bytes]] = []
@@ -161,13 +162,16 @@ async def authenticate(authorization: str | None
     return 0, {}, extra, actor
 
 
-async def call_registry(fn: Callable[..., tuple[int, dict]], extra: list[tuple[bytes, bytes]],
-                        **kwargs: Any) -> tuple[int, dict]:
+async def call_registry(fn: Callable[..., tuple[int, dict[str, Any]]],
+                        extra: list[tuple[bytes, bytes]],
+                        **kwargs: Any) -> tuple[int, dict[str, Any]]:
     """``fn(**kwargs)`` (a registry function answering status and body) in a worker thread;
     the JSON 503 (``Retry-After`` appended to ``extra``) while the database is down."""
     try:
         check_breaker()
-        return await database_sync_to_async(fn, thread_sensitive=False)(**kwargs)
+        answer: tuple[int, dict[str, Any]] = await database_sync_to_async(
+            fn, thread_sensitive=False)(**kwargs)
+        return answer
     except Exception as exc:
         return outage_answer(exc, extra)
 
@@ -179,7 +183,7 @@ def check_breaker() -> None:
         raise outage.DatabaseUnavailable
 
 
-def outage_answer(exc: Exception, extra: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+def outage_answer(exc: Exception, extra: list[tuple[bytes, bytes]]) -> tuple[int, dict[str, Any]]:
     """The JSON 503 for a database outage (``Retry-After`` appended to ``extra``); any other
     error is re-raised."""
     if not outage.is_database_outage(exc):
@@ -189,7 +193,7 @@ def outage_answer(exc: Exception, extra: list[tuple[bytes, bytes]]) -> tuple[int
     return 503, outage.payload()
 
 
-async def send_json(send, status: int, payload: dict,
+async def send_json(send: Send, status: int, payload: dict[str, Any],
                 extra: list[tuple[bytes, bytes]] | None = None) -> None:
     data = orjson.dumps(payload)
     await send({"type": "http.response.start", "status": status,

@@ -29,7 +29,7 @@ RETRY_SECONDS = 1.0
 
 
 class Inbox:
-    def __init__(self, layer, *, groups: tuple[str, ...] = (),
+    def __init__(self, layer: Any, *, groups: tuple[str, ...] = (),
                  on_other: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.layer = layer
         self.groups = groups
@@ -37,7 +37,7 @@ class Inbox:
         self.channel: str | None = None
         self.pending: dict[str, Callable[[dict[str, Any]], None]] = {}
         self._ready = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="gateway-inbox")
@@ -101,7 +101,7 @@ class Inbox:
             if not isinstance(message, dict):
                 continue
             if message.get("type") == env.REPLY:
-                deliver = pending.get(message.get("i"))  # type: ignore[arg-type]
+                deliver = pending.get(message.get("i"))  # type: ignore[arg-type]  # no id: no match
                 if deliver is not None:
                     deliver(message)
             elif self.on_other is not None:

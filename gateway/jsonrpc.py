@@ -57,7 +57,7 @@ def _skeleton(body: bytes) -> dict[str, Any]:
     if len(body) > REUSE_PARSER_UP_TO_BYTES:
         parser = simdjson.Parser()
     else:
-        parser = getattr(_local, "parser", None)
+        parser = getattr(_local, "parser", None)  # type: ignore[assignment]  # None: made below
         if parser is None:
             parser = _local.parser = simdjson.Parser()
     document = parser.parse(body)

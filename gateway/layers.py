@@ -20,6 +20,7 @@ Channels release renames it or stops calling it from ``receive()``/``group_send(
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from channels.layers import InMemoryChannelLayer as _InMemoryChannelLayer
 
@@ -27,16 +28,16 @@ from channels.layers import InMemoryChannelLayer as _InMemoryChannelLayer
 class InMemoryChannelLayer(_InMemoryChannelLayer):
     SWEEP_INTERVAL_SECONDS = 1.0
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._next_sweep = 0.0
         self._holding: set[str] = set()  # channels sent to since last seen empty
 
-    async def send(self, channel, message):
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
         await super().send(channel, message)
         self._holding.add(channel)  # after the put: a refused send (ChannelFull) adds nothing new
 
-    async def flush(self):
+    async def flush(self) -> None:
         await super().flush()
         self._holding.clear()
 
@@ -47,7 +48,7 @@ class InMemoryChannelLayer(_InMemoryChannelLayer):
         self._next_sweep = now + self.SWEEP_INTERVAL_SECONDS
         # Channels' own sweep (same expiry rules), shown only the channels that may hold a
         # message; a channel it forgets (emptied by expiry) is forgotten here too.
-        everything = self.channels
+        everything = self.channels  # type: ignore[has-type]  # untyped in Channels
         before = {name: everything[name] for name in self._holding if name in everything}
         self.channels = dict(before)
         try:

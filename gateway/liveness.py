@@ -23,7 +23,11 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import redis
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +35,13 @@ KEY_PREFIX = "a2a:node:{cluster}:alive:"
 KNOWN_SET = "a2a:node:{cluster}:known"
 
 
-def cluster_of(database: dict) -> str:
+def cluster_of(database: Mapping[str, object]) -> str:
     """A short name for the registry database a node serves (Django's database settings)."""
     where = "|".join(str(database.get(k) or "") for k in ("ENGINE", "HOST", "PORT", "NAME"))
     return hashlib.sha1(where.encode()).hexdigest()[:12]
 #: What ends a call in flight on a node found dead (pushed into the call's reply buffer,
 #: gateway.handler).
-OWNER_LOST: dict = {"k": "owner_lost"}
+OWNER_LOST: dict[str, str] = {"k": "owner_lost"}
 #: A known node whose key has been gone this many TTLs is dropped from the known set.
 FORGET_AFTER_TTLS = 20
 
@@ -67,7 +71,7 @@ class Liveness:
         self._stop = threading.Event()
         self._beating = threading.Lock()  # the beat's thread and stopping() both beat
         self._thread: threading.Thread | None = None
-        self._client = None
+        self._client: redis.Redis | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -123,6 +127,7 @@ class Liveness:
                 logger.warning("node liveness beat failed: %s: %s", type(exc).__name__, exc)
 
     def _write(self) -> None:
+        assert self._client is not None  # started
         pipe = self._client.pipeline(transaction=False)
         pipe.set(self.prefix + self.node_id, f"{self.token}:{self.state}",
                  px=max(int(self.ttl * 1000), 1))
@@ -136,7 +141,8 @@ class Liveness:
 
     def _beat(self) -> None:
         self._write()
-        known = sorted(m.decode() for m in self._client.smembers(self.known))
+        assert self._client is not None  # started
+        known = sorted(m.decode() for m in self._client.smembers(self.known))  # type: ignore[union-attr]  # bytes replies
         others = [n for n in known if n != self.node_id]
         values = self._client.mget([self.prefix + n for n in others]) if others else []
         now = time.monotonic()
@@ -147,13 +153,13 @@ class Liveness:
                 if node_id in self._tokens:
                     del self._tokens[node_id]
                     dead.append((node_id, False))
-                gone = self._gone_since.setdefault(node_id, now)
-                if now - gone > FORGET_AFTER_TTLS * self.ttl:
+                since = self._gone_since.setdefault(node_id, now)
+                if now - since > FORGET_AFTER_TTLS * self.ttl:
                     self._client.srem(self.known, node_id)
                     self._gone_since.pop(node_id, None)
                 continue
             self._gone_since.pop(node_id, None)
-            token, _, state = value.decode().partition(":")
+            token, _, state = value.decode().partition(":")  # type: ignore[union-attr]  # bytes replies
             previous = self._tokens.get(node_id)
             if previous is not None and previous != token:
                 dead.append((node_id, True))  # restarted within the TTL: its old process is gone

@@ -152,7 +152,7 @@ class GatewayCollector(Collector):
             labels=["agent_id", "outcome"])
         for (agent_id, outcome), cells in list(_latency.items()):
             cumulative, buckets = 0.0, []
-            for bound, count in zip(BUCKETS, cells, strict=False):
+            for bound, count in zip(BUCKETS, cells, strict=False):  # type: ignore[assignment]  # float counts
                 cumulative += count
                 buckets.append((_bound(bound), cumulative))
             cumulative += cells[len(BUCKETS)]

@@ -458,9 +458,9 @@ class Client:
             timer = self.loop.call_later(timeout, _expire, response)
         try:
             if len(body) < 16384:
-                conn.transport.write(head + body)  # type: ignore[union-attr]
+                conn.transport.write(head + body)  # type: ignore[union-attr]  # connected
             else:  # no copy of a large body
-                conn.transport.writelines((head, body))  # type: ignore[union-attr]
+                conn.transport.writelines((head, body))  # type: ignore[union-attr]  # connected
             await response._headers_future
         except BaseException:
             if timer is not None:
@@ -492,7 +492,7 @@ class Client:
                             lambda: _Connection(self, where.key), address, where.port,
                             ssl=tls, server_hostname=where.host if where.tls else None,
                         )
-                        return conn  # type: ignore[return-value]
+                        return conn
                     except OSError as exc:
                         error = exc
         except TimeoutError:
@@ -548,11 +548,11 @@ def client() -> Client:
         if policy.client == "aiohttp":
             from gateway.outbound_aiohttp import AiohttpClient
 
-            current = AiohttpClient(policy)  # type: ignore[assignment]
+            current = AiohttpClient(policy)  # type: ignore[assignment]  # Client's interface
         else:
             current = Client(policy)
-        _clients[loop] = current  # type: ignore[assignment]
-    return current  # type: ignore[return-value]
+        _clients[loop] = current  # type: ignore[assignment]  # Client's interface
+    return current  # type: ignore[return-value]  # Client's interface
 
 
 def _drop_clients(_policy: Policy) -> None:
@@ -560,7 +560,7 @@ def _drop_clients(_policy: Policy) -> None:
     for loop, current in list(_clients.items()):
         current.closed = True  # seen at once by subscribers holding it
         try:
-            loop.call_soon_threadsafe(lambda c=current, lp=loop: lp.create_task(c.close()))
+            loop.call_soon_threadsafe(lambda c=current, lp=loop: lp.create_task(c.close()))  # type: ignore[misc]  # default-bound
         except RuntimeError:  # that loop is closed
             pass
         _clients.pop(loop, None)

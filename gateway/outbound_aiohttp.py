@@ -44,7 +44,7 @@ class AiohttpResponse:
     def __init__(self, response: Any) -> None:
         self._response = response
         self.status = response.status
-        self.headers = [(k.lower(), v) for k, v in response.raw_headers]
+        self.headers: list[tuple[bytes, bytes]] = [(k.lower(), v) for k, v in response.raw_headers]
         self.content_length = response.content_length
         self.complete = False
 
@@ -58,6 +58,7 @@ class AiohttpResponse:
         chunks: list[bytes] = []
         size = 0
         try:
+            piece: bytes
             async for piece in self._response.content.iter_any():
                 size += len(piece)
                 if size > cap:
@@ -71,7 +72,7 @@ class AiohttpResponse:
 
     async def read_chunk(self) -> bytes:
         try:
-            piece = await self._response.content.readany()
+            piece: bytes = await self._response.content.readany()
         except aiohttp.ClientError as exc:
             raise _wrap(exc) from exc
         if not piece:

@@ -43,7 +43,8 @@ import ssl
 import types
 import uuid
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import msgpack
@@ -132,15 +133,16 @@ class _Connection(asyncio.Protocol):
     """One Redis connection: pipelined requests answered in order (futures), and, on a
     subscribing connection, pushed messages handed to ``on_push``."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float, on_push=None,
-                 on_lost=None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float,
+                 on_push: Callable[[list[Any]], None] | None = None,
+                 on_lost: Callable[[_Connection], None] | None = None) -> None:
         self.loop = loop
         self.timeout = timeout
         self.on_push = on_push
         self.on_lost = on_lost
         self.parser = _Parser()
         self.transport: asyncio.Transport | None = None
-        self.pending: deque[asyncio.Future | None] = deque()
+        self.pending: deque[asyncio.Future[Any] | None] = deque()
         self.out: list[bytes] = []
         self.closed = False
         self._flush_scheduled = False
@@ -149,8 +151,8 @@ class _Connection(asyncio.Protocol):
         self.replies = 0  # replies received (the stuck-connection check watches it move)
 
     # asyncio.Protocol
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # create_connection's: a Transport
 
     def data_received(self, data: bytes) -> None:
         parser = self.parser
@@ -179,11 +181,11 @@ class _Connection(asyncio.Protocol):
             else:
                 future.set_result(value)
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ConnectionError(f"Redis connection lost: {exc or 'closed'}"))
 
     # requests
-    def request(self, data: bytes, replies: int = 1) -> asyncio.Future:
+    def request(self, data: bytes, replies: int = 1) -> asyncio.Future[Any]:
         """Queue one command (written with the others of this loop iteration); its future
         gets the last of its ``replies`` replies."""
         if self.closed:
@@ -208,7 +210,7 @@ class _Connection(asyncio.Protocol):
         if not out or self.closed:
             return
         self.out = []
-        self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]
+        self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]  # connected
 
     def _check(self) -> None:
         """Replies outstanding and none arrived for a whole ``timeout``: the connection is
@@ -249,7 +251,7 @@ class _Mailbox:
 
     def __init__(self, capacity: int) -> None:
         self.items: deque[bytes] = deque()
-        self.waiters: deque[asyncio.Future] = deque()
+        self.waiters: deque[asyncio.Future[None]] = deque()
         self.capacity = capacity
         self.dropped = 0
 
@@ -323,12 +325,13 @@ class _LoopLayer:
         self._sub: _Connection | None = None
         self._sub_lock = asyncio.Lock()
         self._sub_ready = asyncio.Event()
-        self._reconnect: asyncio.Task | None = None
+        self._reconnect: asyncio.Task[None] | None = None
         self._closing = False
 
     # --- connections -------------------------------------------------------------------------
 
-    async def _open(self, on_push=None, on_lost=None) -> _Connection:
+    async def _open(self, on_push: Callable[[list[Any]], None] | None = None,
+                    on_lost: Callable[[_Connection], None] | None = None) -> _Connection:
         address = self.address
         conn = _Connection(self.loop, address.timeout, on_push, on_lost)
         try:
@@ -360,10 +363,11 @@ class _LoopLayer:
         if conn is None or conn.closed:
             conn = await self.publisher()
         name = (self.namespace + channel).encode()
-        return await conn.request(b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
-                                  % (len(name), name, len(data), data))
+        receivers: int = await conn.request(b"*3\r\n$7\r\nPUBLISH\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n"
+                                            % (len(name), name, len(data), data))
+        return receivers
 
-    def _on_push(self, value: list) -> None:
+    def _on_push(self, value: list[Any]) -> None:
         if len(value) < 3:
             return
         name = value[1].decode()
@@ -517,7 +521,7 @@ class _LoopLayer:
             except ConnectionError:
                 pass
 
-    async def group_send(self, group: str, message: dict) -> int:
+    async def group_send(self, group: str, message: dict[str, Any]) -> int:
         return await self.publish(f"{self.prefix}__group__{group}", _packb(message))
 
     async def flush(self) -> None:
@@ -540,7 +544,7 @@ class RedisDirectChannelLayer:
 
     extensions = ["groups", "flush"]
 
-    def __init__(self, hosts: list | None = None, prefix: str = "asgi", capacity: int = 10000,
+    def __init__(self, hosts: list[Any] | None = None, prefix: str = "asgi", capacity: int = 10000,
                  **_ignored: Any) -> None:
         hosts = hosts or [{"address": "redis://localhost:6379"}]
         if len(hosts) != 1:
@@ -563,7 +567,7 @@ class RedisDirectChannelLayer:
         """``channel``'s Redis pub/sub name (``PUBSUB NUMSUB`` takes it)."""
         return self.address.namespace + channel
 
-    async def send(self, channel: str, message: dict) -> int:
+    async def send(self, channel: str, message: dict[str, Any]) -> int:
         """Publish ``message``; returns how many processes received it (0: nobody listens)."""
         return await self._layer().publish(channel, _packb(message))
 
@@ -579,7 +583,7 @@ class RedisDirectChannelLayer:
     async def group_discard(self, group: str, channel: str) -> None:
         await self._layer().group_discard(group, channel)
 
-    async def group_send(self, group: str, message: dict) -> int:
+    async def group_send(self, group: str, message: dict[str, Any]) -> int:
         return await self._layer().group_send(group, message)
 
     async def flush(self) -> None:
@@ -591,7 +595,7 @@ class RedisDirectChannelLayer:
         await self.flush()
 
 
-def _retrieve(future: asyncio.Future) -> None:
+def _retrieve(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # a lost connection: nothing to do, nothing to log
 
@@ -601,14 +605,14 @@ def _close_with_loop(owner: RedisDirectChannelLayer, loop: asyncio.AbstractEvent
     call in some threads: their connections must not outlive it)."""
     original = loop.close
 
-    def close(self, *args, **kwargs):
+    def close(self: asyncio.AbstractEventLoop, *args: Any, **kwargs: Any) -> None:
         layer = owner._layers.pop(loop, None)
         if layer is not None and not loop.is_closed():
             try:
                 loop.run_until_complete(layer.flush())
             except Exception:  # closing anyway
                 pass
-        self.close = original
+        self.close = original  # type: ignore[method-assign]  # the loop's own close, put back
         return original(*args, **kwargs)
 
-    loop.close = types.MethodType(close, loop)
+    loop.close = types.MethodType(close, loop)  # type: ignore[method-assign]  # close() restores it

@@ -29,7 +29,7 @@ from django.conf import settings
 from config import outage
 from gateway import metrics
 from gateway.batching import Coalescer, Overloaded, per_loop
-from gateway.bodies import BodyTooLarge, Disconnected, read_body
+from gateway.bodies import BodyTooLarge, Disconnected, Receive, Send, read_body
 from gateway.cards import host_allowed
 from gateway.heartbeats import authenticate, check_breaker, outage_answer, send_json
 from registry import netcheck
@@ -85,13 +85,13 @@ def route(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
                 content_type.split(b";", 1)[0].strip() != b"application/json":
             return None
 
-    async def app(scope, receive, send) -> None:
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await _answer(kind, authorization, receive, send)
 
     return app
 
 
-async def _answer(kind: str, authorization: str | None, receive, send) -> None:
+async def _answer(kind: str, authorization: str | None, receive: Receive, send: Send) -> None:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE if kind == "v1" else settings.A2A_MAX_CARD_BYTES
     too_large = False
     try:
@@ -127,10 +127,11 @@ class _Item:
     body: bytes
     # The v1 body parsed on the loop when it is a JSON object (parsed once, not again in the
     # batch); None: parsed in the batch, whose parser answers what is wrong with it.
-    data: dict | None = None
+    data: dict[str, Any] | None = None
 
 
-async def _registered(item: _Item, extra: list[tuple[bytes, bytes]]) -> tuple[int, dict]:
+async def _registered(item: _Item, extra: list[tuple[bytes, bytes]]
+                      ) -> tuple[int, dict[str, Any]]:
     """``item``'s answer, written with the registrations arriving with it; the JSON 503
     (``Retry-After`` appended to ``extra``) while the database is down or the node is
     swamped, as :func:`gateway.heartbeats.call_registry` answers."""
@@ -150,7 +151,7 @@ async def _registered(item: _Item, extra: list[tuple[bytes, bytes]]) -> tuple[in
         return outage_answer(exc, extra)
 
 
-def _object(body: bytes) -> dict | None:
+def _object(body: bytes) -> dict[str, Any] | None:
     """The body as a JSON object, or None (its refusal is the batch's, as DRF's would be)."""
     try:
         data = orjson.loads(body)
@@ -159,7 +160,7 @@ def _object(body: bytes) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _fetches_its_card(kind: str, data: dict | None) -> bool:
+def _fetches_its_card(kind: str, data: dict[str, Any] | None) -> bool:
     """Whether the registration names a URL and no card, so registering it fetches the card
     from the agent: that takes as long as the agent makes it (up to the fetch's timeout), so
     it is done in a thread of its own, never in a batch where a slow or hostile agent would
@@ -169,7 +170,7 @@ def _fetches_its_card(kind: str, data: dict | None) -> bool:
     return data.get("url") is not None and data.get("card") is None
 
 
-async def _look_up_ahead(kind: str, data: dict | None) -> None:
+async def _look_up_ahead(kind: str, data: dict[str, Any] | None) -> None:
     """Look up the host names the registration's URL check will resolve, here, each bounded
     by ``A2A_URL_CHECK_DNS_TIMEOUT_SECONDS`` (:mod:`registry.netcheck`), before it joins a
     batch: the check in the batch then finds them cached, so a registrant's slow (or
@@ -191,28 +192,31 @@ async def _look_up_ahead(kind: str, data: dict | None) -> None:
             waits[asyncio.wrap_future(future)] = host
     if waits:
         _, late = await asyncio.wait(waits, timeout=settings.A2A_URL_CHECK_DNS_TIMEOUT_SECONDS)
-        for future in late:
-            netcheck.unresolved_for_now(waits[future])
+        for waited in late:
+            netcheck.unresolved_for_now(waits[waited])
 
 
-async def _alone(item: _Item) -> tuple[int, dict]:
+async def _alone(item: _Item) -> tuple[int, dict[str, Any]]:
     """``item`` checked and written on its own, in a worker thread of its own."""
+    answer: tuple[int, dict[str, Any]] | Exception
     (answer,) = await database_sync_to_async(_settle, thread_sensitive=False)([item])
     if isinstance(answer, Exception):
         raise answer
     return answer
 
 
-async def _write(items: list[_Item]) -> list[tuple[int, dict] | Exception]:
+async def _write(items: list[_Item]) -> list[tuple[int, dict[str, Any]] | Exception]:
     metrics.count_registration_batch(len(items))
-    return await database_sync_to_async(_settle, thread_sensitive=False)(items)
+    answers: list[tuple[int, dict[str, Any]] | Exception] = await database_sync_to_async(
+        _settle, thread_sensitive=False)(items)
+    return answers
 
 
 _batches = per_loop(lambda: Coalescer(_write, max_batch=MAX_BATCH, max_waiting=MAX_WAITING,
                                       max_running=MAX_RUNNING))
 
 
-def _settle(items: list[_Item]) -> list[tuple[int, dict] | Exception]:
+def _settle(items: list[_Item]) -> list[tuple[int, dict[str, Any]] | Exception]:
     """Each item's answer (status, body) -- or the database outage it met -- in a worker
     thread: each checked on its own by the views' own functions, the checked ones written
     together (:func:`registry.services.agents_register`), each answered by its view's
@@ -247,7 +251,7 @@ def _check(item: _Item) -> Registration:
     return kubemq_registration(actor=item.actor, data=parse_object(item.body), body=item.body)
 
 
-def _refusal(kind: str, exc: Exception) -> tuple[int, dict] | Exception:
+def _refusal(kind: str, exc: Exception) -> tuple[int, dict[str, Any]] | Exception:
     """The view's own exception handler's answer to ``exc``; an outage (or an error no
     handler answers) is handed back to be raised to its request alone."""
     if outage.is_database_outage(exc):

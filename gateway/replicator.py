@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -23,6 +23,9 @@ from config import node as node_config
 from gateway.conf import NodeSettings
 from registry.events import AgentEvent
 from registry.ids import DISCOVERY_GROUP
+
+if TYPE_CHECKING:
+    from gateway.subscriber_manager import SubscriberManager
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +41,13 @@ def announcement(event: AgentEvent, node_id: str) -> dict[str, Any]:
 
 
 class Replicator:
-    def __init__(self, layer, manager, settings: NodeSettings, *, broadcast: bool) -> None:
+    def __init__(self, layer: Any, manager: SubscriberManager, settings: NodeSettings, *,
+                 broadcast: bool) -> None:
         self.layer = layer
         self.manager = manager
         self.settings = settings
         self.broadcast = broadcast
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def attach(self) -> None:
         """This process now has a node applying (and announcing) its events."""

@@ -110,7 +110,7 @@ class ReplayStream:
         self.done = False  # the terminal message went to a caller (kept for the window still)
         self.plain = False  # the agent answered JSON, not events: nothing to resume
         self.expiry: asyncio.TimerHandle | None = None
-        self._room: asyncio.Future | None = None
+        self._room: asyncio.Future[None] | None = None
         self._on_end = on_end
         self._replaying = False
         self._catching_up: Sink | None = None  # the sink a replay is writing to

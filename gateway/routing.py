@@ -42,5 +42,5 @@ def http_application(django_app, host: NodeHost | None = None):
             return fast(scope, receive, send)
         return django_app(scope, receive, send)
 
-    router._asgi_single_callable = True  # type: ignore[attr-defined]  (for Channels)
+    router._asgi_single_callable = True  # type: ignore[attr-defined]  # a marker for Channels
     return router

@@ -20,8 +20,9 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -49,7 +50,7 @@ _RECONCILE_SLICE = 100
 _NO_NODES: frozenset[str] = frozenset()
 
 
-def _broadcasts(layer) -> bool:
+def _broadcasts(layer: Any) -> bool:
     """Whether every receiver of a named channel gets every message: the Redis pub/sub layers
     (the gateway's own ``direct`` layer and channels-redis's ``pubsub``), not ``core``."""
     if isinstance(layer, RedisDirectChannelLayer):
@@ -68,7 +69,7 @@ class GatewayNode:
         self,
         settings: NodeSettings | None = None,
         *,
-        layer=None,
+        layer: Any = None,
         broadcast: bool | None = None,
         tokens: TokenCache | None = None,
     ) -> None:
@@ -80,13 +81,13 @@ class GatewayNode:
         self._layer = layer
         self._broadcast = broadcast
         self._tokens = tokens
-        self._jobs: list[asyncio.Task] = []
+        self._jobs: list[asyncio.Task[None]] = []
         #: The liveness beat (distributed mode): None in embedded mode and before start.
         self.liveness: Liveness | None = None
         #: In-flight calls sent through the broker, by owning node: request id -> a function
         #: that ends the call when that node is found dead (gateway.handler).
-        self.inflight: dict[str, dict[str, Callable[[dict], None]]] = {}
-        self._adoptions: set[asyncio.Task] = set()
+        self.inflight: dict[str, dict[str, Callable[[dict[str, Any]], None]]] = {}
+        self._adoptions: set[asyncio.Task[None]] = set()
         self._unsubscribe: list[Callable[[], None]] = []
         self._running = False
         self._stopped = False
@@ -123,7 +124,7 @@ class GatewayNode:
         broadcasting = self.liveness is not None and _broadcasts(self.layer)
         self.manager = SubscriberManager(
             self.table, self.layer, settings,
-            is_alive=self.liveness.is_alive if broadcasting else None,
+            is_alive=self.liveness.is_alive if broadcasting else None,  # type: ignore[union-attr]  # broadcasting: set
         )
         self.replicator = Replicator(self.layer, self.manager, settings,
                                      broadcast=self.cross_process)
@@ -224,9 +225,10 @@ class GatewayNode:
         the agents moved, or None when the database refused (logged with what happens
         instead)."""
         try:
-            return await database_sync_to_async(services.agents_move_off_node,
-                                                thread_sensitive=False)(
+            moved: list[str] = await database_sync_to_async(services.agents_move_off_node,
+                                                            thread_sensitive=False)(
                 node_id=node_id, to_nodes=targets)
+            return moved
         except Exception as exc:
             logger.warning("%s: %s: %s (%s)", failure, type(exc).__name__, exc, fallback)
             return None
@@ -235,6 +237,7 @@ class GatewayNode:
         """A clean stop: hand this node's agents to the live nodes before stopping; each old
         subscriber drains after the new owner's takeover (gateway.subscriber, "Handover")."""
         liveness = self.liveness
+        assert liveness is not None  # stop() checked
         await asyncio.to_thread(liveness.stopping)
         if self.settings.A2A_FAILOVER != "adopt":
             return
@@ -362,7 +365,7 @@ class GatewayNode:
         owned = {agent_id for agent_id, r in fresh.items() if r.node_id == node_id}
         return fresh, owned
 
-    async def _reconcile(self, agent_ids) -> None:
+    async def _reconcile(self, agent_ids: Iterable[str]) -> None:
         """Reconcile these agents' subscribers with the table, a slice at a time with the loop
         free in between (a node adopting or re-reading 10,000 agents must not stall calls)."""
         ids = list(agent_ids)
@@ -392,7 +395,8 @@ class GatewayNode:
         except Exception as exc:
             logger.warning("node heartbeat failed: %s: %s", type(exc).__name__, exc)
 
-    async def _every(self, seconds: float, job, *, now: bool = False) -> None:
+    async def _every(self, seconds: float, job: Callable[[], Awaitable[None]], *,
+                     now: bool = False) -> None:
         if now:
             await job()
         while True:
@@ -418,7 +422,7 @@ class NodeHost:
         self.factory = factory
         #: The running node, read by the router on every request.
         self.node: GatewayNode | None = None
-        self._starting: asyncio.Future | None = None
+        self._starting: asyncio.Future[GatewayNode] | None = None
 
     async def start(self) -> None:
         """Node startup hook."""

@@ -199,7 +199,7 @@ class VirtualSubscriber:
         self._receiver: asyncio.Task | None = None
         self._stopping = False
         self.sse_active = 0  # read by the metrics collector at scrape time
-        self._client = None  # the loop's shared outbound client, looked up once
+        self._client: outbound.Client | None = None  # the loop's shared client, looked up once
         # Handover (module docstring): "active", "standby" (a new owner before its takeover)
         # or "draining" (an old owner after a new owner's takeover).
         self.mode = "active"
@@ -228,15 +228,15 @@ class VirtualSubscriber:
         base = {env.TAG_NONCE: self.nonce, env.TAG_REQUEST_ID: "", env.TAG_REPLY_CHANNEL: ""}
         try:
             async with asyncio.timeout(HANDOVER_SIGNAL_SECONDS):
-                while not self._probe_heard.is_set():
+                while not self._probe_heard.is_set():  # type: ignore[union-attr]  # standby: set
                     await self._publish({**base, env.TAG_METHOD: env.PROBE_METHOD})
                     try:
                         async with asyncio.timeout(PROBE_INTERVAL_SECONDS):
-                            await self._probe_heard.wait()
+                            await self._probe_heard.wait()  # type: ignore[union-attr]  # standby: set
                     except TimeoutError:
                         pass
                 await self._publish({**base, env.TAG_METHOD: env.TAKEOVER_METHOD})
-                await self._takeover_heard.wait()
+                await self._takeover_heard.wait()  # type: ignore[union-attr]  # standby: set
         except TimeoutError:
             logger.warning("%s: takeover not confirmed in %g s; going active", self.client_id,
                            HANDOVER_SIGNAL_SECONDS)
@@ -407,19 +407,19 @@ class VirtualSubscriber:
             return
         self.in_flight += 1
         if not local:
-            sink.arm_ack()  # type: ignore[attr-defined]
+            sink.arm_ack()  # type: ignore[attr-defined]  # not local: a BrokerSink
         if method in env.STREAMING_METHODS:
             if not local:
                 try:
-                    sink.window = max(int(tags.get(env.TAG_WINDOW) or 0), 0)  # type: ignore[attr-defined]
+                    sink.window = max(int(tags.get(env.TAG_WINDOW) or 0), 0)  # type: ignore[attr-defined]  # a BrokerSink
                 except ValueError:
                     pass
                 settings = self.settings
-                sink.credit_timeout = (  # type: ignore[attr-defined]
+                sink.credit_timeout = (  # type: ignore[attr-defined]  # not local: a BrokerSink
                     settings.A2A_SSE_STALL_TIMEOUT_SECONDS
                     + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
                 )
-                self._stream_sinks[request_id] = sink  # type: ignore[assignment]
+                self._stream_sinks[request_id] = sink  # type: ignore[assignment]  # not local: a BrokerSink
             if self.settings.A2A_SSE_RESUME_SECONDS > 0:
                 replay = ReplayStream(request_id, tags.get(env.TAG_CALLER) or "anonymous",
                                       self.settings.A2A_SSE_RESUME_BUFFER_BYTES, sink,
@@ -429,7 +429,7 @@ class VirtualSubscriber:
                 sink = replay
             task = asyncio.get_running_loop().create_task(self._run_stream(query, sink, request_id))
             self.streams[request_id] = task
-            task.add_done_callback(lambda _t, rid=request_id: self._stream_done(rid))
+            task.add_done_callback(lambda _t, rid=request_id: self._stream_done(rid))  # type: ignore[misc]  # default-bound id
         elif local:
             await self._run_sync(query, sink, request_id)
         else:
@@ -522,15 +522,15 @@ class VirtualSubscriber:
             return
         if not local:
             try:
-                sink.window = max(int(tags.get(env.TAG_WINDOW) or 0), 0)  # type: ignore[attr-defined]
+                sink.window = max(int(tags.get(env.TAG_WINDOW) or 0), 0)  # type: ignore[attr-defined]  # a BrokerSink
             except ValueError:
                 pass
             settings = self.settings
-            sink.credit_timeout = (  # type: ignore[attr-defined]
+            sink.credit_timeout = (  # type: ignore[attr-defined]  # not local: a BrokerSink
                 settings.A2A_SSE_STALL_TIMEOUT_SECONDS
                 + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS
             )
-            self._stream_sinks[request_id] = sink  # type: ignore[assignment]
+            self._stream_sinks[request_id] = sink  # type: ignore[assignment]  # not local: a BrokerSink
         self._attached[request_id] = replay
         _spawn(self._tasks, self._attach(replay, sink, request_id, last))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from gateway import metrics
 from gateway.conf import NodeSettings
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 
 class SubscriberManager:
-    def __init__(self, table: RoutingTable, layer, settings: NodeSettings, *,
+    def __init__(self, table: RoutingTable, layer: Any, settings: NodeSettings, *,
                  is_alive: Callable[[str], bool] | None = None) -> None:
         """``is_alive(node_id)``: whether another node is up (its liveness key is present);
         given on a broadcasting layer only, where moves between live nodes are handovers."""
@@ -40,8 +41,8 @@ class SubscriberManager:
         # Subscribers being torn down: a new one for the same agent starts receiving only after
         # the old one stopped (both Redis layers and the in-memory layer drop a channel's
         # subscription when its pending receive() is cancelled).
-        self._stopping: dict[str, asyncio.Task] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._stopping: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def local(self, agent_id: str) -> VirtualSubscriber | None:
         return self.subscribers.get(agent_id)
@@ -130,7 +131,7 @@ class SubscriberManager:
             subscriber.hand_off(self.settings.A2A_HANDOVER_TIMEOUT_SECONDS))
         self._stopping[agent_id] = task
 
-        def done(t: asyncio.Task, agent_id: str = agent_id) -> None:
+        def done(t: asyncio.Task[None], agent_id: str = agent_id) -> None:
             if self._stopping.get(agent_id) is t:
                 del self._stopping[agent_id]
             if self.handing_off.get(agent_id) is subscriber:
@@ -151,7 +152,7 @@ class SubscriberManager:
         task = asyncio.get_running_loop().create_task(subscriber.stop())
         self._stopping[agent_id] = task
 
-        def done(t: asyncio.Task, agent_id: str = agent_id) -> None:
+        def done(t: asyncio.Task[None], agent_id: str = agent_id) -> None:
             if self._stopping.get(agent_id) is t:
                 del self._stopping[agent_id]
 

@@ -20,6 +20,7 @@ With tracing off (the default) the hot path pays one boolean check: callers test
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -120,7 +121,7 @@ class CallTrace:
             self.response_bytes += len(message.get("body") or b"")
         await self._send(message)
 
-    def flow_controlled(self, wrap) -> None:
+    def flow_controlled(self, wrap: Callable[[Any], Any]) -> None:
         """Apply the stream relay's flow control to the server's own ``send`` beneath."""
         self._send = wrap(self._send)
 

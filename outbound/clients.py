@@ -24,6 +24,7 @@ transport stays, 60 lines, with a correct error map (:func:`_map_aiohttp_error`)
 from __future__ import annotations
 
 import ssl
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -146,7 +147,7 @@ class _AiohttpStream(httpx.AsyncByteStream):
     def __init__(self, response: Any) -> None:
         self._response = response
 
-    async def __aiter__(self):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         import aiohttp
 
         try:

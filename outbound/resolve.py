@@ -144,7 +144,7 @@ class CheckedBackend(httpcore.NetworkBackend):
                 return self._inner.connect_tcp(ip, port, timeout, local_address, socket_options)
             except httpcore.ConnectError as exc:
                 error = exc
-        raise error  # type: ignore[misc]
+        raise error  # type: ignore[misc]  # addresses are never empty: error is set
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
@@ -181,7 +181,7 @@ class CheckedAsyncBackend(httpcore.AsyncNetworkBackend):
                 )
             except httpcore.ConnectError as exc:
                 error = exc
-        raise error  # type: ignore[misc]
+        raise error  # type: ignore[misc]  # addresses are never empty: error is set
 
     async def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None

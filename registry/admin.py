@@ -388,6 +388,7 @@ class AgentAdmin(admin.ModelAdmin):
             step = 1 if hours <= 2 else (10 if hours <= 24 else 30)
             window = agent_stats(agent_id=agent.agent_id, since=now - timedelta(hours=hours),
                                  with_series=True, step_minutes=step)
+            assert window.series is not None  # asked for with_series=True
             url = f"{gateway_base(request)}/a2a/{agent.agent_id}/"
             context.update({
                 "recent": recent, "window": window, "window_hours": hours,
@@ -470,6 +471,8 @@ class AgentAdmin(admin.ModelAdmin):
     def card_diff_view(self, request, object_id: str):
         agent = self._agent(request, object_id)
         versions = {v.pk: v for v in agent.card_versions.all()}
+        a: CardVersion | None
+        b: CardVersion | None
         try:
             a, b = versions[int(request.GET["a"])], versions[int(request.GET["b"])]
         except (KeyError, ValueError):
@@ -565,7 +568,7 @@ class AgentIdsField(forms.CharField):
             return "\n".join(value)
         return value
 
-    def to_python(self, value) -> list[str]:
+    def to_python(self, value) -> list[str]:  # type: ignore[override]  # cleans to a list
         text = super().to_python(value) or ""
         return list(dict.fromkeys(v.strip() for v in text.replace(",", "\n").splitlines()
                                   if v.strip()))
@@ -594,6 +597,7 @@ class ApiClientForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
+        assert data is not None  # ModelForm.clean returns cleaned_data
         if self.instance._state.adding and "name" in data:
             # The id the create service will use; refused here so the form can show why.
             client_id = data.get("client_id") or slugify(data["name"])[:100]
@@ -668,7 +672,7 @@ class ApiClientAdmin(admin.ModelAdmin):
 
     @admin.display(description="agents", ordering="_agent_count")
     def agent_count(self, client: ApiClient) -> int:
-        return client._agent_count
+        return client._agent_count  # type: ignore[attr-defined]  # from .annotate(_agent_count=...)
 
     @admin.display(description="last gateway call", ordering="_last_used")
     def last_used(self, client: ApiClient):
@@ -763,4 +767,4 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.display(description="agents", ordering="_agent_count")
     def agent_count(self, node: Node) -> int:
-        return node._agent_count
+        return node._agent_count  # type: ignore[attr-defined]  # from .annotate(_agent_count=...)

@@ -108,7 +108,7 @@ def _client() -> httpx.Client:
                     limits=httpx.Limits(max_connections=20, keepalive_expiry=30),
                 )
                 _shared.update(client=client, key=key)
-    return client  # type: ignore[return-value]
+    return client  # type: ignore[return-value]  # _shared["client"] is a client
 
 
 def _get(client: httpx.Client, url: str, timeout: httpx.Timeout, limit: int) -> bytes | str:

@@ -210,7 +210,7 @@ def parse_card(
         output_modes=_dedupe(
             default_out + [m for s in skills for m in s.get("outputModes") or []]
         ),
-        streaming=bool(caps.get("streaming")),
+        streaming=bool(caps.get("streaming")),  # type: ignore[union-attr]  # a dict (checked above)
     )
 
 

@@ -179,7 +179,7 @@ class ApiClient(AbstractAPIKey):
     class Meta(AbstractAPIKey.Meta):
         verbose_name = "API client"
         verbose_name_plural = "API clients"
-        ordering = ["client_id"]
+        ordering = ["client_id"]  # type: ignore[assignment]  # a list, as in the migrations
 
     def __str__(self) -> str:
         return self.client_id

@@ -85,7 +85,7 @@ def check_agent_url(
             reason = _forbidden_address(addr)
             if reason:
                 raise UnsafeUrl(f"{host} resolves to a refused address: {reason}")
-    return url.strip()
+    return url.strip()  # type: ignore[attr-defined]  # _checked_host refused non-strings
 
 
 def _checked_host(url: object, allowlist: list[str] | None):
@@ -202,7 +202,7 @@ def _getaddrinfo(host: str) -> tuple:
     addresses = []
     for info in infos:
         try:
-            addresses.append(ipaddress.ip_address(info[4][0].split("%")[0]))
+            addresses.append(ipaddress.ip_address(info[4][0].split("%")[0]))  # type: ignore[union-attr]  # an IP host string
         except ValueError:
             continue
     return tuple(addresses)

@@ -33,7 +33,7 @@ def insert_rows(model: type[models.Model], objs: Sequence[models.Model], *, suff
     if suffix:
         sql += " " + suffix
     if returning:
-        sql += " RETURNING " + ", ".join(quote(meta.get_field(name).column) for name in returning)
+        sql += " RETURNING " + ", ".join(quote(meta.get_field(name).column) for name in returning)  # type: ignore[union-attr, arg-type]  # concrete fields
     return execute(sql, params, fetch=bool(returning))
 
 
@@ -41,7 +41,7 @@ def insert_into(model: type[models.Model], fields: Sequence[models.Field]) -> st
     """``INSERT INTO table (columns)`` of ``fields``."""
     quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
     return (f"INSERT INTO {quote(model._meta.db_table)} "
-            f"({', '.join(quote(f.column) for f in fields)})")
+            f"({', '.join(quote(f.column) for f in fields)})")  # type: ignore[arg-type]  # concrete fields
 
 
 def unnest(fields: Sequence[models.Field], objs: Sequence[models.Model],
@@ -66,14 +66,14 @@ def execute(sql: str, params: list, *, fetch: bool = False) -> list[tuple]:
     db.ensure_connection()
     from psycopg import Cursor  # PostgreSQL only: server-side binding
 
-    with db._prepare_cursor(Cursor(db.connection)) as cursor:
+    with db._prepare_cursor(Cursor(db.connection)) as cursor:  # type: ignore[attr-defined]  # private Django API
         cursor.execute(sql, params)
         return cursor.fetchall() if fetch else []
 
 
 def _db_type(field: models.Field, db) -> str:
-    target = field.target_field if field.is_relation else field
-    return target.db_type(db).split("(")[0]  # varchar[], not varchar(64)[]
+    target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]  # relations have one
+    return target.db_type(db).split("(")[0]  # type: ignore[union-attr]  # varchar[], not varchar(64)[]; concrete fields have a type
 
 
 # Field classes whose database value is the attribute itself (pre_save and get_db_prep_save

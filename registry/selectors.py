@@ -174,7 +174,7 @@ def actor_from_token(*, token: str) -> Actor | None:
     if not token or len(token) > 200 or "." not in token:
         return None
     try:
-        client = ApiClient.objects.get_from_key(token)
+        client: ApiClient = ApiClient.objects.get_from_key(token)  # type: ignore[assignment]  # manager typed for the abstract model
     except ApiClient.DoesNotExist:
         return None
     if client.has_expired:

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeGuard
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -64,7 +65,7 @@ def bearer_token(header: str | None) -> str | None:
     return token.strip()
 
 
-def is_platform_token(token: str | None) -> bool:
+def is_platform_token(token: str | None) -> TypeGuard[str]:
     """Whether ``token`` has the shape of this platform's tokens (it may still be unknown)."""
     return token is not None and PLATFORM_TOKEN_RE.fullmatch(token) is not None
 

@@ -64,7 +64,7 @@ def stored_card(agent: Agent) -> dict[str, Any]:
     """The card as registered, key order kept (the JSON column may reorder keys)."""
     card = agent.card
     if card is not None and getattr(agent, "_card_parsed_from_raw", None) is card:
-        return card  # parsed from card_raw by this registration: nothing to parse again
+        return card  # type: ignore[return-value]  # not None (checked); parsed from card_raw by this registration: nothing to parse again
     try:
         card = orjson.loads(agent.card_raw)
     except orjson.JSONDecodeError:

@@ -56,7 +56,7 @@ def ms(value: float | None) -> str:
 
 
 @register.filter
-def nbytes(value: int) -> str:
+def nbytes(value: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"

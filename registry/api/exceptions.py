@@ -40,7 +40,7 @@ def exception_handler(exc, context):
     detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
     if isinstance(exc, exceptions.NotAuthenticated):
         detail = UNAUTHENTICATED_MESSAGE
-    body = {"error": _flatten(detail)}
+    body: dict = {"error": _flatten(detail)}
     if isinstance(exc, exceptions.ValidationError) and isinstance(detail, dict):
         body["fields"] = detail
     response.data = body

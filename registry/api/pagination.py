@@ -9,9 +9,9 @@ from rest_framework.pagination import LimitOffsetPagination
 
 class CappedLimitOffsetPagination(LimitOffsetPagination):
     @property
-    def max_limit(self) -> int:  # read per request: tests and operators may change it
+    def max_limit(self) -> int:  # type: ignore[override]  # read per request: tests and operators may change it
         return settings.A2A_MAX_PAGE_SIZE
 
     @property
-    def default_limit(self) -> int:
-        return min(settings.REST_FRAMEWORK.get("PAGE_SIZE") or 100, settings.A2A_MAX_PAGE_SIZE)
+    def default_limit(self) -> int:  # type: ignore[override]  # read per request
+        return min(settings.REST_FRAMEWORK.get("PAGE_SIZE") or 100, settings.A2A_MAX_PAGE_SIZE)  # type: ignore[call-overload]  # PAGE_SIZE is an int

@@ -11,7 +11,7 @@ import orjson
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-_WHITESPACE = json.decoder.WHITESPACE.match
+_WHITESPACE = json.decoder.WHITESPACE.match  # type: ignore[attr-defined]  # not in typeshed
 _DECODER = json.JSONDecoder()
 
 
@@ -59,7 +59,7 @@ def _member(text: str, name: str) -> bytes | None:
     while text[i] != "}":
         if text[i] != '"':
             return None
-        key, i = json.decoder.scanstring(text, i + 1)
+        key, i = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]  # not in typeshed
         i = _WHITESPACE(text, i).end()
         if text[i] != ":":
             return None

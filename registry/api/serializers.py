@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import ISO_8601, serializers
@@ -157,7 +160,7 @@ def _owner(agent: Agent) -> str | None:
     return agent.owner.client_id if agent.owner else None
 
 
-_OWNER_FIELDS: list[tuple[str, str, object]] | None = None
+_OWNER_FIELDS: list[tuple[str, Any, Callable[[Any], Any] | None]] | None = None
 
 
 def owner_output(agent: Agent) -> dict:

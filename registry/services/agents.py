@@ -97,9 +97,9 @@ def _locked(agent_id: str) -> Agent | None:
     if sql is None:
         quote = connection.ops.quote_name
         meta = Agent._meta
-        columns = ", ".join(quote(f.column) for f in meta.concrete_fields)
+        columns = ", ".join(quote(f.column) for f in meta.concrete_fields)  # type: ignore[arg-type]  # concrete fields
         sql = (f"SELECT {columns} FROM {quote(meta.db_table)} "
-               f"WHERE {quote(meta.get_field('agent_id').column)} = %s")
+               f"WHERE {quote(meta.get_field('agent_id').column)} = %s")  # type: ignore[arg-type]  # a concrete field
         if connection.features.has_select_for_update:
             sql += " FOR UPDATE"
         _LOCKED_SQL[connection.vendor] = sql
@@ -117,7 +117,7 @@ def _insert_new(agent: Agent) -> bool:
     registration can have inserted the id the locked read just found absent."""
     meta = Agent._meta
     ignore = OnConflict.IGNORE if connection.vendor == "postgresql" else None
-    rows = Agent.objects._insert(
+    rows = Agent.objects._insert(  # type: ignore[attr-defined]  # private QuerySet API
         [agent], fields=[f for f in meta.concrete_fields if not f.primary_key],
         returning_fields=[meta.pk], on_conflict=ignore,
     )
@@ -266,7 +266,7 @@ def _announce(reg: Registration, agent: Agent, created: bool, old_sha: str | Non
     ``batch``, events and records, when given: the caller delivers them together)."""
     actor = reg.actor
     if agent.owner_id is not None and agent.owner_id == actor.api_client_pk:
-        agent._owner_client_id = actor.client_id  # the answer names the owner: no read
+        agent._owner_client_id = actor.client_id  # type: ignore[attr-defined]  # the answer names the owner: no read
     event = _event("registered" if created else "updated", agent, actor, committed=True)
     record = None
     if created or old_sha != reg.parsed.sha256:  # a plain renewal is not a change
@@ -460,7 +460,7 @@ def _insert_with_versions(cards: list[tuple[Agent, ParsedCard]]) -> set[str]:
     version_rows, version_params = rows.unnest(
         version_fields, versions, first=[agent.agent_id for agent, _ in cards])
     quote = connection.ops.quote_name
-    key, agent_id = quote(Agent._meta.pk.column), quote(Agent._meta.get_field("agent_id").column)
+    key, agent_id = quote(Agent._meta.pk.column), quote(Agent._meta.get_field("agent_id").column)  # type: ignore[arg-type]  # concrete fields
     columns = ", ".join(f"v.c{i}" for i in range(len(version_fields)))
     names = ", ".join(f"c{i}" for i in range(len(version_fields)))
     sql = (f"WITH a AS ({rows.insert_into(Agent, agent_fields)} SELECT * FROM {agent_rows} "

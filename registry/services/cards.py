@@ -52,7 +52,7 @@ def _apply_card(agent: Agent, parsed: ParsedCard) -> None:
     agent.description = parsed.description
     agent.url = parsed.endpoint or ""
     agent.card = parsed.card
-    agent._card_parsed_from_raw = parsed.card  # its key order is card_raw's (stored_card)
+    agent._card_parsed_from_raw = parsed.card  # type: ignore[attr-defined]  # its key order is card_raw's (stored_card)
     agent.card_raw = parsed.raw.decode("utf-8", errors="replace")
     agent.card_sha256 = parsed.sha256
     agent.card_shape = parsed.shape

@@ -48,7 +48,7 @@ def api_client_create(
         raise InvalidInput("name must contain letters or digits")
     if ApiClient.objects.filter(client_id=cid).exists():
         raise InvalidInput(f"a client named {cid!r} exists already")
-    created = ApiClient.objects.create_key(
+    created: tuple[ApiClient, str] = ApiClient.objects.create_key(  # type: ignore[assignment]  # manager typed for the abstract model
         name=name[:50],
         client_id=cid,
         scopes=checked_scopes,

@@ -35,7 +35,7 @@ def read_events(response: httpx.Response, limit: int | None = None):
     the connection)."""
     chunks = getattr(response, "_test_chunks", None)
     if chunks is None:
-        chunks = response._test_chunks = response.iter_raw()  # type: ignore[attr-defined]
+        chunks = response._test_chunks = response.iter_raw()  # type: ignore[attr-defined]  # kept across calls
     buffer = b""
     out = []
     while True:

@@ -174,7 +174,7 @@ def run_uvicorn(sock, limits: ServerLimits) -> None:
         backlog=BACKLOG,  # uvicorn listens on the bound socket after its lifespan startup
         # SIGTERM: stop accepting, close idle connections, let the requests in flight finish
         # for up to the drain; what uvicorn then cancels is answered `node_stopping`.
-        timeout_graceful_shutdown=settings.A2A_SHUTDOWN_DRAIN_SECONDS,
+        timeout_graceful_shutdown=settings.A2A_SHUTDOWN_DRAIN_SECONDS,  # type: ignore[arg-type]  # asyncio takes a float
         # X-Forwarded-* are believed only from A2A_TRUSTED_PROXIES (gateway.cards), not
         # from whatever uvicorn's own default (127.0.0.1) trusts.
         proxy_headers=False,
@@ -226,7 +226,7 @@ def run_daphne(sock, limits: ServerLimits) -> None:
     def stop_reactor() -> None:
         if reactor.running:
             with contextlib.suppress(ReactorNotRunning):  # already stopping
-                reactor.stop()
+                reactor.stop()  # type: ignore[misc]  # zope interface method
 
     def on_signal() -> None:
         if node.draining():
@@ -273,7 +273,7 @@ def run_daphne(sock, limits: ServerLimits) -> None:
     def stop_node():
         return defer.Deferred.fromFuture(asyncio.ensure_future(node.stop()))
 
-    reactor.addSystemEventTrigger("before", "shutdown", stop_node)
+    reactor.addSystemEventTrigger("before", "shutdown", stop_node)  # type: ignore[arg-type]  # zope interface method
     server.run()
     sock.close()
     if not server.listening_addresses:
