@@ -18,6 +18,7 @@ anyway. A socket whose node died refuses the send and is removed by the sender.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -113,6 +114,8 @@ class Listener:
         sock.close()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the last node of this database: no litter
+                self.path.parent.rmdir()
 
 
 def send(message: dict[str, Any]) -> int:
