@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 MAX_DATAGRAM = 64 * 1024
 # sockaddr_un holds 108 bytes, the terminating NUL included.
 _MAX_SOCKET_PATH = 107
+_numbers = itertools.count(1)
 
 
 def events_dir() -> Path:
@@ -63,7 +65,7 @@ class Listener:
     def start(self, directory: Path | None = None) -> bool:
         """Bind the socket (on the running loop); False, logged, when it cannot be bound."""
         directory = directory or events_dir()
-        path = directory / f"node-{os.getpid()}-{id(self):x}.sock"
+        path = directory / f"{os.getpid()}-{next(_numbers)}.sock"  # short: sun_path is small
         if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
             logger.warning("registry events from other processes reach this node only at its "
                            "resync: socket path too long (%s)", path)
@@ -71,6 +73,9 @@ class Listener:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if directory.stat().st_uid != os.getuid():
+                raise PermissionError(f"{directory} belongs to another user")
+            directory.chmod(0o700)  # only this user may announce registry events
             path.unlink(missing_ok=True)  # left by a process that had this pid
             sock.bind(str(path))
             os.chmod(path, 0o600)
@@ -118,10 +123,10 @@ class Listener:
                 self.path.parent.rmdir()
 
 
-def send(message: dict[str, Any]) -> int:
-    """Send ``message`` to every node listening for this installation; how many took it.
-    Never blocks; a socket left by a dead node is removed."""
-    directory = events_dir()
+def send(message: dict[str, Any], directory: Path | None = None) -> int:
+    """Send ``message`` to every node listening for this installation (or in ``directory``);
+    how many took it. Never blocks; a socket left by a dead node is removed."""
+    directory = directory or events_dir()
     try:
         paths = sorted(directory.glob("*.sock"))
     except OSError:
