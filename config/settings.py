@@ -90,7 +90,6 @@ if not ALLOWED_HOSTS:
             "ALLOWED_HOSTS=registry.example.com,127.0.0.1 ('*' accepts any Host header)."
         )
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
-CSRF_FAILURE_VIEW = "config.views.csrf_failure"  # JSON outside the admin
 # Proxies whose X-Forwarded-Proto / X-Forwarded-Host are believed (IPs). Empty: none.
 A2A_TRUSTED_PROXIES = env_list("A2A_TRUSTED_PROXIES")
 

@@ -1,7 +1,7 @@
 """Process health (/healthz), readiness (/readyz: each dependency, short timeouts) and the JSON
 answers Django would otherwise give as HTML pages: ``handler400`` (a Host not in
 ``ALLOWED_HOSTS``, another suspicious request), ``handler403``, ``handler404``, ``handler500``,
-a CSRF failure outside the admin, and 405 on the plain views (:func:`methods`).
+and 405 on the plain views (:func:`methods`, which take no CSRF token: they change nothing).
 
 Every one is the API's error shape, ``{"error": "<message>"}``."""
 
@@ -17,7 +17,6 @@ from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.db import close_old_connections, connection
 from django.http import JsonResponse
-from django.views.csrf import csrf_failure as django_csrf_failure
 from django.views.decorators.csrf import csrf_exempt
 
 from config import outage
@@ -153,14 +152,3 @@ def bad_request(request, exception=None):
 def permission_denied(request, exception=None):
     """``handler403``: JSON, never Django's HTML page."""
     return JsonResponse({"error": "forbidden"}, status=403)
-
-
-def csrf_failure(request, reason=""):
-    """``CSRF_FAILURE_VIEW``: the admin keeps Django's page (a browser reads it); every other
-    path answers JSON. API clients with a token never meet CSRF (it guards session cookies)."""
-    if request.path.startswith("/admin/"):
-        return django_csrf_failure(request, reason=reason)
-    return JsonResponse(
-        {"error": f"CSRF check failed: {reason}. A request authenticated by a session cookie "
-                  "needs the CSRF token; API clients send 'Authorization: Bearer <token>'."},
-        status=403)

@@ -38,6 +38,16 @@ class Coalescer(Generic[T, R]):
         self._waiting: list[tuple[T, asyncio.Future[R]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def waiting(self) -> int:
+        """Items submitted and not yet taken into a batch."""
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        """Batches being written now."""
+        return len(self._tasks)
+
     async def submit(self, item: T) -> R:
         """``item``'s result, once a batch holding it has run."""
         if len(self._waiting) >= self._max_waiting:
@@ -104,4 +114,5 @@ def per_loop(factory: Callable[[], T]) -> Callable[[], T]:
             obj = made[loop] = factory()
         return obj
 
+    get.on = made.get  # type: ignore[attr-defined]  # loop -> its object, if made (observers)
     return get

@@ -5,7 +5,9 @@ worker, a management command). A running node subscribes to them (``GatewayNode.
 event is applied to the node's table and subscribers and announced on the ``_AGENTS_.discovery``
 group; every other node applies it on receipt. A process that runs no node (a Celery worker
 expiring agents) only announces (:func:`announce_without_node`, subscribed by the gateway's
-AppConfig). Announcements are best effort: the periodic database resync is the safety net.
+AppConfig): on Redis, or in embedded mode, which has no broker, over the local sockets of
+``gateway.local_events``. Announcements are best effort: the periodic database resync is the
+safety net.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings as django_settings
 
 from config import node as node_config
+from gateway import local_events
 from gateway.conf import NodeSettings
 from registry.events import AgentEvent
 from registry.ids import DISCOVERY_GROUP
@@ -90,8 +93,16 @@ class Replicator:
 
 def announce_without_node(event: AgentEvent) -> None:
     """The ``registry.events`` subscriber of a process without a running node (any thread):
-    announce the event so the cluster's nodes apply it."""
-    if _attached or django_settings.EMBEDDED:
+    announce the event so the cluster's nodes apply it -- on Redis, or in embedded mode (no
+    broker) to the nodes serving the same database on this machine (``gateway.local_events``)."""
+    if _attached:
+        return
+    if django_settings.EMBEDDED:
+        try:
+            local_events.send(announcement(event, node_config.node_id()))
+        except Exception as exc:
+            logger.warning("announcing %s %s failed (%s); the node resyncs later",
+                           event.kind, event.agent_id, exc)
         return
     try:
         asyncio.get_running_loop()

@@ -29,7 +29,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from gateway import conf, metrics, outbound
+from gateway import conf, local_events, metrics, outbound
 from gateway.conf import NodeSettings
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter
@@ -141,6 +141,12 @@ class GatewayNode:
             conf.on_change(self._reconfigure),
         ]
         self.replicator.attach()
+        # No broker (embedded): other processes' registry events come over a local socket.
+        self.local_events: local_events.Listener | None = None
+        if not self.cross_process:
+            self.local_events = local_events.Listener(self.replicator.remote_message)
+            if not self.local_events.start():
+                self.local_events = None
         if self.liveness is not None:
             await asyncio.to_thread(self.liveness.start)
         await self.resync()
@@ -269,6 +275,9 @@ class GatewayNode:
         if not hasattr(self, "inbox"):
             return  # never started
         self.replicator.detach()
+        listener = getattr(self, "local_events", None)
+        if listener is not None:
+            listener.stop()
         for job in self._jobs:
             job.cancel()
         if self._jobs:

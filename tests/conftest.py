@@ -38,10 +38,56 @@ def _require(url: str, default_port: int, what: str) -> str:
     return url
 
 
+def _private_redis():
+    """A redis-server of this test run's own on a free loopback port (three tries: a free port
+    can be taken before the server binds it); the answering server must be this child."""
+    import redis
+
+    from tests.faults import FaultSetupError, PrivateRedis
+
+    for _ in range(3):
+        server = PrivateRedis()
+        try:
+            server.start()
+            info = redis.Redis.from_url(server.url(), socket_timeout=5).info("server")
+            if server.alive() and info.get("process_id") == server.pid:
+                return server
+        except (FaultSetupError, redis.RedisError):
+            pass
+        server.cleanup()
+    raise FaultSetupError("could not start a private redis-server")
+
+
 @pytest.fixture(scope="session")
-def redis_url() -> str:
-    """A Redis for tests: REDIS_URL when set, else the local one (db 15)."""
-    return _require(os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/15", 6379, "Redis")
+def redis_url():
+    """A Redis for tests. ``REDIS_URL`` when set: the run's own choice (CI's distributed pass
+    gives each pass a database of its own), written to and flushed by the tests. Unset: a
+    private ``redis-server`` started for this run on a free port and stopped after it, so the
+    suite never writes to, nor flushes, a database of the machine's Redis that it did not
+    create. Without ``redis-server`` installed the tests that need Redis skip (fail in CI)."""
+    configured = os.environ.get("REDIS_URL")
+    if configured:
+        yield _require(configured, 6379, "Redis")
+        return
+    import shutil
+
+    from tests.faults import FaultSetupError
+
+    try:
+        if shutil.which("redis-server") is None:
+            raise FaultSetupError("redis-server is not installed")
+        server = _private_redis()
+    except FaultSetupError as exc:
+        message = (f"{exc}: tests that need Redis start a private redis-server when REDIS_URL "
+                   "is unset (or set REDIS_URL to a Redis database the tests may write to and "
+                   "flush)")
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield server.url()
+    finally:
+        server.cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,8 @@ async def _lifespan(receive, send) -> None:
 class CardServer:
     """Cards by path prefix (``/a/<name>``): ``ETag`` is a hash of the bytes (or a new one on
     every response with ``volatile_etag``), ``If-None-Match`` answers 304, every request is
-    counted per prefix. A prefix can be ``down`` (503), ``hang`` (sleeps), or redirect."""
+    counted per prefix. A prefix can be ``down`` (503), ``hang`` (sleeps), wait for its gate
+(``gates``: a ``threading.Event``), or redirect."""
 
     def __init__(self, *, cache_control: str = "max-age=300") -> None:
         self.cards: dict[str, bytes] = {}
@@ -60,6 +61,9 @@ class CardServer:
         self.default_cache_control = cache_control
         self.down: set[str] = set()
         self.hang: dict[str, float] = {}
+        # A prefix whose answers wait until its event is set (at most a minute): a test
+        # releases them when it has seen what it waits for, however slow the machine.
+        self.gates: dict[str, threading.Event] = {}
         self.redirects: dict[str, str] = {}
         self.volatile_etag: set[str] = set()
         self.delay = 0.0
@@ -94,6 +98,8 @@ class CardServer:
             await asyncio.sleep(self.delay)
         if prefix in self.hang:
             await asyncio.sleep(self.hang[prefix])
+        if prefix in self.gates:
+            await asyncio.to_thread(self.gates[prefix].wait, 60)
         if prefix in self.redirects:
             location = self.redirects[prefix].encode()
             await self._send(send, prefix, 302, b"", [(b"location", location)])

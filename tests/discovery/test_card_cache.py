@@ -214,7 +214,9 @@ def test_mass_expiry_four_threads_one_fetch_per_url(card_server, clock):
 def test_mass_expiry_four_workers_redis_lock(card_server, clock, redis_url):
     import redis
 
-    redis.Redis.from_url(redis_url).flushdb()
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=RedisLocks.prefix + "*"):  # the locks alone, no flush
+        client.delete(key)
     # Four caches with their own in-flight maps stand for four Celery worker processes:
     # only the Redis locks (and the table) keep them single-flight.
     workers = [CardCache(clock=clock, locks=RedisLocks(redis_url)) for _ in range(4)]

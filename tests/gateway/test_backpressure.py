@@ -131,6 +131,7 @@ class Node:
     port: int
     process: subprocess.Popen
     token: str  # an admin token of this node's registry
+    env: dict = field(default_factory=dict)  # the node's environment (for manage.py beside it)
 
     def rss_mib(self) -> float:
         with open(f"/proc/{self.process.pid}/status") as status:
@@ -205,7 +206,7 @@ def running_node(server: str, *, distributed: bool = False, **extra: str) -> Ite
             token = _embedded_data(env, data_dir)
         process, port = start_node(env, server, node_id=extra.get("NODE_ID")
                                    or f"bp-{server}-{os.getpid()}-{next(_node_numbers)}")
-        node = Node(f"http://127.0.0.1:{port}", port, process, token)
+        node = Node(f"http://127.0.0.1:{port}", port, process, token, env)
         try:
             yield node
         finally:

@@ -3,12 +3,18 @@ gateway.registrations): each still gets its own answer -- its own refusal too --
 agent written is in the registry, the node's routing table and the search index.
 
 A registration whose card the node must fetch from a slow server holds the node's batch
-writer; the registrations sent meanwhile queue and are written as the next batch."""
+writer; the registrations sent meanwhile queue and are written as the next batch.
+
+The tests wait on the node's state (its registration coalescer's batches and queue, observed)
+and on the card server's requests, never on fixed sleeps: a loaded machine only makes them
+slower."""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import threading
+import time
 
 import httpx
 import orjson
@@ -26,7 +32,32 @@ from tests.services_helpers import actor_of, eventually, holding_row
 
 V1 = "/api/v1/agents"
 KUBEMQ = "/agents/register"
-HOLD_SECONDS = 1.5
+
+
+def _batches():
+    """The running node's registration coalescer (one per event loop), observed."""
+    return registrations._batches.on(runtime.current_node().loop)
+
+
+async def _until(predicate, what: str, timeout: float = 60.0) -> None:
+    """Wait on the node's state (bounded), however slow the machine."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await asyncio.sleep(0.01)
+
+
+async def _hold_every_writer(post) -> list[asyncio.Future]:
+    """Re-registrations of "owned" (its row held by the caller) until each of the node's batch
+    writers is writing one, blocked on the row; nothing left waiting."""
+    holders = []
+    for index in range(registrations.MAX_RUNNING):  # one batch each, one at a time
+        holders.append(asyncio.ensure_future(post(*_v1("owned"))))
+        await _until(lambda n=index + 1: (b := _batches()) is not None and b.running == n
+                     and b.waiting == 0, f"{index + 1} batch writer(s) holding")
+    assert not any(holder.done() for holder in holders)
+    return holders
 
 
 @pytest.fixture
@@ -48,13 +79,16 @@ def tokens(transactional_db, settings):
 
 @pytest.fixture
 def slow_card():
-    """A card server whose card takes HOLD_SECONDS to arrive."""
+    """A card server whose card arrives only once the test opens its gate: (app, base URL)."""
     app = CardServer()
+    gate = app.gates["/slow"] = threading.Event()
     with serve_app(app, lifespan="off") as server:
         app.url = server.url
         app.set_card("/slow", card_03("http://127.0.0.1:9/"))
-        app.hang["/slow"] = HOLD_SECONDS
-        yield app.base("/slow")
+        try:
+            yield app, app.base("/slow")
+        finally:
+            gate.set()
 
 
 def _v1(agent_id: str, **card) -> tuple[str, bytes]:
@@ -84,14 +118,11 @@ def _together(base: str, token: str,
                     "Content-Type": "application/json", "Authorization": f"Bearer {bearer}"})
 
             with holding_row("owned") as release:
-                holders = []
-                for _ in range(registrations.MAX_RUNNING):  # one batch each, one at a time
-                    holders.append(asyncio.ensure_future(post(*_v1("owned"), token)))
-                    await asyncio.sleep(HOLD_SECONDS / 6)
-                await asyncio.sleep(HOLD_SECONDS / 6)
-                assert not any(holder.done() for holder in holders)
+                holders = await _hold_every_writer(lambda path, body: post(path, body, token))
                 pending = [asyncio.ensure_future(post(*r)) for r in requests]
-                await asyncio.sleep(HOLD_SECONDS)  # all reach the node and queue
+                # All reach the node: each answered before any batch, or queued for the next.
+                await _until(lambda: _batches().waiting + sum(p.done() for p in pending)
+                             == len(pending), "every registration answered or queued")
                 release()
                 answers = await asyncio.gather(*pending)
             for holder in holders:
@@ -198,13 +229,17 @@ def test_a_card_slow_to_fetch_holds_no_other_registration(live_server_url, token
                     "Content-Type": "application/json", "Authorization": f"Bearer {owner}"})
 
             slow = [asyncio.ensure_future(post(V1, orjson.dumps(
-                {"agent_id": f"slow-{index}", "url": slow_card})))
+                {"agent_id": f"slow-{index}", "url": url})))
                 for index in range(registrations.MAX_RUNNING + 1)]
-            await asyncio.sleep(HOLD_SECONDS / 5)
+            # Every slow card is being fetched (the server holds each request at its gate).
+            await _until(lambda: app.count("/slow") == registrations.MAX_RUNNING + 1,
+                         "every slow card requested")
             quick = await asyncio.gather(post(*_v1("quick-1")), post(*_kubemq("quick-2")))
             still_fetching = not any(task.done() for task in slow)
+            app.gates["/slow"].set()
             return quick, await asyncio.gather(*slow), still_fetching
 
+    app, url = slow_card
     quick, slow, still_fetching = asyncio.run(run())
     assert [r.status_code for r in quick] == [201, 200]
     assert still_fetching  # answered while every slow card was still on its way
@@ -228,12 +263,12 @@ def test_registrations_past_the_waiting_bound_are_refused_at_once(live_server_ur
                     "Content-Type": "application/json", "Authorization": f"Bearer {owner}"})
 
             with holding_row("owned") as release:
-                holders = []
-                for _ in range(registrations.MAX_RUNNING):  # every writer held
-                    holders.append(asyncio.ensure_future(post(*_v1("owned"))))
-                    await asyncio.sleep(HOLD_SECONDS / 6)
+                holders = await _hold_every_writer(post)  # every writer held
                 pending = [asyncio.ensure_future(post(*_v1(agent_id))) for agent_id in ids]
-                await asyncio.sleep(HOLD_SECONDS)
+                # Room for 3: those wait for a writer, the other 7 are answered at once.
+                await _until(lambda: _batches().waiting == 3
+                             and sum(task.done() for task in pending) == 7,
+                             "3 waiting and 7 refused")
                 refused = [task.result() for task in pending if task.done()]
                 assert not any(holder.done() for holder in holders)
                 release()

@@ -201,7 +201,8 @@ def test_register_without_card_fails_clearly(api: httpx.Client):
     with serve_app(_card_server({}, status=404), lifespan="off") as agent:
         r = api.post("/api/v1/agents", json={"agent_id": "nocard", "url": agent.url + "/"})
     assert r.status_code == 400
-    assert "could not fetch an A2A agent card" in r.json()["error"] and "HTTP 404" in r.json()["error"]
+    error = r.json()["error"]
+    assert "could not fetch an A2A agent card" in error and "HTTP 404" in error
     from tests.servers import free_port
 
     r = api.post(

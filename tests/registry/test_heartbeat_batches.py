@@ -90,6 +90,29 @@ def fleet(transactional_db):
     return owner_token, other_token
 
 
+def _renewals():
+    """The running node's heartbeat coalescer (one per event loop), observed, never driven."""
+    from gateway import heartbeats, runtime
+
+    return heartbeats._renewals.on(runtime.current_node().loop)
+
+
+def _wait_until(predicate, what: str, timeout: float = 60.0) -> None:
+    """Wait on the node's state, however slow the machine (bounded; no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.01)
+
+
+def _held_batch_running(held) -> bool:
+    """The first heartbeat's batch is taken and writing (so blocked on the held row)."""
+    renewals = _renewals()
+    return renewals is not None and renewals.running == 1 and renewals.waiting == 0 \
+        and not held.done()
+
+
 def test_heartbeats_waiting_on_a_batch_are_written_in_the_next_one(live_server_url, fleet):
     """A running node: the first heartbeat's batch is held by a lock on its row; the 40
     heartbeats sent meanwhile (each on its own connection, mixed with unknown and foreign
@@ -105,10 +128,13 @@ def test_heartbeats_waiting_on_a_batch_are_written_in_the_next_one(live_server_u
     with ThreadPoolExecutor(len(others) + 1) as pool:
         with holding_row("held"):
             held = pool.submit(beat, "held")
-            time.sleep(0.5)  # its batch is now waiting on the lock
+            _wait_until(lambda: _held_batch_running(held), "the held batch writing")
             futures = {agent_id: pool.submit(beat, agent_id) for agent_id in others}
-            time.sleep(1.5)  # every heartbeat has reached the node and waits for the writer
-            # All wait, but the malformed body, refused before any batch.
+            # Every heartbeat with an id reaches the node and waits for the writer; the
+            # malformed body is answered before any batch.
+            _wait_until(lambda: _renewals().waiting == len(others) - 1,
+                        "44 heartbeats waiting for the next batch")
+            _wait_until(lambda: futures["kube:Not an id!"].done(), "the malformed one answered")
             assert not held.done()
             assert [a for a, f in futures.items() if f.done()] == ["kube:Not an id!"]
         answers = {agent_id: f.result() for agent_id, f in futures.items()}
@@ -136,10 +162,13 @@ def test_heartbeats_past_the_waiting_bound_are_refused_at_once(live_server_url, 
     with ThreadPoolExecutor(12) as pool:
         with holding_row("held"):
             held = pool.submit(_beat, live_server_url, owner_token, "held")
-            time.sleep(0.5)
+            _wait_until(lambda: _held_batch_running(held), "the held batch writing")
             futures = [pool.submit(_beat, live_server_url, owner_token, f"fleet-{i}")
                        for i in range(10)]
-            time.sleep(1.5)
+            # Room for 3: those wait for the writer, the other 7 are answered at once.
+            _wait_until(lambda: _renewals().waiting == 3
+                        and sum(f.done() for f in futures) == 7, "3 waiting and 7 refused")
+            assert not held.done()
             refused = [f.result() for f in futures if f.done()]
             assert [r.status_code for r in refused] == [503] * 7
             assert {r.headers["retry-after"] for r in refused} == {"1"}
