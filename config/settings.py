@@ -115,6 +115,7 @@ INSTALLED_APPS = [
     "ard",
     "config",  # the node's management commands (serve)
     "console",
+    "mcp_bridge.apps.McpBridgeConfig",
 ]
 
 MIDDLEWARE = [
@@ -503,6 +504,12 @@ ARD_MIN_SCORE = env_int("ARD_MIN_SCORE", 1)
 # (searches on that node wait for them; other nodes see them milliseconds later). Off: each
 # batch writes its documents before answering.
 ARD_INDEX_DEFERRED = env_bool("ARD_INDEX_DEFERRED", True)
+
+# --- MCP bridge (mcp_bridge/): every routable agent as a tool at /mcp ---
+A2A_MCP_ENABLED = env_bool("A2A_MCP_ENABLED", True)
+# Tool descriptions from agent cards where no reviewed (discovery) description exists; off:
+# only the agent id and card name (card text is an injection surface for MCP clients' models).
+A2A_MCP_CARD_DESCRIPTIONS = env_bool("A2A_MCP_CARD_DESCRIPTIONS", True)
 
 # --- settings that must agree with one another (checked last: every name above has been read) ---
 if A2A_NODE_LIVENESS_TTL_SECONDS <= A2A_NODE_LIVENESS_REFRESH_SECONDS:

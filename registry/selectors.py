@@ -184,3 +184,11 @@ def actor_from_token(*, token: str) -> Actor | None:
         allowed_agents=frozenset(client.allowed_agents or []),
         api_client_pk=client.pk,
     )
+
+
+def agent_cards(*, agent_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """``agent_id -> (card_sha256, card bytes as registered)`` for the given agents (one query;
+    unknown ids are absent)."""
+    rows = Agent.objects.filter(agent_id__in=agent_ids).values_list(
+        "agent_id", "card_sha256", "card_raw")
+    return {agent_id: (sha, raw) for agent_id, sha, raw in rows}

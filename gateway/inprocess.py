@@ -1,0 +1,89 @@
+"""One gateway call made from inside the process: the operator console's test messages and the
+MCP bridge's tool calls go through it.
+
+:func:`call` hands a JSON-RPC body to the same handler ``POST /a2a/{agent_id}`` runs
+(:func:`gateway.handler.handle_rpc`) with a request of its own making, so authentication (the
+caller's own ``Authorization``), authorization, rate limits, the request size cap, routing,
+the virtual subscriber, timeouts, the response size cap, metrics, the audit record, tracing and
+``X-A2A-Executed`` all apply exactly as for an HTTP caller. No second proxy: only the socket
+is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.handler import a2a_app
+
+if TYPE_CHECKING:
+    from gateway.runtime import GatewayNode
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What an HTTP caller would have received."""
+
+    status: int
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+    truncated: bool  # the body was longer than the reader's limit (cut there)
+
+    @property
+    def executed(self) -> str:
+        return self.headers.get("x-a2a-executed", "")
+
+
+async def call(node: GatewayNode, agent_id: str, body: bytes, *,
+               headers: list[tuple[bytes, bytes]], max_bytes: int,
+               client: tuple[str, int] = ("127.0.0.1", 0)) -> Reply:
+    """``POST /a2a/{agent_id}`` with ``body`` and ``headers`` (the caller's
+    ``Authorization`` among them) on ``node``; answers the reply, its body cut at
+    ``max_bytes``. The call is bounded by the gateway's own timeouts; cancelling the calling
+    task cancels the call as a caller leaving would."""
+    sent = False
+    never = asyncio.Event()
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await never.wait()  # the caller stays connected until the reply is complete
+        return {"type": "http.disconnect"}
+
+    status, reply_headers, chunks, size, truncated = 0, {}, [], 0, False
+
+    async def send(message: dict) -> None:
+        nonlocal status, reply_headers, size, truncated
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            reply_headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                             for k, v in message.get("headers", [])}
+        elif message["type"] == "http.response.body":
+            chunk = message.get("body", b"")
+            room = max_bytes - size
+            if len(chunk) > room:
+                chunk, truncated = chunk[:room], True
+            if chunk:
+                chunks.append(chunk)
+                size += len(chunk)
+
+    path = f"/a2a/{agent_id}"
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "client": client,
+        "server": ("127.0.0.1", 0),
+        "headers": [*headers, (b"content-length", str(len(body)).encode())],
+    }
+    await a2a_app(node, scope, receive, send)
+    return Reply(status, reply_headers, b"".join(chunks), truncated)

@@ -1,0 +1,221 @@
+"""A tool call as an A2A request, and the gateway's reply as an MCP tool result.
+
+The request is the blocking send of the agent's protocol: ``message/send`` for A2A 0.3 cards,
+``SendMessage`` with ``A2A-Version: 1.0`` for 1.0 cards (no 0.3 interface). The reply's parts
+become MCP content: text as text, data parts as JSON text, file bytes as an image, audio or
+embedded blob, file URLs as resource links. A task that is still running answers its id (poll
+it with the ``get_task`` tool); a failed, rejected or cancelled task, an agent's JSON-RPC error
+and every gateway error (timeout, unreachable, busy, too large, ...) answer ``isError: true``
+with a message naming what happened and, for a gateway error, whether the agent received the
+request.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import mcp_types as types
+import orjson
+
+from gateway.inprocess import Reply
+
+TERMINAL_ERRORS = {"failed", "rejected", "canceled", "cancelled"}
+WAITING = {"input-required", "auth-required"}
+
+
+class InvalidArguments(ValueError):
+    """The tool's arguments do not fit its input schema (said to the caller as a tool error)."""
+
+
+def _optional_str(arguments: dict[str, Any], name: str) -> str | None:
+    value = arguments.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise InvalidArguments(f"{name} must be a non-empty string")
+    return value
+
+
+def send_request(protocol: str, arguments: dict[str, Any] | None) -> tuple[bytes, list]:
+    """The JSON-RPC body and extra headers of a message send with these tool arguments."""
+    arguments = arguments or {}
+    unknown = set(arguments) - {"message", "context_id", "task_id", "data"}
+    if unknown:
+        raise InvalidArguments(f"unknown argument(s): {', '.join(sorted(unknown))}")
+    text = arguments.get("message")
+    if not isinstance(text, str):
+        raise InvalidArguments("message is required and must be a string")
+    context_id = _optional_str(arguments, "context_id")
+    task_id = _optional_str(arguments, "task_id")
+    data = arguments.get("data")
+    if data is not None and not isinstance(data, dict):
+        raise InvalidArguments("data must be an object")
+    rpc_id = f"mcp-{uuid.uuid4().hex[:12]}"
+    if protocol == "1.0":
+        parts: list[dict[str, Any]] = [{"text": text}]
+        if data is not None:
+            parts.append({"data": data})
+        message: dict[str, Any] = {"role": "ROLE_USER", "messageId": uuid.uuid4().hex,
+                                   "parts": parts}
+        method, headers = "SendMessage", [(b"a2a-version", b"1.0")]
+        params: dict[str, Any] = {"message": message}
+    else:
+        parts = [{"kind": "text", "text": text}]
+        if data is not None:
+            parts.append({"kind": "data", "data": data})
+        message = {"kind": "message", "role": "user", "messageId": uuid.uuid4().hex,
+                   "parts": parts}
+        method, headers = "message/send", []
+        params = {"message": message, "configuration": {"blocking": True}}
+    if context_id:
+        message["contextId"] = context_id
+    if task_id:
+        message["taskId"] = task_id
+    body = orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params})
+    return body, headers
+
+
+def get_task_request(protocol: str, task_id: str) -> tuple[bytes, list]:
+    rpc_id = f"mcp-{uuid.uuid4().hex[:12]}"
+    if protocol == "1.0":
+        body = {"jsonrpc": "2.0", "id": rpc_id, "method": "GetTask", "params": {"id": task_id}}
+        return orjson.dumps(body), [(b"a2a-version", b"1.0")]
+    body = {"jsonrpc": "2.0", "id": rpc_id, "method": "tasks/get", "params": {"id": task_id}}
+    return orjson.dumps(body), []
+
+
+def error_result(text: str, **structured: Any) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True,
+                                structured_content=structured or None)
+
+
+def tool_result(agent_id: str, reply: Reply, max_bytes: int) -> types.CallToolResult:
+    """The MCP result of the gateway's ``reply`` to a send or get-task request."""
+    if reply.truncated:
+        return error_result(f"gateway error (response_too_large): the reply of {agent_id} is "
+                            f"larger than {max_bytes} bytes", agent_id=agent_id,
+                            kind="response_too_large")
+    try:
+        answer = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict) or ("result" not in answer and "error" not in answer):
+        return error_result(f"agent error: {agent_id} answered HTTP {reply.status} without a "
+                            "JSON-RPC response", agent_id=agent_id, kind="agent_error")
+    error = answer.get("error")
+    if error is not None:
+        return _error(agent_id, error)
+    return _success(agent_id, answer["result"])
+
+
+def _error(agent_id: str, error: Any) -> types.CallToolResult:
+    if not isinstance(error, dict):
+        return error_result(f"agent error: {agent_id} answered an invalid JSON-RPC error",
+                            agent_id=agent_id, kind="agent_error")
+    message = str(error.get("message") or "")
+    data = error.get("data")
+    if isinstance(data, dict) and isinstance(data.get("kind"), str) and "executed" in data:
+        kind = data["kind"]
+        executed = bool(data.get("executed"))
+        note = ("the agent received the request" if executed else
+                "the agent never received the request: retrying is safe")
+        return error_result(f"gateway error ({kind}): {message} ({note})", agent_id=agent_id,
+                            kind=kind, executed=executed,
+                            retryable=bool(data.get("retryable")))
+    return error_result(f"agent error {error.get('code')}: {message}", agent_id=agent_id,
+                        kind="agent_error", code=error.get("code"))
+
+
+def _state(task: dict[str, Any]) -> str:
+    status = task.get("status") if isinstance(task.get("status"), dict) else {}
+    state = str(status.get("state") or "unknown").lower().removeprefix("task_state_")
+    return state.replace("_", "-")
+
+
+def _success(agent_id: str, result: Any) -> types.CallToolResult:
+    if not isinstance(result, dict):
+        return error_result(f"agent error: {agent_id} answered a result that is neither a "
+                            "message nor a task", agent_id=agent_id, kind="agent_error")
+    kind = result.get("kind")
+    if kind is None and isinstance(result.get("task"), dict):
+        result, kind = result["task"], "task"
+    elif kind is None and isinstance(result.get("message"), dict):
+        result, kind = result["message"], "message"
+    elif kind is None:
+        kind = "task" if "status" in result else "message"
+    if kind == "message":
+        content = _content(agent_id, result.get("parts"))
+        structured = _ids(agent_id, result)
+        return types.CallToolResult(content=content or [types.TextContent(text="")],
+                                    structured_content=structured)
+    state = _state(result)
+    content = []
+    for artifact in result.get("artifacts") or []:
+        if isinstance(artifact, dict):
+            content.extend(_content(agent_id, artifact.get("parts")))
+    status = result.get("status") if isinstance(result.get("status"), dict) else {}
+    status_message = status.get("message") if isinstance(status.get("message"), dict) else {}
+    content.extend(_content(agent_id, status_message.get("parts")))
+    task_id = result.get("id")
+    structured = {**_ids(agent_id, result, task_id=task_id), "state": state}
+    if state in TERMINAL_ERRORS:
+        text = f"task {task_id} of {agent_id} {state}"
+        return types.CallToolResult(content=[types.TextContent(text=text), *content],
+                                    is_error=True, structured_content=structured)
+    if state != "completed":
+        if state in WAITING:
+            hint = (f"the agent waits for more input: call {agent_id} again with "
+                    f"task_id={task_id} and context_id={result.get('contextId')}")
+        else:
+            hint = (f"task {task_id} is {state}: call get_task with agent_id={agent_id} and "
+                    f"task_id={task_id} for its progress and results")
+        content.append(types.TextContent(text=hint))
+    return types.CallToolResult(content=content or [types.TextContent(text="")],
+                                structured_content=structured)
+
+
+def _ids(agent_id: str, obj: dict[str, Any], task_id: Any = None) -> dict[str, Any]:
+    ids: dict[str, Any] = {"agent_id": agent_id}
+    if obj.get("contextId"):
+        ids["context_id"] = obj["contextId"]
+    task_id = task_id or obj.get("taskId")
+    if task_id:
+        ids["task_id"] = task_id
+    return ids
+
+
+def _content(agent_id: str, parts: Any) -> list[Any]:
+    content: list[Any] = []
+    for index, part in enumerate(parts if isinstance(parts, list) else []):
+        if not isinstance(part, dict):
+            continue
+        if isinstance(part.get("text"), str):
+            content.append(types.TextContent(text=part["text"]))
+        elif "data" in part:
+            content.append(types.TextContent(text=orjson.dumps(part["data"]).decode()))
+        elif isinstance(part.get("file"), dict) or "raw" in part or "url" in part:
+            block = _file(agent_id, index, part)
+            if block is not None:
+                content.append(block)
+    return content
+
+
+def _file(agent_id: str, index: int, part: dict[str, Any]) -> Any:
+    """A file part (0.3 ``{"file": {bytes|uri, mimeType, name}}``, 1.0 ``{raw|url,
+    mediaType, filename}``) as MCP content."""
+    file = part["file"] if isinstance(part.get("file"), dict) else part
+    blob = file.get("bytes") if "file" in part else file.get("raw")
+    url = file.get("uri") if "file" in part else file.get("url")
+    mime = str(file.get("mimeType") or file.get("mediaType") or "application/octet-stream")
+    name = str(file.get("name") or file.get("filename") or f"file-{index}")
+    if isinstance(blob, str):
+        if mime.startswith("image/"):
+            return types.ImageContent(data=blob, mime_type=mime)
+        if mime.startswith("audio/"):
+            return types.AudioContent(data=blob, mime_type=mime)
+        return types.EmbeddedResource(resource=types.BlobResourceContents(
+            uri=f"a2a://{agent_id}/files/{name}", blob=blob, mime_type=mime))
+    if isinstance(url, str) and url:
+        return types.ResourceLink(name=name, uri=url, mime_type=mime)
+    return None

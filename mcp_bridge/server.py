@@ -1,0 +1,266 @@
+"""The node's MCP server: ``/mcp`` (Streamable HTTP), built on the official MCP Python SDK.
+
+**Stateless.** The SDK's session manager runs in stateless mode with JSON responses: every
+request is answered on its own, no ``Mcp-Session-Id`` is issued and nothing is kept between
+requests, so any node answers any request (a load balancer needs no affinity, a node restart
+loses nothing). What needs a session is therefore not offered: ``notifications/tools/list_changed``
+is not sent (clients list tools again when they reconnect or refresh), nor progress
+notifications or server-to-client requests.
+
+**Auth.** The same bearer tokens as the API and the gateway, checked here through the process's
+token cache before the SDK sees the request: no token, or a bad one, answers 401 with a
+``WWW-Authenticate`` naming the protected-resource metadata (RFC 9728), served at
+``/.well-known/oauth-protected-resource/mcp`` (and without the ``/mcp`` suffix). ``tools/list``
+shows the agents the caller may call; a call of any other name is an unknown tool.
+
+**Calls** go through the gateway's own handler in-process (:mod:`gateway.inprocess`) with the
+caller's ``Authorization``, so the gateway's authentication, authorization, rate limits, size
+caps, timeouts, audit, metrics, tracing and executed flag apply to every tool call.
+
+**Bounds.** A request body above ``A2A_MAX_REQUEST_BYTES`` is refused (413) before it is
+parsed; a reply is read up to ``A2A_MAX_RESPONSE_BYTES``; ``tools/list`` pages hold at most
+:data:`mcp_bridge.tools.PAGE_SIZE` tools.
+
+The SDK's session manager runs a task group for its whole life: :class:`Bridge` runs it in a
+task of its own, started and stopped by the node's lifecycle hooks (``config.node``), or on
+the first request when no hook ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import mcp_types as types
+import orjson
+from django.conf import settings
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+
+from gateway import inprocess, runtime
+from gateway.cards import gateway_base_url
+from gateway.headers import scan_request_headers
+from mcp_bridge import calls, tools
+from registry.auth import UNAUTHENTICATED_MESSAGE
+from registry.ids import AGENT_ID_RE
+from registry.permissions import Actor
+from registry.token_cache import AuthFailed, AuthUnavailable, shared_token_cache
+
+logger = logging.getLogger(__name__)
+
+PATH = "/mcp"
+METADATA_PATHS = ("/.well-known/oauth-protected-resource",
+                  "/.well-known/oauth-protected-resource/mcp")
+_ACTOR = "a2a.actor"
+_AUTHORIZATION = "a2a.authorization"
+#: Room above the response cap for the reply's JSON-RPC envelope.
+_REPLY_SLACK = 64 * 1024
+
+INSTRUCTIONS = (
+    "Each tool is an A2A agent of this registry, called through its gateway: send it a "
+    "message (and the context_id of an earlier answer to continue a conversation). A task "
+    "that is still running returns its task_id: poll it with get_task."
+)
+
+
+def _caller(ctx: Any) -> tuple[Actor, str | None]:
+    scope = ctx.request.scope if ctx.request is not None else {}
+    actor = scope.get(_ACTOR)
+    if actor is None:  # only requests that passed mcp_app's authentication reach the SDK
+        raise MCPError(types.INVALID_REQUEST, "not authenticated")
+    return actor, scope.get(_AUTHORIZATION)
+
+
+async def _node():
+    return runtime.current_node() or await runtime.host.ensure()
+
+
+async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
+                     ) -> types.ListToolsResult:
+    actor, _ = _caller(ctx)
+    node = await _node()
+    routes = tools.callable_routes(node.table.routes(), actor)
+    chunk, next_cursor = tools.page(routes, params.cursor if params else None)
+    listed = [types.Tool(**tool) for tool in await tools.tools_listed(chunk)]
+    if routes and not (params and params.cursor):
+        listed.append(types.Tool(name=tools.GET_TASK, title="Get an A2A task",
+                                 description=tools.GET_TASK_DESCRIPTION,
+                                 input_schema=tools.GET_TASK_SCHEMA))
+    return types.ListToolsResult(tools=listed, next_cursor=next_cursor)
+
+
+async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    actor, authorization = _caller(ctx)
+    node = await _node()
+    arguments = params.arguments or {}
+    name = params.name
+    if name == tools.GET_TASK:
+        agent_id, task_id = arguments.get("agent_id"), arguments.get("task_id")
+        if not isinstance(agent_id, str) or not isinstance(task_id, str) or not task_id:
+            return calls.error_result("get_task needs agent_id and task_id (strings)")
+        name = agent_id
+    route = node.table.get(name) if AGENT_ID_RE.match(name) else None
+    if route is None or route.credential_passthrough or not actor.may_call(name):
+        # The same answer for an agent that does not exist and one this caller may not see.
+        if params.name == tools.GET_TASK:
+            return calls.error_result(f"unknown agent: {name}")
+        raise MCPError(types.INVALID_PARAMS, f"unknown tool: {name}")
+    tool = await tools.tool_of(route)
+    if tool is None:
+        raise MCPError(types.INVALID_PARAMS, f"unknown tool: {name}")
+    try:
+        if params.name == tools.GET_TASK:
+            body, extra = calls.get_task_request(tool.protocol, arguments["task_id"])
+        else:
+            body, extra = calls.send_request(tool.protocol, arguments)
+    except calls.InvalidArguments as exc:
+        return calls.error_result(f"invalid arguments: {exc}")
+    headers = [(b"content-type", b"application/json"), *extra]
+    if authorization:
+        headers.append((b"authorization", authorization.encode("latin-1")))
+    client = ctx.request.scope.get("client") or ("127.0.0.1", 0)
+    cap = node.settings.A2A_MAX_RESPONSE_BYTES + _REPLY_SLACK
+    reply = await inprocess.call(node, name, body, headers=headers, max_bytes=cap,
+                                 client=tuple(client))
+    return calls.tool_result(name, reply, node.settings.A2A_MAX_RESPONSE_BYTES)
+
+
+def build_server() -> Server:
+    return Server("a2a-registry", version="1", title="A2A agent registry",
+                  instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+class Bridge:
+    """The SDK's session manager of this process, run in a task of its own on the serving
+    loop (its task group lives as long as the node)."""
+
+    def __init__(self) -> None:
+        self.manager: StreamableHTTPSessionManager | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._stop: asyncio.Event | None = None
+        self._starting: asyncio.Future | None = None
+
+    async def start(self) -> None:
+        """Node startup hook."""
+        if settings.A2A_MCP_ENABLED:
+            await self.ensure()
+
+    async def ensure(self) -> StreamableHTTPSessionManager:
+        loop = asyncio.get_running_loop()
+        if self.manager is not None and self._loop is loop:
+            return self.manager
+        starting = self._starting
+        if starting is not None and not starting.done() and starting.get_loop() is loop:
+            return await asyncio.shield(starting)
+        starting = self._starting = loop.create_future()
+        manager = StreamableHTTPSessionManager(
+            app=build_server(), stateless=True, json_response=True,
+            max_request_body_size=settings.A2A_MAX_REQUEST_BYTES)
+        ready, stop = asyncio.Event(), asyncio.Event()
+
+        async def run() -> None:
+            async with manager.run():
+                ready.set()
+                await stop.wait()
+
+        task = loop.create_task(run(), name="mcp-session-manager")
+        waiter = loop.create_task(ready.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.is_set():
+            waiter.cancel()
+            exc = task.exception() or RuntimeError("the MCP session manager did not start")
+            starting.set_exception(exc)
+            starting.exception()
+            raise exc
+        self.manager, self._loop, self._task, self._stop = manager, loop, task, stop
+        starting.set_result(manager)
+        return manager
+
+    async def stop(self) -> None:
+        """Node shutdown hook: requests in flight are cancelled with the task group."""
+        task, stop = self._task, self._stop
+        if task is None or stop is None or self._loop is not asyncio.get_running_loop():
+            return
+        self.manager = self._task = self._stop = None
+        stop.set()
+        try:
+            await task
+        except Exception:
+            logger.exception("the MCP session manager failed while stopping")
+
+
+bridge = Bridge()
+
+
+async def _json(send, status: int, payload: dict[str, Any],
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = orjson.dumps(payload)
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _base_url(scope: dict[str, Any]) -> str:
+    host = proto = forwarded_host = ""
+    for name, value in scope["headers"]:
+        if name == b"host":
+            host = value.decode("latin-1")
+        elif name == b"x-forwarded-proto":
+            proto = value.decode("latin-1")
+        elif name == b"x-forwarded-host":
+            forwarded_host = value.decode("latin-1")
+    return gateway_base_url(scope, host, proto, forwarded_host)
+
+
+def metadata_url(scope: dict[str, Any]) -> str:
+    return _base_url(scope) + METADATA_PATHS[1]
+
+
+async def metadata_app(scope, receive, send) -> None:
+    """``/.well-known/oauth-protected-resource[/mcp]``: how an MCP client authenticates to
+    ``/mcp`` (RFC 9728). Tokens come from ``create_client`` or the admin; no authorization
+    server issues them, so none is named."""
+    if scope["method"] not in ("GET", "HEAD"):
+        await _json(send, 405, {"error": "method not allowed: use GET"}, [(b"allow", b"GET")])
+        return
+    base = _base_url(scope)
+    await _json(send, 200, {
+        "resource": base + PATH,
+        "bearer_methods_supported": ["header"],
+        "resource_name": "A2A agent registry (MCP)",
+        "resource_documentation": base + "/api/docs/",
+    }, [(b"cache-control", b"public, max-age=3600")])
+
+
+async def mcp_app(scope, receive, send) -> None:
+    """``/mcp``: authenticate the caller, then hand the request to the SDK's transport."""
+    headers = scan_request_headers(scope["headers"])
+    challenge = f'Bearer realm="a2a", resource_metadata="{metadata_url(scope)}"'.encode()
+    try:
+        actor = await shared_token_cache().actor(headers.authorization)
+    except AuthUnavailable as exc:
+        await _json(send, 503, {"error": str(exc)}, [(b"retry-after", b"1")])
+        return
+    except AuthFailed as exc:
+        await _json(send, 401, {"error": str(exc)}, [(b"www-authenticate", challenge)])
+        return
+    if actor is None:
+        await _json(send, 401, {"error": UNAUTHENTICATED_MESSAGE},
+                    [(b"www-authenticate", challenge)])
+        return
+    scope = {**scope, _ACTOR: actor, _AUTHORIZATION: headers.authorization}
+    manager = await bridge.ensure()
+    await manager.handle_request(scope, receive, send)
+
+
+def routes() -> dict[str, Any]:
+    """Exact paths -> ASGI apps, for the node's router (empty when ``A2A_MCP_ENABLED`` is
+    off: the paths then reach Django, which answers 404)."""
+    if not settings.A2A_MCP_ENABLED:
+        return {}
+    return {PATH: mcp_app, PATH + "/": mcp_app,
+            **{path: metadata_app for path in METADATA_PATHS}}
