@@ -1,0 +1,194 @@
+"""``/mcp`` with the official MCP Python SDK client against the live platform and real a2a-sdk
+agents: tools listed per caller, calls through the gateway, errors as tool errors, auth."""
+
+from __future__ import annotations
+
+import httpx
+import orjson
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from discovery.snapshots import SelectedAgent, snapshot_publish
+from tests.mcp_bridge.clients import all_tools, run
+from tests.servers import free_port
+
+MODES = ["auto", "legacy"]  # the 2026 per-request protocol, and the initialize handshake
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tools_list_shows_the_callable_agents_with_their_cards(
+        live_server_url, register_agent, echo_agent_factory, caller, mode):
+    both = register_agent(echo_agent_factory(card_shape="both", name="Echo Both"))
+    v10 = register_agent(echo_agent_factory(card_shape="1.0", name="Echo Ten"))
+
+    tools = run(live_server_url, caller.token, all_tools, mode=mode)
+
+    by_name = {tool.name: tool for tool in tools}
+    assert set(by_name) == {both.agent_id, v10.agent_id, "get_task"}
+    assert by_name[both.agent_id].title == "Echo Both"
+    assert by_name[v10.agent_id].title == "Echo Ten"
+    description = by_name[both.agent_id].description
+    assert "Echoes messages" in description and "Echo -- Echoes the input." in description
+    schema = by_name[both.agent_id].input_schema
+    assert schema["required"] == ["message"]
+    assert set(schema["properties"]) == {"message", "context_id", "task_id"}
+    assert by_name["get_task"].input_schema["required"] == ["agent_id", "task_id"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_call_goes_through_the_gateway_and_continues_the_conversation(
+        live_server_url, register_agent, echo_agent_factory, caller, mode):
+    v03 = register_agent(echo_agent_factory(card_shape="0.3"))
+    v10 = register_agent(echo_agent_factory(card_shape="1.0"))
+
+    async def use(client):
+        first = await client.call_tool(v03.agent_id, {"message": "hello"})
+        again = await client.call_tool(v03.agent_id, {
+            "message": "more", "context_id": first.structured_content["context_id"]})
+        ten = await client.call_tool(v10.agent_id, {"message": "hi ten"})
+        return first, again, ten
+
+    first, again, ten = run(live_server_url, caller.token, use, mode=mode)
+
+    assert not first.is_error and first.content[0].text == "echo: hello"
+    assert not again.is_error and again.content[0].text == "echo: more"
+    assert again.structured_content["context_id"] == first.structured_content["context_id"]
+    assert not ten.is_error and ten.content[0].text == "echo: hi ten"
+    # Each agent got its own protocol's method, with the caller's identity from the gateway.
+    posts = [r for r in v03.agent.requests if r.http_method == "POST"]
+    assert [r.rpc_method for r in posts] == ["message/send", "message/send"]
+    assert posts[0].header("x-kubemq-caller-id") == caller.client_id
+    second = orjson.loads(posts[1].body)["params"]["message"]
+    assert second["contextId"] == first.structured_content["context_id"]
+    assert [r.rpc_method for r in v10.agent.requests if r.http_method == "POST"] \
+        == ["SendMessage"]
+
+
+def test_a_task_returns_its_artifacts_and_can_be_read_again_with_get_task(
+        live_server_url, register_agent, echo_agent_factory, caller):
+    agent = register_agent(echo_agent_factory(card_shape="both", steps=2, step_delay=0.01))
+
+    async def use(client):
+        done = await client.call_tool(agent.agent_id, {"message": "task one"})
+        task_id = done.structured_content["task_id"]
+        read = await client.call_tool("get_task", {"agent_id": agent.agent_id,
+                                                   "task_id": task_id})
+        return done, read
+
+    done, read = run(live_server_url, caller.token, use)
+
+    texts = [block.text for block in done.content]
+    assert not done.is_error and done.structured_content["state"] == "completed"
+    assert "chunk 1: task one" in texts and "done: task one" in texts
+    assert not read.is_error and read.structured_content["state"] == "completed"
+    assert read.structured_content["task_id"] == done.structured_content["task_id"]
+
+
+def test_gateway_errors_are_tool_errors_that_say_what_happened(
+        live_server_url, api, caller):
+    dead = f"http://127.0.0.1:{free_port()}/"  # nothing listens there
+    response = api.post("/api/v1/agents", json={
+        "agent_id": "gone-agent", "url": dead, "card": {"name": "Gone", "url": dead}})
+    assert response.status_code == 201, response.text
+
+    async def use(client):
+        return await client.call_tool("gone-agent", {"message": "anyone?"})
+
+    result = run(live_server_url, caller.token, use)
+
+    assert result.is_error
+    text = result.content[0].text
+    assert text.startswith("gateway error (unreachable): agent unreachable"), text
+    assert "never received the request" in text
+    assert result.structured_content == {"agent_id": "gone-agent", "kind": "unreachable",
+                                         "executed": False, "retryable": True}
+
+
+def test_bad_arguments_and_unknown_tools_are_refused_clearly(
+        live_server_url, register_agent, echo_agent, caller):
+    agent = register_agent(echo_agent)
+
+    async def use(client):
+        missing = await client.call_tool(agent.agent_id, {"text": "wrong name"})
+        try:
+            await client.call_tool("no-such-agent", {"message": "x"})
+        except MCPError as exc:
+            return missing, exc
+        raise AssertionError("an unknown tool was called")
+
+    missing, unknown = run(live_server_url, caller.token, use)
+
+    assert missing.is_error and "invalid arguments" in missing.content[0].text
+    assert agent.agent.requests == []  # nothing reached the agent
+    assert unknown.code == -32602 and "unknown tool: no-such-agent" in unknown.message
+
+
+def test_a_scoped_client_sees_and_calls_only_its_agents(
+        live_server_url, register_agent, echo_agent_factory, make_caller):
+    mine = register_agent(echo_agent_factory())
+    other = register_agent(echo_agent_factory())
+    scoped = make_caller(agents=[mine.agent_id])
+
+    async def use(client):
+        tools = await all_tools(client)
+        ok = await client.call_tool(mine.agent_id, {"message": "mine"})
+        task = await client.call_tool("get_task", {"agent_id": other.agent_id, "task_id": "t"})
+        try:
+            await client.call_tool(other.agent_id, {"message": "not mine"})
+        except MCPError as exc:
+            return tools, ok, task, exc
+        raise AssertionError("a scoped client called an agent outside its list")
+
+    tools, ok, task, refused = run(live_server_url, scoped.token, use)
+
+    assert {tool.name for tool in tools} == {mine.agent_id, "get_task"}
+    assert not ok.is_error and ok.content[0].text == "echo: mine"
+    assert task.is_error and task.content[0].text == f"unknown agent: {other.agent_id}"
+    assert refused.code == -32602 and other.agent_id in refused.message
+    assert other.agent.requests == []
+
+
+def test_without_a_valid_token_mcp_answers_401_naming_the_resource_metadata(
+        live_server_url, caller):
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    missing = httpx.post(f"{live_server_url}/mcp", json=ping, headers=headers)
+    wrong = httpx.post(f"{live_server_url}/mcp", json=ping,
+                       headers={**headers, "Authorization": "Bearer abcdefgh.not-a-real-token"})
+    metadata = httpx.get(f"{live_server_url}/.well-known/oauth-protected-resource/mcp")
+
+    for response in (missing, wrong):
+        assert response.status_code == 401, response.text
+        challenge = response.headers["www-authenticate"]
+        assert challenge.startswith("Bearer ")
+        assert f'resource_metadata="{live_server_url}/.well-known/oauth-protected-resource/mcp"' \
+            in challenge
+        assert response.json()["error"]
+    assert metadata.status_code == 200
+    assert metadata.json()["resource"] == f"{live_server_url}/mcp"
+    assert metadata.json()["bearer_methods_supported"] == ["header"]
+
+    # The SDK client gets no tools without a token (it reports the 401 as an error response).
+    with pytest.raises(Exception) as refused:
+        run(live_server_url, None, all_tools)
+    assert "error response" in repr(refused.value)
+    # A valid token passes.
+    assert run(live_server_url, caller.token, all_tools) == []
+
+
+def test_reviewed_descriptions_win_over_card_text(
+        live_server_url, register_agent, echo_agent_factory, caller, settings):
+    reviewed = register_agent(echo_agent_factory())
+    plain = register_agent(echo_agent_factory())
+    snapshot_publish(agents=[SelectedAgent(
+        local_name="reviewed_echo", description="Operator-reviewed: echoes text back.",
+        agent_id=reviewed.agent_id, card_sha256="0" * 64, card_url="", source="static")])
+
+    with_cards = {t.name: t.description for t in run(live_server_url, caller.token, all_tools)}
+    settings.A2A_MCP_CARD_DESCRIPTIONS = False
+    without = {t.name: t.description for t in run(live_server_url, caller.token, all_tools)}
+
+    assert with_cards[reviewed.agent_id] == "Operator-reviewed: echoes text back."
+    assert "Echoes messages" in with_cards[plain.agent_id]
+    assert without[reviewed.agent_id] == "Operator-reviewed: echoes text back."
+    assert without[plain.agent_id] == f"The A2A agent {plain.agent_id} (Echo Agent)."
