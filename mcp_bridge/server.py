@@ -39,7 +39,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 
-from gateway import inprocess, runtime
+from gateway import errors, inprocess, runtime
 from gateway.cards import gateway_base_url
 from gateway.headers import scan_request_headers
 from mcp_bridge import calls, tools
@@ -236,21 +236,40 @@ async def metadata_app(scope, receive, send) -> None:
     }, [(b"cache-control", b"public, max-age=3600")])
 
 
+async def _refuse(send, kind: str, detail: str,
+                  extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A refusal before the SDK sees the request: the gateway's JSON-RPC error body for
+    ``kind`` (the SDK client surfaces its message), with the gateway's HTTP status."""
+    body = errors.error_body(kind, rpc_id=None, agent_id=None, detail=detail)
+    await send({"type": "http.response.start", "status": errors.http_status_for(kind),
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def mcp_app(scope, receive, send) -> None:
-    """``/mcp``: authenticate the caller, then hand the request to the SDK's transport."""
+    """``/mcp``: authenticate the caller (before any body is read), refuse a body announced
+    above ``A2A_MAX_REQUEST_BYTES``, then hand the request to the SDK's transport (which cuts
+    a chunked body at the same size)."""
     headers = scan_request_headers(scope["headers"])
     challenge = f'Bearer realm="a2a", resource_metadata="{metadata_url(scope)}"'.encode()
     try:
         actor = await shared_token_cache().actor(headers.authorization)
     except AuthUnavailable as exc:
-        await _json(send, 503, {"error": str(exc)}, [(b"retry-after", b"1")])
+        await _refuse(send, errors.AUTH_UNAVAILABLE, str(exc), [(b"retry-after", b"1")])
         return
     except AuthFailed as exc:
-        await _json(send, 401, {"error": str(exc)}, [(b"www-authenticate", challenge)])
+        await _refuse(send, errors.UNAUTHENTICATED, str(exc), [(b"www-authenticate", challenge)])
         return
     if actor is None:
-        await _json(send, 401, {"error": UNAUTHENTICATED_MESSAGE},
-                    [(b"www-authenticate", challenge)])
+        await _refuse(send, errors.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE,
+                      [(b"www-authenticate", challenge)])
+        return
+    cap = settings.A2A_MAX_REQUEST_BYTES
+    if headers.content_length is not None and headers.content_length > cap:
+        await _refuse(send, errors.REQUEST_TOO_LARGE,
+                      f"request body larger than {cap} bytes (A2A_MAX_REQUEST_BYTES)",
+                      [(b"connection", b"close")])
         return
     scope = {**scope, _ACTOR: actor, _AUTHORIZATION: headers.authorization}
     manager = await bridge.ensure()

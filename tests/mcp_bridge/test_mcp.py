@@ -168,10 +168,10 @@ def test_without_a_valid_token_mcp_answers_401_naming_the_resource_metadata(
     assert metadata.json()["resource"] == f"{live_server_url}/mcp"
     assert metadata.json()["bearer_methods_supported"] == ["header"]
 
-    # The SDK client gets no tools without a token (it reports the 401 as an error response).
+    # The SDK client gets no tools without a token, and says why.
     with pytest.raises(Exception) as refused:
         run(live_server_url, None, all_tools)
-    assert "error response" in repr(refused.value)
+    assert "authentication required: send Authorization: Bearer <token>" in repr(refused.value)
     # A valid token passes.
     assert run(live_server_url, caller.token, all_tools) == []
 
@@ -192,3 +192,34 @@ def test_reviewed_descriptions_win_over_card_text(
     assert "Echoes messages" in with_cards[plain.agent_id]
     assert without[reviewed.agent_id] == "Operator-reviewed: echoes text back."
     assert without[plain.agent_id] == f"The A2A agent {plain.agent_id} (Echo Agent)."
+
+
+@pytest.fixture
+def small_request_cap(settings) -> int:
+    """A 64 KiB request cap, set before the live server starts its node and bridge."""
+    settings.A2A_MAX_REQUEST_BYTES = 64 * 1024
+    return settings.A2A_MAX_REQUEST_BYTES
+
+
+def test_huge_arguments_are_refused_at_the_gateways_request_cap(
+        small_request_cap, live_server_url, register_agent, echo_agent, caller):
+    agent = register_agent(echo_agent)
+    huge = "x" * (small_request_cap + 1)
+
+    async def use(client):
+        try:
+            await client.call_tool(agent.agent_id, {"message": huge})
+        except MCPError as exc:
+            return exc, await client.call_tool(agent.agent_id, {"message": "small"})
+        raise AssertionError("a body above the cap was accepted")
+
+    refused, small = run(live_server_url, caller.token, use)
+    anonymous = httpx.post(f"{live_server_url}/mcp", content=b"x" * (2 * small_request_cap),
+                           headers={"Content-Type": "application/json"})
+
+    assert refused.message == \
+        f"request body larger than {small_request_cap} bytes (A2A_MAX_REQUEST_BYTES)"
+    assert not small.is_error and small.content[0].text == "echo: small"
+    assert [r.rpc_method for r in agent.agent.requests if r.http_method == "POST"] \
+        == ["message/send"]  # only the small call reached the agent
+    assert anonymous.status_code == 401  # refused before its body is read
