@@ -83,7 +83,10 @@ async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
     node = await _node()
     routes = tools.callable_routes(node.table.routes(), actor)
     chunk, next_cursor = tools.page(routes, params.cursor if params else None)
-    listed = [types.Tool(**tool) for tool in await tools.tools_listed(chunk)]
+    try:
+        listed = [types.Tool(**tool) for tool in await tools.tools_listed(chunk)]
+    except tools.Unavailable as exc:
+        raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
     if routes and not (params and params.cursor):
         listed.append(types.Tool(name=tools.GET_TASK, title="Get an A2A task",
                                  description=tools.GET_TASK_DESCRIPTION,
@@ -107,7 +110,11 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         if params.name == tools.GET_TASK:
             return calls.error_result(f"unknown agent: {name}")
         raise MCPError(types.INVALID_PARAMS, f"unknown tool: {name}")
-    tool = await tools.tool_of(route)
+    try:
+        tool = await tools.tool_of(route)
+    except tools.Unavailable as exc:
+        return calls.error_result(str(exc), agent_id=name, kind="registry_unavailable",
+                                  executed=False, retryable=True)
     if tool is None:
         raise MCPError(types.INVALID_PARAMS, f"unknown tool: {name}")
     try:

@@ -24,18 +24,22 @@ the stored card, read from the database on a miss, together with the other misse
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 
 from discovery.snapshots import snapshot_current
 from registry.cards import SHAPE_A2A_10, card_shape
 from registry.events import AgentRoute
 from registry.permissions import Actor
 from registry.selectors import agent_cards
+
+logger = logging.getLogger(__name__)
 
 GET_TASK = "get_task"
 #: Tools per tools/list page.
@@ -80,6 +84,10 @@ GET_TASK_DESCRIPTION = (
     "The current state and results of a task an agent is still working on: pass the agent_id "
     "and task_id an earlier tool call returned."
 )
+
+
+class Unavailable(Exception):
+    """A card needed now is not in memory and the database cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -143,27 +151,44 @@ def _load(routes: list[AgentRoute]) -> dict[str, AgentTool]:
         else:
             found[route.agent_id] = tool
     if missing:
+        try:
+            cards = agent_cards(agent_ids=missing)
+        except DatabaseError as exc:
+            raise Unavailable("the registry database cannot be read now: retry shortly") \
+                from exc
         if len(_cache) + len(missing) > MAX_CACHED:
             _cache.clear()
-        for agent_id, (sha, raw) in agent_cards(agent_ids=missing).items():
+        for agent_id, (sha, raw) in cards.items():
             tool = _cache[(agent_id, sha)] = tool_from_card(agent_id, sha, raw)
             found[agent_id] = tool
     return found
 
 
-def _reviewed_descriptions() -> dict[str, str]:
-    """``agent_id -> description`` of the current discovery snapshot (operator-reviewed)."""
-    snapshot = snapshot_current()
-    if snapshot is None:
-        return {}
-    return {row["agent_id"]: row["description"] for row in snapshot.agents
-            if isinstance(row, dict) and row.get("agent_id") and row.get("description")}
+#: The reviewed descriptions last read (used while the database cannot be read).
+_reviewed: dict[str, str] | None = None
 
 
-def _description(tool: AgentTool, reviewed: str | None) -> str:
-    if reviewed:
-        return reviewed[:MAX_DESCRIPTION]
-    if settings.A2A_MCP_CARD_DESCRIPTIONS and tool.card_description:
+def _reviewed_descriptions() -> dict[str, str] | None:
+    """``agent_id -> description`` of the current discovery snapshot (operator-reviewed); the
+    last ones read when the database cannot be read now, None when none were ever read."""
+    global _reviewed
+    try:
+        snapshot = snapshot_current()
+    except DatabaseError:
+        logger.warning("reviewed tool descriptions not read: the database is unavailable")
+        return _reviewed
+    _reviewed = {} if snapshot is None else {
+        row["agent_id"]: row["description"] for row in snapshot.agents
+        if isinstance(row, dict) and row.get("agent_id") and row.get("description")}
+    return _reviewed
+
+
+def _description(tool: AgentTool, reviewed: dict[str, str] | None) -> str:
+    """The reviewed description, else the card's (when allowed). Unknown whether one was
+    reviewed (never read, database down): never the card's text."""
+    if reviewed is not None and reviewed.get(tool.agent_id):
+        return reviewed[tool.agent_id][:MAX_DESCRIPTION]
+    if reviewed is not None and settings.A2A_MCP_CARD_DESCRIPTIONS and tool.card_description:
         return tool.card_description
     return f"The A2A agent {tool.agent_id} ({tool.title})."
 
@@ -198,7 +223,7 @@ def tools_listed(routes: list[AgentRoute]) -> list[dict[str, Any]]:
         listed.append({
             "name": tool.agent_id,
             "title": tool.title,
-            "description": _description(tool, reviewed.get(tool.agent_id)),
+            "description": _description(tool, reviewed),
             "input_schema": tool.input_schema(),
         })
     return listed
