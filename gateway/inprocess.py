@@ -35,13 +35,45 @@ class Reply:
         return self.headers.get("x-a2a-executed", "")
 
 
+class Collector:
+    """Where a call's response goes: by default collected whole (up to ``max_bytes``); a
+    subclass may act on each body chunk as it arrives (a relayed event stream). Each chunk is
+    awaited before the gateway relays the next one, so a slow consumer holds the stream back
+    (within the gateway's stall timeout) instead of buffering it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.truncated = False
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        self.status, self.headers = status, headers
+
+    async def body(self, chunk: bytes) -> None:
+        room = self.max_bytes - self.size
+        if len(chunk) > room:
+            chunk, self.truncated = chunk[:room], True
+        if chunk:
+            self.chunks.append(chunk)
+            self.size += len(chunk)
+
+    def reply(self) -> Reply:
+        return Reply(self.status, self.headers, b"".join(self.chunks), self.truncated)
+
+
 async def call(node: GatewayNode, agent_id: str, body: bytes, *,
                headers: list[tuple[bytes, bytes]], max_bytes: int,
-               client: tuple[str, int] = ("127.0.0.1", 0)) -> Reply:
+               client: tuple[str, int] = ("127.0.0.1", 0),
+               sink: Collector | None = None) -> Reply:
     """``POST /a2a/{agent_id}`` with ``body`` and ``headers`` (the caller's
     ``Authorization`` among them) on ``node``; answers the reply, its body cut at
-    ``max_bytes``. The call is bounded by the gateway's own timeouts; cancelling the calling
-    task cancels the call as a caller leaving would."""
+    ``max_bytes`` (or what ``sink`` makes of it). The call is bounded by the gateway's own
+    timeouts; cancelling the calling task cancels the call as a caller leaving would (a
+    relayed stream is closed at the agent)."""
+    sink = sink or Collector(max_bytes)
     sent = False
     never = asyncio.Event()
 
@@ -53,22 +85,15 @@ async def call(node: GatewayNode, agent_id: str, body: bytes, *,
         await never.wait()  # the caller stays connected until the reply is complete
         return {"type": "http.disconnect"}
 
-    status, reply_headers, chunks, size, truncated = 0, {}, [], 0, False
-
     async def send(message: dict) -> None:
-        nonlocal status, reply_headers, size, truncated
         if message["type"] == "http.response.start":
-            status = message["status"]
-            reply_headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                             for k, v in message.get("headers", [])}
+            await sink.start(message["status"], {
+                k.decode("latin-1").lower(): v.decode("latin-1")
+                for k, v in message.get("headers", [])})
         elif message["type"] == "http.response.body":
             chunk = message.get("body", b"")
-            room = max_bytes - size
-            if len(chunk) > room:
-                chunk, truncated = chunk[:room], True
             if chunk:
-                chunks.append(chunk)
-                size += len(chunk)
+                await sink.body(chunk)
 
     path = f"/a2a/{agent_id}"
     scope = {
@@ -86,4 +111,4 @@ async def call(node: GatewayNode, agent_id: str, body: bytes, *,
         "headers": [*headers, (b"content-length", str(len(body)).encode())],
     }
     await a2a_app(node, scope, receive, send)
-    return Reply(status, reply_headers, b"".join(chunks), truncated)
+    return sink.reply()

@@ -13,12 +13,13 @@ request.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import mcp_types as types
 import orjson
 
-from gateway.inprocess import Reply
+from gateway.inprocess import Collector, Reply
 
 TERMINAL_ERRORS = {"failed", "rejected", "canceled", "cancelled"}
 WAITING = {"input-required", "auth-required"}
@@ -37,8 +38,10 @@ def _optional_str(arguments: dict[str, Any], name: str) -> str | None:
     return value
 
 
-def send_request(protocol: str, arguments: dict[str, Any] | None) -> tuple[bytes, list]:
-    """The JSON-RPC body and extra headers of a message send with these tool arguments."""
+def send_request(protocol: str, arguments: dict[str, Any] | None, *,
+                 streaming: bool = False) -> tuple[bytes, list]:
+    """The JSON-RPC body and extra headers of a message send with these tool arguments: the
+    streaming send when ``streaming`` (the agent's card says it streams)."""
     arguments = arguments or {}
     unknown = set(arguments) - {"message", "context_id", "task_id", "data"}
     if unknown:
@@ -58,7 +61,8 @@ def send_request(protocol: str, arguments: dict[str, Any] | None) -> tuple[bytes
             parts.append({"data": data})
         message: dict[str, Any] = {"role": "ROLE_USER", "messageId": uuid.uuid4().hex,
                                    "parts": parts}
-        method, headers = "SendMessage", [(b"a2a-version", b"1.0")]
+        method = "SendStreamingMessage" if streaming else "SendMessage"
+        headers = [(b"a2a-version", b"1.0")]
         params: dict[str, Any] = {"message": message}
     else:
         parts = [{"kind": "text", "text": text}]
@@ -66,14 +70,24 @@ def send_request(protocol: str, arguments: dict[str, Any] | None) -> tuple[bytes
             parts.append({"kind": "data", "data": data})
         message = {"kind": "message", "role": "user", "messageId": uuid.uuid4().hex,
                    "parts": parts}
-        method, headers = "message/send", []
-        params = {"message": message, "configuration": {"blocking": True}}
+        method, headers = ("message/stream" if streaming else "message/send"), []
+        params = {"message": message} if streaming else \
+            {"message": message, "configuration": {"blocking": True}}
     if context_id:
         message["contextId"] = context_id
     if task_id:
         message["taskId"] = task_id
     body = orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params})
     return body, headers
+
+
+def cancel_request(protocol: str, task_id: str) -> tuple[bytes, list]:
+    rpc_id = f"mcp-{uuid.uuid4().hex[:12]}"
+    if protocol == "1.0":
+        body = {"jsonrpc": "2.0", "id": rpc_id, "method": "CancelTask", "params": {"id": task_id}}
+        return orjson.dumps(body), [(b"a2a-version", b"1.0")]
+    body = {"jsonrpc": "2.0", "id": rpc_id, "method": "tasks/cancel", "params": {"id": task_id}}
+    return orjson.dumps(body), []
 
 
 def get_task_request(protocol: str, task_id: str) -> tuple[bytes, list]:
@@ -219,3 +233,122 @@ def _file(agent_id: str, index: int, part: dict[str, Any]) -> Any:
     if isinstance(url, str) and url:
         return types.ResourceLink(name=name, uri=url, mime_type=mime)
     return None
+
+
+Progress = Callable[[float, str], Awaitable[None]]
+
+
+class EventStream(Collector):
+    """The gateway's reply to a streaming send, read event by event as it is relayed: each
+    status or artifact update is reported (``progress``: MCP progress notifications), and the
+    events add up to the final Task or Message, mapped like a blocking send's result. A reply
+    that is not an event stream (an up-front error, an agent answering JSON) is collected as
+    usual. At most ``max_bytes`` of an event may wait for its end."""
+
+    def __init__(self, max_bytes: int, progress: Progress) -> None:
+        super().__init__(max_bytes)
+        self.progress = progress
+        self.sse = False
+        self.pending = b""
+        self.events = 0
+        self.task: dict[str, Any] | None = None
+        self.message: dict[str, Any] | None = None
+        self.error: Any = None
+        self.task_id: str | None = None
+        self.too_large = False
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        await super().start(status, headers)
+        self.sse = headers.get("content-type", "").startswith("text/event-stream")
+
+    async def body(self, chunk: bytes) -> None:
+        if not self.sse:
+            await super().body(chunk)
+            return
+        data = (self.pending + chunk).replace(b"\r\n", b"\n")
+        *events, self.pending = data.split(b"\n\n")
+        if len(self.pending) > self.max_bytes:
+            self.too_large, self.pending = True, b""
+        for event in events:
+            lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n")
+                     if line.startswith(b"data:")]
+            if lines:
+                await self._event(b"\n".join(lines))
+
+    async def _event(self, data: bytes) -> None:
+        try:
+            answer = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(answer, dict):
+            return
+        if "error" in answer:
+            self.error = answer["error"]
+            return
+        event = answer.get("result")
+        if not isinstance(event, dict):
+            return
+        self.events += 1
+        kind = event.get("kind")
+        for key, name in (("task", "task"), ("message", "message"),
+                          ("statusUpdate", "status-update"),
+                          ("artifactUpdate", "artifact-update")):
+            if kind is None and isinstance(event.get(key), dict):
+                event, kind = event[key], name
+        if kind == "message":
+            self.message = event
+        elif kind == "task" or (kind is None and "status" in event and "id" in event):
+            self.task = {**event, "artifacts": list(event.get("artifacts") or [])}
+            self.task_id = event.get("id")
+            await self.progress(self.events, f"task {self.task_id}: {_state(event)}")
+        elif kind == "status-update":
+            task = self._task(event)
+            if isinstance(event.get("status"), dict):
+                task["status"] = event["status"]
+            text = " ".join(block.text for block in _content("", (
+                task.get("status", {}).get("message") or {}).get("parts"))
+                if isinstance(block, types.TextContent))
+            await self.progress(self.events, f"{_state(task)}{': ' + text if text else ''}")
+        elif kind == "artifact-update":
+            task = self._task(event)
+            artifact = event.get("artifact") if isinstance(event.get("artifact"), dict) else {}
+            _add_artifact(task["artifacts"], artifact, bool(event.get("append")))
+            await self.progress(self.events, f"artifact {artifact.get('name') or ''}".strip())
+
+    def _task(self, event: dict[str, Any]) -> dict[str, Any]:
+        if self.task is None:
+            self.task = {"id": event.get("taskId"), "contextId": event.get("contextId"),
+                         "status": {"state": "working"}, "artifacts": []}
+            self.task_id = event.get("taskId")
+        return self.task
+
+    def result(self, agent_id: str, reply: Reply) -> types.CallToolResult:
+        if not self.sse:
+            return tool_result(agent_id, reply, self.max_bytes)
+        if self.too_large:
+            return error_result(f"gateway error (response_too_large): an event of {agent_id} "
+                                f"is larger than {self.max_bytes} bytes", agent_id=agent_id,
+                                kind="response_too_large")
+        if self.error is not None:
+            return _error(agent_id, self.error)
+        if self.message is not None:
+            return _success(agent_id, {"kind": "message", **self.message})
+        if self.task is not None:
+            return _success(agent_id, {**self.task, "kind": "task"})
+        return error_result(f"agent error: the stream of {agent_id} ended without a task or "
+                            "message", agent_id=agent_id, kind="agent_error")
+
+
+def _add_artifact(artifacts: list[Any], artifact: dict[str, Any], append: bool) -> None:
+    """An artifact update: appended to the artifact with its id when ``append``, else it
+    replaces it (or is added)."""
+    artifact_id = artifact.get("artifactId")
+    for index, existing in enumerate(artifacts):
+        if isinstance(existing, dict) and artifact_id and existing.get("artifactId") == artifact_id:
+            if append:
+                artifacts[index] = {**existing, "parts": [*(existing.get("parts") or []),
+                                                          *(artifact.get("parts") or [])]}
+            else:
+                artifacts[index] = artifact
+            return
+    artifacts.append(artifact)

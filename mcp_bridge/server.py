@@ -57,6 +57,8 @@ _ACTOR = "a2a.actor"
 _AUTHORIZATION = "a2a.authorization"
 #: Room above the response cap for the reply's JSON-RPC envelope.
 _REPLY_SLACK = 64 * 1024
+#: The longest a cancelled call's ``tasks/cancel`` may take.
+CANCEL_TIMEOUT_SECONDS = 30.0
 
 INSTRUCTIONS = (
     "Each tool is an A2A agent of this registry, called through its gateway: send it a "
@@ -117,21 +119,68 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
                                   executed=False, retryable=True)
     if tool is None:
         raise MCPError(types.INVALID_PARAMS, f"unknown tool: {name}")
+    streaming = tool.streaming and params.name != tools.GET_TASK
     try:
         if params.name == tools.GET_TASK:
             body, extra = calls.get_task_request(tool.protocol, arguments["task_id"])
         else:
-            body, extra = calls.send_request(tool.protocol, arguments)
+            body, extra = calls.send_request(tool.protocol, arguments, streaming=streaming)
     except calls.InvalidArguments as exc:
         return calls.error_result(f"invalid arguments: {exc}")
+    headers = _headers(authorization, extra)
+    client = tuple(ctx.request.scope.get("client") or ("127.0.0.1", 0))
+    cap = node.settings.A2A_MAX_RESPONSE_BYTES + _REPLY_SLACK
+    if not streaming:
+        reply = await inprocess.call(node, name, body, headers=headers, max_bytes=cap,
+                                     client=client)
+        return calls.tool_result(name, reply, node.settings.A2A_MAX_RESPONSE_BYTES)
+
+    async def progress(count: float, message: str) -> None:
+        await ctx.session.report_progress(count, None, message)
+
+    stream = calls.EventStream(cap, progress)
+    try:
+        reply = await inprocess.call(node, name, body, headers=headers, max_bytes=cap,
+                                     client=client, sink=stream)
+    except asyncio.CancelledError:
+        # The MCP client cancelled the call (it closed the response): the gateway closes the
+        # agent's stream as for a caller leaving, and the A2A task is cancelled too.
+        if stream.task_id:
+            _cancel_task(node, name, tool.protocol, str(stream.task_id), authorization, client)
+        raise
+    return stream.result(name, reply)
+
+
+def _headers(authorization: str | None, extra: list) -> list[tuple[bytes, bytes]]:
     headers = [(b"content-type", b"application/json"), *extra]
     if authorization:
         headers.append((b"authorization", authorization.encode("latin-1")))
-    client = ctx.request.scope.get("client") or ("127.0.0.1", 0)
-    cap = node.settings.A2A_MAX_RESPONSE_BYTES + _REPLY_SLACK
-    reply = await inprocess.call(node, name, body, headers=headers, max_bytes=cap,
-                                 client=tuple(client))
-    return calls.tool_result(name, reply, node.settings.A2A_MAX_RESPONSE_BYTES)
+    return headers
+
+
+_cancels: set[asyncio.Task] = set()
+
+
+def _cancel_task(node, agent_id: str, protocol: str, task_id: str,
+                 authorization: str | None, client: tuple) -> None:
+    """Send the agent ``tasks/cancel`` (``CancelTask``) through the gateway, in a task of its
+    own (the cancelled call's cannot await any more), bounded by :data:`CANCEL_TIMEOUT_SECONDS`."""
+    body, extra = calls.cancel_request(protocol, task_id)
+
+    async def cancel() -> None:
+        try:
+            reply = await asyncio.wait_for(inprocess.call(
+                node, agent_id, body, headers=_headers(authorization, extra),
+                max_bytes=_REPLY_SLACK, client=client), CANCEL_TIMEOUT_SECONDS)
+        except (TimeoutError, OSError) as exc:
+            logger.warning("task %s of %s not cancelled: %r", task_id, agent_id, exc)
+            return
+        logger.info("task %s of %s cancelled by its MCP client: HTTP %d", task_id, agent_id,
+                    reply.status)
+
+    task = asyncio.get_running_loop().create_task(cancel())
+    _cancels.add(task)
+    task.add_done_callback(_cancels.discard)
 
 
 def build_server() -> Server:
@@ -164,7 +213,7 @@ class Bridge:
             return await asyncio.shield(starting)
         starting = self._starting = loop.create_future()
         manager = StreamableHTTPSessionManager(
-            app=build_server(), stateless=True, json_response=True,
+            app=build_server(), stateless=True, json_response=False,
             max_request_body_size=settings.A2A_MAX_REQUEST_BYTES)
         ready, stop = asyncio.Event(), asyncio.Event()
 

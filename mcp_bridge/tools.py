@@ -100,6 +100,7 @@ class AgentTool:
     card_description: str  # from the card: name, description, skills
     protocol: str  # "1.0" (SendMessage, A2A-Version: 1.0) or "0.3" (message/send)
     accepts_data: bool  # the card's input modes take JSON
+    streaming: bool = False  # the card's capabilities.streaming: calls stream, with progress
 
     def input_schema(self) -> dict[str, Any]:
         if not self.accepts_data:
@@ -130,6 +131,7 @@ def tool_from_card(agent_id: str, sha: str, raw: str) -> AgentTool:
             f"{_text(s.get('name'), MAX_TITLE) or _text(s.get('id'), MAX_TITLE)}"
             + (f" -- {_text(s.get('description'), 300)}" if s.get("description") else "")
             for s in skills[:20]))
+    capabilities = card.get("capabilities") if isinstance(card.get("capabilities"), dict) else {}
     modes = card.get("defaultInputModes") or []
     accepts_data = any(isinstance(m, str) and ("json" in m or m == "data") for m in modes)
     return AgentTool(
@@ -137,6 +139,7 @@ def tool_from_card(agent_id: str, sha: str, raw: str) -> AgentTool:
         card_description="\n".join(line for line in lines if line)[:MAX_DESCRIPTION],
         protocol="1.0" if card_shape(card) == SHAPE_A2A_10 else "0.3",
         accepts_data=accepts_data,
+        streaming=capabilities.get("streaming") is True,
     )
 
 

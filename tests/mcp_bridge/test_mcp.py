@@ -3,6 +3,9 @@ agents: tools listed per caller, calls through the gateway, errors as tool error
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import httpx
 import orjson
 import pytest
@@ -54,14 +57,32 @@ def test_a_call_goes_through_the_gateway_and_continues_the_conversation(
     assert not again.is_error and again.content[0].text == "echo: more"
     assert again.structured_content["context_id"] == first.structured_content["context_id"]
     assert not ten.is_error and ten.content[0].text == "echo: hi ten"
-    # Each agent got its own protocol's method, with the caller's identity from the gateway.
+    # Each agent got its own protocol's (streaming: the cards say so) method, with the caller's
+    # identity from the gateway.
     posts = [r for r in v03.agent.requests if r.http_method == "POST"]
-    assert [r.rpc_method for r in posts] == ["message/send", "message/send"]
+    assert [r.rpc_method for r in posts] == ["message/stream", "message/stream"]
     assert posts[0].header("x-kubemq-caller-id") == caller.client_id
     second = orjson.loads(posts[1].body)["params"]["message"]
     assert second["contextId"] == first.structured_content["context_id"]
     assert [r.rpc_method for r in v10.agent.requests if r.http_method == "POST"] \
-        == ["SendMessage"]
+        == ["SendStreamingMessage"]
+
+
+@pytest.mark.parametrize("card_shape", ["0.3", "1.0"])
+def test_an_agent_that_does_not_stream_gets_the_blocking_send(
+        live_server_url, register_agent, echo_agent_factory, caller, card_shape):
+    echo = echo_agent_factory(card_shape=card_shape)
+    echo.card_document = {**echo.card_document, "capabilities": {"streaming": False}}
+    agent = register_agent(echo)
+
+    async def use(client):
+        return await client.call_tool(agent.agent_id, {"message": "blocking"})
+
+    result = run(live_server_url, caller.token, use)
+
+    assert not result.is_error and result.content[0].text == "echo: blocking"
+    assert [r.rpc_method for r in echo.requests if r.http_method == "POST"] \
+        == ["message/send" if card_shape == "0.3" else "SendMessage"]
 
 
 def test_a_task_returns_its_artifacts_and_can_be_read_again_with_get_task(
@@ -82,6 +103,61 @@ def test_a_task_returns_its_artifacts_and_can_be_read_again_with_get_task(
     assert "chunk 1: task one" in texts and "done: task one" in texts
     assert not read.is_error and read.structured_content["state"] == "completed"
     assert read.structured_content["task_id"] == done.structured_content["task_id"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_streaming_agent_reports_progress_while_its_task_runs(
+        live_server_url, register_agent, echo_agent_factory, caller, mode):
+    agent = register_agent(echo_agent_factory(steps=3, step_delay=0.05))
+    seen: list[tuple[float, str | None]] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append((value, message))
+
+    async def use(client):
+        return await client.call_tool(agent.agent_id, {"message": "task many"},
+                                      progress_callback=progress)
+
+    result = run(live_server_url, caller.token, use, mode=mode)
+
+    assert not result.is_error and result.structured_content["state"] == "completed"
+    texts = [block.text for block in result.content]
+    assert texts[:3] == ["chunk 0: task many", "chunk 1: task many", "chunk 2: task many"]
+    assert "done: task many" in texts
+    messages = [message for _, message in seen]
+    assert any(m and m.startswith("working") for m in messages), messages
+    assert messages.count("artifact echo") == 3, messages
+    assert [value for value, _ in seen] == sorted(value for value, _ in seen)
+
+
+def test_cancelling_a_call_cancels_the_a2a_task(
+        live_server_url, register_agent, echo_agent, caller):
+    agent = register_agent(echo_agent)
+    working = asyncio.Event()
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        if message and message.startswith("working"):
+            working.set()
+
+    async def use(client):
+        call = asyncio.create_task(client.call_tool(
+            agent.agent_id, {"message": "wait for me"}, progress_callback=progress))
+        await asyncio.wait_for(working.wait(), 30)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        # Bounded wait for the agent to be told (the bridge cancels in the background).
+        for _ in range(300):
+            if echo_agent.executor.cancelled:
+                return list(echo_agent.executor.cancelled)
+            await asyncio.sleep(0.05)
+        return []
+
+    cancelled = run(live_server_url, caller.token, use)
+
+    assert len(cancelled) == 1
+    methods = [r.rpc_method for r in echo_agent.requests if r.http_method == "POST"]
+    assert methods == ["message/stream", "tasks/cancel"]
 
 
 def test_gateway_errors_are_tool_errors_that_say_what_happened(
@@ -221,5 +297,5 @@ def test_huge_arguments_are_refused_at_the_gateways_request_cap(
         f"request body larger than {small_request_cap} bytes (A2A_MAX_REQUEST_BYTES)"
     assert not small.is_error and small.content[0].text == "echo: small"
     assert [r.rpc_method for r in agent.agent.requests if r.http_method == "POST"] \
-        == ["message/send"]  # only the small call reached the agent
+        == ["message/stream"]  # only the small call reached the agent
     assert anonymous.status_code == 401  # refused before its body is read
