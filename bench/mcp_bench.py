@@ -5,9 +5,10 @@ local agent (``bench/apps.py:upstream``, same core) registered on it. Two arms, 
 interleaved rounds (the order alternates) at each concurrency:
 
 * ``a2a``: ``POST /a2a/{agent_id}`` with a JSON-RPC ``message/send`` (what an A2A caller sends);
-* ``mcp``: ``POST /mcp`` with a JSON-RPC ``tools/call`` of that agent's tool (stateless, JSON
-  response, the handshake-era protocol header), which the bridge turns into the same
-  ``message/send`` through the gateway's handler, in-process.
+* ``mcp``: ``POST /mcp`` with a JSON-RPC ``tools/call`` of that agent's tool (stateless, the
+  handshake-era protocol header, so an SSE response carrying the result), which the bridge
+  turns into the same ``message/send`` (the agent's card says it does not stream) through the
+  gateway's handler, in-process.
 
 Both arms are driven by one in-process httpx load generator on the load core (raw HTTP, so the
 client's cost is the same for both). Figures per arm: calls/s, p50/p99 latency, server CPU per
@@ -65,12 +66,18 @@ def mcp_body(index: int) -> bytes:
     })
 
 
-def a2a_ok(reply: dict) -> bool:
-    return reply.get("result", {}).get("parts", [{}])[0].get("text") == "ok"
+def a2a_ok(response: httpx.Response) -> bool:
+    return response.json().get("result", {}).get("parts", [{}])[0].get("text") == "ok"
 
 
-def mcp_ok(reply: dict) -> bool:
-    result = reply.get("result", {})
+def mcp_ok(response: httpx.Response) -> bool:
+    """The tool result, from the SSE response of the handshake-era protocol (its last
+    ``data:`` line) or a JSON body."""
+    text = response.text
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        data = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+        text = data[-1] if data else "{}"
+    result = orjson.loads(text).get("result", {})
     return not result.get("isError") and result.get("content", [{}])[0].get("text") == "ok"
 
 
@@ -90,7 +97,7 @@ async def drive(url: str, headers: dict[str, str], body, ok, concurrency: int,
                 started = time.perf_counter()
                 try:
                     response = await client.post(url, content=body(index))
-                    good = response.status_code == 200 and ok(response.json())
+                    good = response.status_code == 200 and ok(response)
                 except (httpx.HTTPError, ValueError):
                     good = False
                 if good:
@@ -129,7 +136,9 @@ def main() -> None:
             registered = httpx.post(
                 f"{node.url}/api/v1/agents", headers={"Authorization": f"Bearer {admin}"},
                 json={"agent_id": AGENT_ID, "url": upstream,
-                      "card": {**orjson.loads(CARD), "url": upstream}}, timeout=30)
+                      # not streaming: tool calls use message/send, as the direct arm does
+                      "card": {**orjson.loads(CARD), "url": upstream,
+                               "capabilities": {"streaming": False}}}, timeout=30)
             registered.raise_for_status()
             pin_self_to_load_core()
             auth = {"Authorization": f"Bearer {caller}", "Content-Type": "application/json"}

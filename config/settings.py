@@ -543,5 +543,8 @@ LOGGING = {
         "daphne": {"level": "WARNING"},
         "celery.app.trace": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
+        # The MCP SDK's stateless transport logs a line per request ("Terminating session"):
+        # /mcp answers every tool call with a fresh transport (mcp_bridge/server.py).
+        "mcp.server.streamable_http": {"level": "WARNING"},
     },
 }

@@ -1,11 +1,12 @@
 """The node's MCP server: ``/mcp`` (Streamable HTTP), built on the official MCP Python SDK.
 
-**Stateless.** The SDK's session manager runs in stateless mode with JSON responses: every
-request is answered on its own, no ``Mcp-Session-Id`` is issued and nothing is kept between
-requests, so any node answers any request (a load balancer needs no affinity, a node restart
-loses nothing). What needs a session is therefore not offered: ``notifications/tools/list_changed``
-is not sent (clients list tools again when they reconnect or refresh), nor progress
-notifications or server-to-client requests.
+**Stateless.** The SDK's session managers run in stateless mode: every request is answered on
+its own, no ``Mcp-Session-Id`` is issued and nothing is kept between requests, so any node
+answers any request (a load balancer needs no affinity, a node restart loses nothing). A
+tool call is answered as an SSE stream (its progress notifications, then its result), any
+other request as one JSON body (:class:`Managers`). What needs a
+session is not offered: ``notifications/tools/list_changed`` is not sent (clients list tools
+again when they reconnect or refresh), nor server-to-client requests.
 
 **Auth.** The same bearer tokens as the API and the gateway, checked here through the process's
 token cache before the SDK sees the request: no token, or a bad one, answers 401 with a
@@ -15,14 +16,16 @@ shows the agents the caller may call; a call of any other name is an unknown too
 
 **Calls** go through the gateway's own handler in-process (:mod:`gateway.inprocess`) with the
 caller's ``Authorization``, so the gateway's authentication, authorization, rate limits, size
-caps, timeouts, audit, metrics, tracing and executed flag apply to every tool call.
+caps, timeouts, audit, metrics, tracing and executed flag apply to every tool call. An agent
+whose card streams is called with the streaming send: its updates become progress
+notifications, and a cancelled call cancels the A2A task (:mod:`mcp_bridge.calls`).
 
 **Bounds.** A request body above ``A2A_MAX_REQUEST_BYTES`` is refused (413) before it is
-parsed; a reply is read up to ``A2A_MAX_RESPONSE_BYTES``; ``tools/list`` pages hold at most
-:data:`mcp_bridge.tools.PAGE_SIZE` tools.
+parsed (announced or chunked); a reply is read up to ``A2A_MAX_RESPONSE_BYTES``;
+``tools/list`` pages hold at most :data:`mcp_bridge.tools.PAGE_SIZE` tools.
 
-The SDK's session manager runs a task group for its whole life: :class:`Bridge` runs it in a
-task of its own, started and stopped by the node's lifecycle hooks (``config.node``), or on
+An SDK session manager runs a task group for its whole life: :class:`Bridge` runs both in a
+task of their own, started and stopped by the node's lifecycle hooks (``config.node``), or on
 the first request when no hook ran.
 """
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
@@ -40,6 +44,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 
 from gateway import errors, inprocess, runtime
+from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import gateway_base_url
 from gateway.headers import scan_request_headers
 from mcp_bridge import calls, tools
@@ -183,17 +188,36 @@ def _cancel_task(node, agent_id: str, protocol: str, task_id: str,
     task.add_done_callback(_cancels.discard)
 
 
+def _no_header_params(name: str) -> None:
+    """No tool declares ``Mcp-Param-*`` headers, so a call has none to validate. Without this
+    the SDK would run the whole ``tools/list`` (a database read) before every 2026-07-28
+    ``tools/call`` to find the tool's schema."""
+    return None
+
+
 def build_server() -> Server:
     return Server("a2a-registry", version="1", title="A2A agent registry",
-                  instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool)
+                  instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
+                  get_tool_input_schema=_no_header_params)
+
+
+@dataclass(frozen=True)
+class Managers:
+    """The SDK's two stateless session managers: SSE responses for tool calls (their progress
+    notifications; and the SDK cancels a call whose response the client closes only on an
+    event stream) and JSON responses for everything else (``tools/list``, discovery,
+    ``initialize``: about 40 % less CPU per request)."""
+
+    json: StreamableHTTPSessionManager
+    sse: StreamableHTTPSessionManager
 
 
 class Bridge:
-    """The SDK's session manager of this process, run in a task of its own on the serving
-    loop (its task group lives as long as the node)."""
+    """The SDK's session managers of this process, run in a task of their own on the serving
+    loop (their task groups live as long as the node)."""
 
     def __init__(self) -> None:
-        self.manager: StreamableHTTPSessionManager | None = None
+        self.manager: Managers | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._stop: asyncio.Event | None = None
@@ -204,7 +228,7 @@ class Bridge:
         if settings.A2A_MCP_ENABLED:
             await self.ensure()
 
-    async def ensure(self) -> StreamableHTTPSessionManager:
+    async def ensure(self) -> Managers:
         loop = asyncio.get_running_loop()
         if self.manager is not None and self._loop is loop:
             return self.manager
@@ -212,13 +236,15 @@ class Bridge:
         if starting is not None and not starting.done() and starting.get_loop() is loop:
             return await asyncio.shield(starting)
         starting = self._starting = loop.create_future()
-        manager = StreamableHTTPSessionManager(
-            app=build_server(), stateless=True, json_response=False,
-            max_request_body_size=settings.A2A_MAX_REQUEST_BYTES)
+        server = build_server()
+        manager = Managers(*(
+            StreamableHTTPSessionManager(app=server, stateless=True, json_response=json_response,
+                                         max_request_body_size=settings.A2A_MAX_REQUEST_BYTES)
+            for json_response in (True, False)))
         ready, stop = asyncio.Event(), asyncio.Event()
 
         async def run() -> None:
-            async with manager.run():
+            async with manager.json.run(), manager.sse.run():
                 ready.set()
                 await stop.wait()
 
@@ -304,9 +330,9 @@ async def _refuse(send, kind: str, detail: str,
 
 
 async def mcp_app(scope, receive, send) -> None:
-    """``/mcp``: authenticate the caller (before any body is read), refuse a body announced
-    above ``A2A_MAX_REQUEST_BYTES``, then hand the request to the SDK's transport (which cuts
-    a chunked body at the same size)."""
+    """``/mcp``: authenticate the caller (before any body is read), read the body up to
+    ``A2A_MAX_REQUEST_BYTES`` (413 beyond, announced or not), then hand the request to the
+    SDK's transport: the SSE one for a tool call, else the JSON one."""
     headers = scan_request_headers(scope["headers"])
     challenge = f'Bearer realm="a2a", resource_metadata="{metadata_url(scope)}"'.encode()
     try:
@@ -322,14 +348,41 @@ async def mcp_app(scope, receive, send) -> None:
                       [(b"www-authenticate", challenge)])
         return
     cap = settings.A2A_MAX_REQUEST_BYTES
+    too_large = f"request body larger than {cap} bytes (A2A_MAX_REQUEST_BYTES)"
     if headers.content_length is not None and headers.content_length > cap:
-        await _refuse(send, errors.REQUEST_TOO_LARGE,
-                      f"request body larger than {cap} bytes (A2A_MAX_REQUEST_BYTES)",
-                      [(b"connection", b"close")])
+        await _refuse(send, errors.REQUEST_TOO_LARGE, too_large, [(b"connection", b"close")])
         return
+    try:
+        body = await read_body(receive, cap) if scope["method"] == "POST" else b""
+    except BodyTooLarge:
+        await _refuse(send, errors.REQUEST_TOO_LARGE, too_large, [(b"connection", b"close")])
+        return
+    except Disconnected:
+        return
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
     scope = {**scope, _ACTOR: actor, _AUTHORIZATION: headers.authorization}
-    manager = await bridge.ensure()
-    await manager.handle_request(scope, receive, send)
+    managers = await bridge.ensure()
+    # A tool call is answered on an event stream: its progress notifications, and the SDK
+    # cancels a call whose response is closed only there (the client's cancellation).
+    # Everything else is answered as one JSON body.
+    manager = managers.sse if _is_tool_call(body) else managers.json
+    await manager.handle_request(scope, replay, send)
+
+
+def _is_tool_call(body: bytes) -> bool:
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(message, dict) and message.get("method") == "tools/call"
 
 
 def routes() -> dict[str, Any]:

@@ -296,9 +296,19 @@ def test_huge_arguments_are_refused_at_the_gateways_request_cap(
     anonymous = httpx.post(f"{live_server_url}/mcp", content=b"x" * (2 * small_request_cap),
                            headers={"Content-Type": "application/json"})
 
+    def chunks():  # no Content-Length: the cap is found while reading
+        for _ in range(4):
+            yield b"x" * (small_request_cap // 2)
+
+    chunked = httpx.post(f"{live_server_url}/mcp", content=chunks(),
+                         headers={"Content-Type": "application/json",
+                                  "Authorization": f"Bearer {caller.token}"})
+
     assert refused.message == \
         f"request body larger than {small_request_cap} bytes (A2A_MAX_REQUEST_BYTES)"
     assert not small.is_error and small.content[0].text == "echo: small"
     assert [r.rpc_method for r in agent.agent.requests if r.http_method == "POST"] \
         == ["message/stream"]  # only the small call reached the agent
     assert anonymous.status_code == 401  # refused before its body is read
+    assert chunked.status_code == 413
+    assert chunked.json()["error"]["message"] == refused.message
