@@ -8,7 +8,9 @@ interleaved rounds (the order alternates) at each concurrency:
 * ``mcp``: ``POST /mcp`` with a JSON-RPC ``tools/call`` of that agent's tool (stateless, the
   handshake-era protocol header, so an SSE response carrying the result), which the bridge
   turns into the same ``message/send`` (the agent's card says it does not stream) through the
-  gateway's handler, in-process.
+  gateway's handler, in-process;
+* ``mcp-2026``: the same call in the 2026-07-28 protocol (version, client info and
+  capabilities in ``_meta``; ``Mcp-Method``/``Mcp-Name`` headers), answered as JSON.
 
 Both arms are driven by one in-process httpx load generator on the load core (raw HTTP, so the
 client's cost is the same for both). Figures per arm: calls/s, p50/p99 latency, server CPU per
@@ -49,6 +51,7 @@ from bench.common import (  # noqa: E402
 
 AGENT_ID = "bench-agent"
 PROTOCOL_VERSION = "2025-11-25"
+MODERN_VERSION = "2026-07-28"
 
 
 def a2a_body(index: int) -> bytes:
@@ -63,6 +66,18 @@ def mcp_body(index: int) -> bytes:
     return orjson.dumps({
         "jsonrpc": "2.0", "id": index, "method": "tools/call",
         "params": {"name": AGENT_ID, "arguments": {"message": "hello"}},
+    })
+
+
+def modern_body(index: int) -> bytes:
+    """The 2026-07-28 protocol: each request carries its version, client info and
+    capabilities in ``_meta`` (no handshake)."""
+    return orjson.dumps({
+        "jsonrpc": "2.0", "id": index, "method": "tools/call",
+        "params": {"name": AGENT_ID, "arguments": {"message": "hello"}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+            "io.modelcontextprotocol/clientInfo": {"name": "mcp-bench", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {}}},
     })
 
 
@@ -148,6 +163,10 @@ def main() -> None:
                                                             "text/event-stream",
                                             "MCP-Protocol-Version": PROTOCOL_VERSION},
                         mcp_body, mcp_ok),
+                "mcp-2026": (f"{node.url}/mcp", {
+                    **auth, "Accept": "application/json, text/event-stream",
+                    "MCP-Protocol-Version": MODERN_VERSION, "Mcp-Method": "tools/call",
+                    "Mcp-Name": AGENT_ID}, modern_body, mcp_ok),
             }
             server_pids = [*node.proc.pids(), *agent.pids()]
             for url, headers, body, ok in arms.values():  # warm both paths up
@@ -156,7 +175,8 @@ def main() -> None:
             for concurrency in levels:
                 samples = {name: [] for name in arms}
                 for round_number in range(rounds):
-                    order = list(arms) if round_number % 2 == 0 else list(reversed(arms))
+                    shift = round_number % len(arms)  # the order rotates each round
+                    order = list(arms)[shift:] + list(arms)[:shift]
                     for name in order:
                         url, headers, body, ok = arms[name]
                         cpu_before = cpu_seconds(server_pids)
@@ -186,29 +206,32 @@ def _summary(samples: dict[str, list[dict]]) -> dict:
             "calls": calls,
             "errors": sum(run["errors"] for run in runs),
         }
-    a2a, mcp = out["a2a"], out["mcp"]
-    out["mcp_over_a2a"] = {
-        "added_p50_ms": round(mcp["p50_ms"] - a2a["p50_ms"], 3),
-        "added_p99_ms": round(mcp["p99_ms"] - a2a["p99_ms"], 3),
-        "added_cpu_us_per_call": round(mcp["cpu_us_per_call"] - a2a["cpu_us_per_call"], 1),
-        "throughput_ratio": round(mcp["calls_per_s"] / a2a["calls_per_s"], 3)
-        if a2a["calls_per_s"] else None,
-    }
+    a2a = out["a2a"]
+    for name in ("mcp", "mcp-2026"):
+        mcp = out[name]
+        out[f"{name}_over_a2a"] = {
+            "added_p50_ms": round(mcp["p50_ms"] - a2a["p50_ms"], 3),
+            "added_p99_ms": round(mcp["p99_ms"] - a2a["p99_ms"], 3),
+            "added_cpu_us_per_call": round(mcp["cpu_us_per_call"] - a2a["cpu_us_per_call"], 1),
+            "throughput_ratio": round(mcp["calls_per_s"] / a2a["calls_per_s"], 3)
+            if a2a["calls_per_s"] else None,
+        }
     return out
 
 
 def _print(figures: dict) -> None:
-    print(f"{'load':<6} {'arm':<5} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+    print(f"{'load':<6} {'arm':<9} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'CPU us/call':>12} {'errors':>7}")
     for level, arms in figures.items():
-        for name in ("a2a", "mcp"):
+        for name in ("a2a", "mcp", "mcp-2026"):
             f = arms[name]
-            print(f"{level:<6} {name:<5} {f['calls_per_s']:>9} {f['p50_ms']:>8} {f['p99_ms']:>8} "
-                  f"{f['cpu_us_per_call']:>12} {f['errors']:>7}")
-        extra = arms["mcp_over_a2a"]
-        print(f"{level:<6} mcp adds {extra['added_p50_ms']} ms p50, {extra['added_p99_ms']} ms "
-              f"p99, {extra['added_cpu_us_per_call']} us CPU per call; throughput x"
-              f"{extra['throughput_ratio']}")
+            print(f"{level:<6} {name:<9} {f['calls_per_s']:>9} {f['p50_ms']:>8} "
+                  f"{f['p99_ms']:>8} {f['cpu_us_per_call']:>12} {f['errors']:>7}")
+        for name in ("mcp", "mcp-2026"):
+            extra = arms[f"{name}_over_a2a"]
+            print(f"{level:<6} {name} adds {extra['added_p50_ms']} ms p50, "
+                  f"{extra['added_p99_ms']} ms p99, {extra['added_cpu_us_per_call']} us CPU per "
+                  f"call; throughput x{extra['throughput_ratio']}")
 
 
 if __name__ == "__main__":
