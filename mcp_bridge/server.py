@@ -47,7 +47,7 @@ from gateway import errors, inprocess, runtime
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import gateway_base_url
 from gateway.headers import scan_request_headers
-from mcp_bridge import calls, tools
+from mcp_bridge import calls, pins, tools
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE
 from registry.permissions import Actor
@@ -80,6 +80,14 @@ def _caller(ctx: Any) -> tuple[Actor, str | None]:
     return actor, scope.get(_AUTHORIZATION)
 
 
+async def _pinned(ctx: Any, actor: Actor) -> pins.Pinned | None:
+    """The discovery snapshot the request's URL pins (``?session=`` / ``?snapshot=``)."""
+    try:
+        return await pins.pinned(ctx.request.scope.get("query_string") or b"", actor.client_id)
+    except pins.PinError as exc:
+        raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+
+
 async def _node():
     return runtime.current_node() or await runtime.host.ensure()
 
@@ -88,10 +96,14 @@ async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
                      ) -> types.ListToolsResult:
     actor, _ = _caller(ctx)
     node = await _node()
+    pinned = await _pinned(ctx, actor)
     routes = tools.callable_routes(node.table.routes(), actor)
+    if pinned is not None:
+        routes = [r for r in routes if r.agent_id in pinned.descriptions]
     chunk, next_cursor = tools.page(routes, params.cursor if params else None)
     try:
-        listed = [types.Tool(**tool) for tool in await tools.tools_listed(chunk)]
+        listed = [types.Tool(**tool) for tool in await tools.tools_listed(
+            chunk, pinned.descriptions if pinned is not None else None)]
     except tools.Unavailable as exc:
         raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
     if routes and not (params and params.cursor):
@@ -111,8 +123,10 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         if not isinstance(agent_id, str) or not isinstance(task_id, str) or not task_id:
             return calls.error_result("get_task needs agent_id and task_id (strings)")
         name = agent_id
+    pinned = await _pinned(ctx, actor)
     route = node.table.get(name) if AGENT_ID_RE.match(name) else None
-    if route is None or route.credential_passthrough or not actor.may_call(name):
+    if route is None or route.credential_passthrough or not actor.may_call(name) \
+            or (pinned is not None and name not in pinned.descriptions):
         # The same answer for an agent that does not exist and one this caller may not see.
         if params.name == tools.GET_TASK:
             return calls.error_result(f"unknown agent: {name}")

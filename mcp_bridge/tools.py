@@ -214,10 +214,13 @@ def page(routes: list[AgentRoute], cursor: str | None) -> tuple[list[AgentRoute]
 
 
 @database_sync_to_async
-def tools_listed(routes: list[AgentRoute]) -> list[dict[str, Any]]:
-    """Tool definitions (MCP ``Tool`` fields) of ``routes``, in order."""
+def tools_listed(routes: list[AgentRoute],
+                 reviewed: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Tool definitions (MCP ``Tool`` fields) of ``routes``, in order, with the reviewed
+    descriptions of a pinned snapshot (``reviewed``), else of the current one."""
     tools = _load(routes)
-    reviewed = _reviewed_descriptions()
+    if reviewed is None:
+        reviewed = _reviewed_descriptions()
     listed = []
     for route in routes:
         tool = tools.get(route.agent_id)

@@ -14,12 +14,13 @@ T = TypeVar("T")
 
 
 async def with_client(base_url: str, token: str | None, use: Callable[[Client], Awaitable[T]],
-                      *, mode: str = "auto") -> T:
-    """Connect an SDK client to ``base_url``'s ``/mcp`` with a bearer ``token`` (none: no
-    Authorization header) and answer ``use(client)``."""
+                      *, mode: str = "auto", path: str = "/mcp") -> T:
+    """Connect an SDK client to ``base_url``'s ``/mcp`` (or ``path``: a query string pinning
+    a snapshot) with a bearer ``token`` (none: no Authorization header) and answer
+    ``use(client)``."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
-        transport = streamable_http_client(f"{base_url}/mcp", http_client=http)
+        transport = streamable_http_client(f"{base_url}{path}", http_client=http)
         async with Client(transport, mode=mode) as client:
             return await use(client)
 

@@ -312,3 +312,57 @@ def test_huge_arguments_are_refused_at_the_gateways_request_cap(
     assert anonymous.status_code == 401  # refused before its body is read
     assert chunked.status_code == 413
     assert chunked.json()["error"]["message"] == refused.message
+
+
+def _listed(live_server_url: str, token: str, path: str) -> dict[str, str]:
+    return {tool.name: tool.description
+            for tool in run(live_server_url, token, all_tools, path=path)}
+
+
+def test_a_url_pinned_to_a_discovery_session_keeps_its_tool_set(
+        live_server_url, register_agent, echo_agent_factory, caller):
+    first = register_agent(echo_agent_factory())
+    later = register_agent(echo_agent_factory())
+
+    def publish(descriptions: dict[str, str]):
+        return snapshot_publish(agents=[SelectedAgent(
+            local_name=agent_id.replace("-", "_"), description=text, agent_id=agent_id,
+            card_sha256="0" * 64, card_url="", source="static")
+            for agent_id, text in descriptions.items()])[0]
+
+    old = publish({first.agent_id: "Reviewed, version 1."})
+    pinned_before = _listed(live_server_url, caller.token, "/mcp?session=ide-1")
+    publish({first.agent_id: "Reviewed, version 2.", later.agent_id: "Reviewed later."})
+    pinned_after = _listed(live_server_url, caller.token, "/mcp?session=ide-1")
+    new_session = _listed(live_server_url, caller.token, "/mcp?session=ide-2")
+    by_digest = _listed(live_server_url, caller.token, f"/mcp?snapshot={old.digest}")
+
+    async def call_outside(client):
+        try:
+            await client.call_tool(later.agent_id, {"message": "not in my snapshot"})
+        except MCPError as exc:
+            return exc, await client.call_tool(first.agent_id, {"message": "pinned"})
+        raise AssertionError("an agent outside the pinned snapshot was called")
+
+    refused, ok = run(live_server_url, caller.token, call_outside, path="/mcp?session=ide-1")
+
+    async def unknown_snapshot(client):
+        try:
+            await client.list_tools()
+        except MCPError as exc:
+            return exc
+        raise AssertionError("an unknown snapshot was listed")
+
+    missing = run(live_server_url, caller.token, unknown_snapshot, path="/mcp?snapshot=abc")
+
+    expected_old = {first.agent_id: "Reviewed, version 1.",
+                    "get_task": pinned_before["get_task"]}
+    assert pinned_before == expected_old
+    assert pinned_after == expected_old  # the session keeps its snapshot
+    assert by_digest == expected_old
+    assert {k: v for k, v in new_session.items() if k != "get_task"} == {
+        first.agent_id: "Reviewed, version 2.", later.agent_id: "Reviewed later."}
+    assert refused.code == -32602 and f"unknown tool: {later.agent_id}" in refused.message
+    assert not ok.is_error and ok.content[0].text == "echo: pinned"
+    assert later.agent.requests == []
+    assert missing.message == "snapshot not found: abc (evicted, or never published)"
