@@ -243,7 +243,8 @@ class EventStream(Collector):
     status or artifact update is reported (``progress``: MCP progress notifications), and the
     events add up to the final Task or Message, mapped like a blocking send's result. A reply
     that is not an event stream (an up-front error, an agent answering JSON) is collected as
-    usual. At most ``max_bytes`` of an event may wait for its end."""
+    usual. The stream's events may add up to ``max_bytes`` (the response cap: the result is
+    one response); beyond, ``on_too_large`` ends the call and the result says so."""
 
     def __init__(self, max_bytes: int, progress: Progress) -> None:
         super().__init__(max_bytes)
@@ -256,6 +257,8 @@ class EventStream(Collector):
         self.error: Any = None
         self.task_id: str | None = None
         self.too_large = False
+        self.kept = 0  # bytes of the events received (what the result is built from)
+        self.on_too_large: Callable[[], Any] = lambda: None
 
     async def start(self, status: int, headers: dict[str, str]) -> None:
         await super().start(status, headers)
@@ -268,14 +271,24 @@ class EventStream(Collector):
         data = (self.pending + chunk).replace(b"\r\n", b"\n")
         *events, self.pending = data.split(b"\n\n")
         if len(self.pending) > self.max_bytes:
-            self.too_large, self.pending = True, b""
+            self._overflow()
+            return
         for event in events:
             lines = [line[5:].removeprefix(b" ") for line in event.split(b"\n")
                      if line.startswith(b"data:")]
             if lines:
                 await self._event(b"\n".join(lines))
 
+    def _overflow(self) -> None:
+        """The stream outgrew the cap: the call ends (the gateway closes the agent's stream)
+        and answers ``response_too_large``."""
+        if not self.too_large:
+            self.too_large, self.pending = True, b""
+            self.on_too_large()
+
     async def _event(self, data: bytes) -> None:
+        if self.too_large:
+            return
         try:
             answer = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -289,6 +302,10 @@ class EventStream(Collector):
         if not isinstance(event, dict):
             return
         self.events += 1
+        self.kept += len(data)
+        if self.kept > self.max_bytes:
+            self._overflow()
+            return
         kind = event.get("kind")
         for key, name in (("task", "task"), ("message", "message"),
                           ("statusUpdate", "status-update"),
@@ -326,9 +343,10 @@ class EventStream(Collector):
         if not self.sse:
             return tool_result(agent_id, reply, self.max_bytes)
         if self.too_large:
-            return error_result(f"gateway error (response_too_large): an event of {agent_id} "
-                                f"is larger than {self.max_bytes} bytes", agent_id=agent_id,
-                                kind="response_too_large")
+            return error_result(f"gateway error (response_too_large): the stream of {agent_id} "
+                                f"outgrew {self.max_bytes} bytes; its task was cancelled",
+                                agent_id=agent_id, kind="response_too_large", executed=True,
+                                task_id=self.task_id)
         if self.error is not None:
             return _error(agent_id, self.error)
         if self.message is not None:

@@ -32,6 +32,7 @@ the first request when no hook ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -157,16 +158,41 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     async def progress(count: float, message: str) -> None:
         await ctx.session.report_progress(count, None, message)
 
+    # A stream has no gateway timeout (only an idle one): a tool call ends, answered or not,
+    # after the gateway's default timeout; and when the events it keeps outgrow the response
+    # cap. Either way the gateway closes the agent's stream (the call task is cancelled, as a
+    # caller leaving) and the A2A task is cancelled.
     stream = calls.EventStream(cap, progress)
+    call = asyncio.ensure_future(inprocess.call(node, name, body, headers=headers,
+                                                max_bytes=cap, client=client, sink=stream))
+    stream.on_too_large = call.cancel
+    limit = node.settings.A2A_DEFAULT_TIMEOUT_SECONDS
+    timed_out = False
     try:
-        reply = await inprocess.call(node, name, body, headers=headers, max_bytes=cap,
-                                     client=client, sink=stream)
+        async with asyncio.timeout(limit):
+            reply = await asyncio.shield(call)
+    except TimeoutError:
+        timed_out = True
     except asyncio.CancelledError:
-        # The MCP client cancelled the call (it closed the response): the gateway closes the
-        # agent's stream as for a caller leaving, and the A2A task is cancelled too.
+        call.cancel()
+        if not stream.too_large:
+            # The MCP client cancelled the call (it closed the response).
+            if stream.task_id:
+                _cancel_task(node, name, tool.protocol, str(stream.task_id), authorization,
+                             client)
+            raise
+    if timed_out or stream.too_large:
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
         if stream.task_id:
             _cancel_task(node, name, tool.protocol, str(stream.task_id), authorization, client)
-        raise
+        if timed_out:
+            return calls.error_result(
+                f"gateway error (timeout): {name} did not finish within {limit:g} s "
+                "(A2A_DEFAULT_TIMEOUT_SECONDS); its task was cancelled", agent_id=name,
+                kind="timeout", executed=True, task_id=stream.task_id)
+        return stream.result(name, inprocess.Reply(0, {}, b"", False))
     return stream.result(name, reply)
 
 
