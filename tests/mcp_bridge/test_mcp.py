@@ -13,6 +13,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from discovery.snapshots import SelectedAgent, snapshot_publish
+from tests.gateway.test_proxy import _metric
 from tests.mcp_bridge.clients import all_tools, run
 from tests.servers import free_port
 
@@ -67,6 +68,12 @@ def test_a_call_goes_through_the_gateway_and_continues_the_conversation(
     assert second["contextId"] == first.structured_content["context_id"]
     assert [r.rpc_method for r in v10.agent.requests if r.http_method == "POST"] \
         == ["SendStreamingMessage"]
+    # The gateway's metrics counted the calls, as for any caller.
+    metrics = httpx.get(f"{live_server_url}/metrics").text
+    assert _metric(metrics, "kubemq_a2a_requests_total", agent_id=v03.agent_id,
+                   method="message/stream") == 2
+    assert _metric(metrics, "kubemq_a2a_request_duration_seconds_count",
+                   agent_id=v10.agent_id, outcome="ok") == 1
 
 
 @pytest.mark.parametrize("card_shape", ["0.3", "1.0"])
