@@ -113,6 +113,28 @@ def test_a_task_returns_its_artifacts_and_can_be_read_again_with_get_task(
     assert read.structured_content["task_id"] == done.structured_content["task_id"]
 
 
+def test_an_agent_taking_json_gets_a_data_part(
+        live_server_url, register_agent, echo_agent_factory, caller):
+    echo = echo_agent_factory(card_shape="0.3")
+    echo.card_document = {**echo.card_document,
+                          "defaultInputModes": ["text/plain", "application/json"]}
+    agent = register_agent(echo)
+
+    async def use(client):
+        tools = {tool.name: tool for tool in await all_tools(client)}
+        result = await client.call_tool(agent.agent_id, {"message": "with data",
+                                                         "data": {"invoice": 42}})
+        return tools[agent.agent_id], result
+
+    tool, result = run(live_server_url, caller.token, use)
+
+    assert tool.input_schema["properties"]["data"]["type"] == "object"
+    assert not result.is_error and result.content[0].text == "echo: with data"
+    sent = orjson.loads(echo.requests[-1].body)["params"]["message"]["parts"]
+    assert sent == [{"kind": "text", "text": "with data"},
+                    {"kind": "data", "data": {"invoice": 42}}]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_streaming_agent_reports_progress_while_its_task_runs(
         live_server_url, register_agent, echo_agent_factory, caller, mode):
