@@ -12,7 +12,10 @@ again when they reconnect or refresh), nor server-to-client requests.
 token cache before the SDK sees the request: no token, or a bad one, answers 401 with a
 ``WWW-Authenticate`` naming the protected-resource metadata (RFC 9728), served at
 ``/.well-known/oauth-protected-resource/mcp`` (and without the ``/mcp`` suffix). ``tools/list``
-shows the agents the caller may call; a call of any other name is an unknown tool.
+shows the agents the caller may call; a call of any other name is an unknown tool. The
+gateway's rate limits apply: refused requests are charged to their address (which is then
+refused before any token lookup), tool calls to the caller by the gateway, other requests
+to the caller here.
 
 **Calls** go through the gateway's own handler in-process (:mod:`gateway.inprocess`) with the
 caller's ``Authorization``, so the gateway's authentication, authorization, rate limits, size
@@ -52,7 +55,7 @@ from mcp_bridge import calls, pins, tools
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE
 from registry.permissions import Actor
-from registry.token_cache import AuthFailed, AuthUnavailable, shared_token_cache
+from registry.token_cache import AuthFailed, AuthUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -375,15 +378,26 @@ async def mcp_app(scope, receive, send) -> None:
     SDK's transport: the SSE one for a tool call, else the JSON one."""
     headers = scan_request_headers(scope["headers"])
     challenge = f'Bearer realm="a2a", resource_metadata="{metadata_url(scope)}"'.encode()
+    node = await _node()
+    limiter, tokens_cache = node.limiter, node.tokens
+    client = scope.get("client")
+    address = client[0] if client else "-"
+    # The gateway's rate limits (A2A_RATE_LIMIT_PER_SECOND): an address whose refused calls
+    # used up its allowance is refused before any token lookup (/a2a and /mcp share it).
+    if limiter.address_blocked(address) and not tokens_cache.verified(headers.authorization):
+        await _refuse(send, errors.RATE_LIMITED, "rate limit exceeded", [(b"retry-after", b"1")])
+        return
     try:
-        actor = await shared_token_cache().actor(headers.authorization)
+        actor = await tokens_cache.actor(headers.authorization)
     except AuthUnavailable as exc:
         await _refuse(send, errors.AUTH_UNAVAILABLE, str(exc), [(b"retry-after", b"1")])
         return
     except AuthFailed as exc:
+        limiter.charge_refused(address)
         await _refuse(send, errors.UNAUTHENTICATED, str(exc), [(b"www-authenticate", challenge)])
         return
     if actor is None:
+        limiter.charge_refused(address)
         await _refuse(send, errors.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE,
                       [(b"www-authenticate", challenge)])
         return
@@ -408,12 +422,18 @@ async def mcp_app(scope, receive, send) -> None:
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
+    tool_call = _is_tool_call(body)
+    # A tool call is charged to the caller's rate limit by the gateway; anything else here.
+    key = actor.client_id if not actor.is_anonymous else f"anonymous:{address}"
+    if not tool_call and not limiter.allow(key):
+        await _refuse(send, errors.RATE_LIMITED, "rate limit exceeded", [(b"retry-after", b"1")])
+        return
     scope = {**scope, _ACTOR: actor, _AUTHORIZATION: headers.authorization}
     managers = await bridge.ensure()
     # A tool call is answered on an event stream: its progress notifications, and the SDK
     # cancels a call whose response is closed only there (the client's cancellation).
     # Everything else is answered as one JSON body.
-    manager = managers.sse if _is_tool_call(body) else managers.json
+    manager = managers.sse if tool_call else managers.json
     await manager.handle_request(scope, replay, send)
 
 

@@ -395,3 +395,32 @@ def test_a_url_pinned_to_a_discovery_session_keeps_its_tool_set(
     assert not ok.is_error and ok.content[0].text == "echo: pinned"
     assert later.agent.requests == []
     assert missing.message == "snapshot not found: abc (evicted, or never published)"
+
+
+@pytest.fixture
+def tight_rate_limit(settings) -> None:
+    """Two requests, then one per 100 s (set before the live server starts its node)."""
+    settings.A2A_RATE_LIMIT_PER_SECOND = 0.01
+    settings.A2A_RATE_LIMIT_BURST = 2
+
+
+def test_the_gateways_rate_limits_apply_to_mcp(tight_rate_limit, live_server_url, make_caller):
+    caller = make_caller()
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream",
+               "MCP-Protocol-Version": "2025-11-25"}
+
+    def post(token: str) -> httpx.Response:
+        return httpx.post(f"{live_server_url}/mcp", json=listing,
+                          headers={**headers, "Authorization": f"Bearer {token}"})
+
+    other = make_caller()
+    first_other = post(other.token).status_code  # verified now
+    own = [post(caller.token) for _ in range(3)]
+    bad = [post("abcdefgh.bad-token-bad-token-bad-token").status_code for _ in range(3)]
+
+    assert [r.status_code for r in own] == [200, 200, 429]  # per client
+    assert own[2].json()["error"]["data"]["kind"] == "rate_limited"
+    assert bad == [401, 401, 429]  # per address, refused before any token lookup once used up
+    # A token verified recently is not refused for its address's refused calls.
+    assert (first_other, post(other.token).status_code) == (200, 200)
