@@ -401,13 +401,19 @@ async def mcp_app(scope, receive, send) -> None:
         await _refuse(send, errors.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE,
                       [(b"www-authenticate", challenge)])
         return
+    if scope["method"] != "POST":
+        # Stateless: no session to delete, and no server-to-client stream to open with GET
+        # (the SDK would hold it open with nothing ever to send).
+        await _json(send, 405, {"error": "method not allowed: use POST (stateless MCP server)"},
+                    [(b"allow", b"POST")])
+        return
     cap = settings.A2A_MAX_REQUEST_BYTES
     too_large = f"request body larger than {cap} bytes (A2A_MAX_REQUEST_BYTES)"
     if headers.content_length is not None and headers.content_length > cap:
         await _refuse(send, errors.REQUEST_TOO_LARGE, too_large, [(b"connection", b"close")])
         return
     try:
-        body = await read_body(receive, cap) if scope["method"] == "POST" else b""
+        body = await read_body(receive, cap)
     except BodyTooLarge:
         await _refuse(send, errors.REQUEST_TOO_LARGE, too_large, [(b"connection", b"close")])
         return

@@ -424,3 +424,20 @@ def test_the_gateways_rate_limits_apply_to_mcp(tight_rate_limit, live_server_url
     assert bad == [401, 401, 429]  # per address, refused before any token lookup once used up
     # A token verified recently is not refused for its address's refused calls.
     assert (first_other, post(other.token).status_code) == (200, 200)
+
+
+def test_bad_requests_get_clear_answers_never_a_500(live_server_url, caller):
+    auth = {"Authorization": f"Bearer {caller.token}",
+            "Accept": "application/json, text/event-stream"}
+    not_json = httpx.post(f"{live_server_url}/mcp", content=b"{not json",
+                          headers={**auth, "Content-Type": "application/json"})
+    wrong_params = httpx.post(f"{live_server_url}/mcp", headers=auth, json={
+        "jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": 42}})
+    get = httpx.get(f"{live_server_url}/mcp", headers=auth, timeout=30)
+    delete = httpx.delete(f"{live_server_url}/mcp", headers=auth, timeout=30)
+
+    assert not_json.status_code == 400 and not_json.json()["error"]["code"] == -32700
+    assert wrong_params.status_code < 500, wrong_params.text
+    assert "error" in wrong_params.text
+    assert get.status_code == delete.status_code == 405  # stateless: no stream, no session
+    assert get.headers["allow"] == "POST"
