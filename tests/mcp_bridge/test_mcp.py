@@ -102,15 +102,19 @@ def test_a_task_returns_its_artifacts_and_can_be_read_again_with_get_task(
         task_id = done.structured_content["task_id"]
         read = await client.call_tool("get_task", {"agent_id": agent.agent_id,
                                                    "task_id": task_id})
-        return done, read
+        unknown = await client.call_tool("get_task", {"agent_id": agent.agent_id,
+                                                      "task_id": "no-such-task"})
+        return done, read, unknown
 
-    done, read = run(live_server_url, caller.token, use)
+    done, read, unknown = run(live_server_url, caller.token, use)
 
     texts = [block.text for block in done.content]
     assert not done.is_error and done.structured_content["state"] == "completed"
     assert "chunk 1: task one" in texts and "done: task one" in texts
     assert not read.is_error and read.structured_content["state"] == "completed"
     assert read.structured_content["task_id"] == done.structured_content["task_id"]
+    # The agent's own JSON-RPC error (TaskNotFound) is a tool error naming it.
+    assert unknown.is_error and unknown.content[0].text.startswith("agent error -32001")
 
 
 def test_an_agent_taking_json_gets_a_data_part(
