@@ -139,10 +139,11 @@ def test_an_agent_taking_json_gets_a_data_part(
                     {"kind": "data", "data": {"invoice": 42}}]
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("mode", "card_shape"),
+                         [("auto", "both"), ("legacy", "both"), ("auto", "1.0")])
 def test_a_streaming_agent_reports_progress_while_its_task_runs(
-        live_server_url, register_agent, echo_agent_factory, caller, mode):
-    agent = register_agent(echo_agent_factory(steps=3, step_delay=0.05))
+        live_server_url, register_agent, echo_agent_factory, caller, mode, card_shape):
+    agent = register_agent(echo_agent_factory(steps=3, step_delay=0.05, card_shape=card_shape))
     seen: list[tuple[float, str | None]] = []
 
     async def progress(value: float, total: float | None, message: str | None) -> None:
