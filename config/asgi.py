@@ -1,5 +1,6 @@
 """The ASGI application: a Channels router that sends /a2a/... to the gateway's lean handler
-before Django's view and middleware stack, and everything else to Django."""
+and /mcp to the MCP bridge before Django's view and middleware stack, and everything else to
+Django."""
 
 import os
 
@@ -14,8 +15,9 @@ from channels.routing import ProtocolTypeRouter  # noqa: E402
 from config.edge import limit_body  # noqa: E402
 from config.node import lifespan_app  # noqa: E402
 from gateway.routing import http_application  # noqa: E402
+from mcp_bridge.server import routes as mcp_routes  # noqa: E402
 
-_http = limit_body(http_application(django_asgi_app))
+_http = limit_body(http_application(django_asgi_app, apps=mcp_routes()))
 _other = ProtocolTypeRouter({"http": _http, "lifespan": lifespan_app})
 
 

@@ -4,7 +4,7 @@ Django's ASGI handler reads a whole request body (spooling it to a temporary fil
 view or ``DATA_UPLOAD_MAX_MEMORY_SIZE`` check runs, and the heartbeat fast path reads a body to
 its end. This wrapper answers 413 at once when the announced ``Content-Length`` is above
 ``A2A_MAX_API_BODY_BYTES``, and cuts a chunked body at that size (413, and the application
-sees the client leave). The ``/a2a/`` gateway enforces its own cap.
+sees the client leave). The ``/a2a/`` gateway and the ``/mcp`` bridge enforce their own cap.
 """
 
 from __future__ import annotations
@@ -27,15 +27,23 @@ def _too_large(cap: int) -> tuple[dict, dict]:
     return start, {"type": "http.response.body", "body": body}
 
 
+#: Paths that cap their own bodies at ``A2A_MAX_REQUEST_BYTES`` (the MCP bridge: a tool call
+#: carries what a gateway call would).
+_OWN_CAP = frozenset({"/mcp", "/mcp/"})
+
+
 def limit_body(app):
-    """Wrap the node's HTTP application with the API body cap (``/a2a/`` passes untouched: the
-    gateway reads, caps and authenticates its own bodies on the hot path)."""
+    """Wrap the node's HTTP application with the API body cap (``/a2a/`` and ``/mcp`` pass
+    untouched: the gateway reads, caps and authenticates its own bodies on the hot path, the
+    MCP bridge authenticates first and caps at the gateway's request cap)."""
     cap = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
     def router(scope, receive, send):
         # Returns the app's coroutine itself for paths without a body to guard: no extra
         # coroutine level on the gateway's hot path.
-        if scope["path"].startswith("/a2a/") or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        path = scope["path"]
+        if path.startswith("/a2a/") or path in _OWN_CAP or \
+                scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return app(scope, receive, send)
         return guarded(scope, receive, send)
 

@@ -117,6 +117,7 @@ INSTALLED_APPS = [
     "discovery",
     "ard",
     "console",
+    "mcp_bridge.apps.McpBridgeConfig",
 ]
 
 MIDDLEWARE = [
@@ -506,6 +507,12 @@ ARD_MIN_SCORE = env_int("ARD_MIN_SCORE", 1)
 # batch writes its documents before answering.
 ARD_INDEX_DEFERRED = env_bool("ARD_INDEX_DEFERRED", True)
 
+# --- MCP bridge (mcp_bridge/): every routable agent as a tool at /mcp ---
+A2A_MCP_ENABLED = env_bool("A2A_MCP_ENABLED", True)
+# Tool descriptions from agent cards where no reviewed (discovery) description exists; off:
+# only the agent id and card name (card text is an injection surface for MCP clients' models).
+A2A_MCP_CARD_DESCRIPTIONS = env_bool("A2A_MCP_CARD_DESCRIPTIONS", True)
+
 # --- settings that must agree with one another (checked last: every name above has been read) ---
 if A2A_NODE_LIVENESS_TTL_SECONDS <= A2A_NODE_LIVENESS_REFRESH_SECONDS:
     raise ImproperlyConfigured(
@@ -538,5 +545,8 @@ LOGGING = {
         "daphne": {"level": "WARNING"},
         "celery.app.trace": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
+        # The MCP SDK's stateless transport logs a line per request ("Terminating session"):
+        # /mcp answers every tool call with a fresh transport (mcp_bridge/server.py).
+        "mcp.server.streamable_http": {"level": "WARNING"},
     },
 }

@@ -92,56 +92,19 @@ def _console_token() -> str:
 
 
 async def _call_gateway(agent_id: str, body: bytes, token: str) -> tuple[int, dict, bytes]:
-    from gateway import runtime
-    from gateway.handler import a2a_app
+    from gateway import inprocess, runtime
 
     # The process's running node (the one the gateway serves /a2a from); started here when no
     # server started one (a management shell, a test without a live server).
     node = runtime.current_node() or await runtime.host.ensure()
-
-    sent = False
-    never = asyncio.Event()
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await never.wait()  # the caller stays connected until the reply is complete
-        return {"type": "http.disconnect"}
-
-    chunks: list[bytes]
-    status, headers, chunks = 0, {}, []
-
-    async def send(message: dict) -> None:
-        nonlocal status, headers
-        if message["type"] == "http.response.start":
-            status = message["status"]
-            headers = {k.decode().lower(): v.decode() for k, v in message.get("headers", [])}
-        elif message["type"] == "http.response.body":
-            if sum(map(len, chunks)) < MAX_SHOWN_BYTES:
-                chunks.append(message.get("body", b""))
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": f"/a2a/{agent_id}",
-        "raw_path": f"/a2a/{agent_id}".encode(),
-        "query_string": b"",
-        "root_path": "",
-        "client": ("127.0.0.1", 0),
-        "server": ("127.0.0.1", 0),
-        "headers": [
+    reply = await asyncio.wait_for(
+        inprocess.call(node, agent_id, body, max_bytes=MAX_SHOWN_BYTES, headers=[
             (b"content-type", b"application/json"),
             (b"authorization", f"Bearer {token}".encode()),
-            (b"content-length", str(len(body)).encode()),
-        ],
-    }
-    await asyncio.wait_for(a2a_app(node, scope, receive, send), TEST_TIMEOUT_SECONDS + 15)
-    return status, headers, b"".join(chunks)[:MAX_SHOWN_BYTES]
+        ]),
+        TEST_TIMEOUT_SECONDS + 15,
+    )
+    return reply.status, reply.headers, reply.body
 
 
 def agent_test_message(*, agent_id: str, text: str) -> TestReply:

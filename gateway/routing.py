@@ -8,7 +8,7 @@ hands each ``/a2a`` request the node it serves (:class:`gateway.runtime.NodeHost
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Mapping
 
 from gateway import heartbeats, registrations
 from gateway.handler import a2a_app
@@ -17,10 +17,13 @@ from gateway.runtime import NodeHost
 from gateway.runtime import host as process_host
 
 
-def http_application(django_app, host: NodeHost | None = None):
+def http_application(django_app, host: NodeHost | None = None,
+                     apps: Mapping[str, Callable] | None = None):
     """The ``http`` application of the Channels ``ProtocolTypeRouter``, serving ``host``'s
-    node (default: the process's)."""
+    node (default: the process's). ``apps`` maps exact paths to ASGI applications of the
+    packages above the gateway (the MCP bridge's ``/mcp``), given by the composition root."""
     node_host = host or process_host
+    exact = dict(apps or {})
 
     async def a2a_starting(scope, receive, send) -> None:
         # No lifespan started a node (a server without one): the first request starts it.
@@ -37,6 +40,9 @@ def http_application(django_app, host: NodeHost | None = None):
             return a2a_app(node, scope, receive, send)
         if path == "/metrics":
             return metrics_app(scope, receive, send)
+        app = exact.get(path)
+        if app is not None:
+            return app(scope, receive, send)
         fast = heartbeats.route(scope) or registrations.route(scope)
         if fast is not None:
             return fast(scope, receive, send)

@@ -202,3 +202,11 @@ def agent_calls(*, agent_id: str) -> dict[str, Any] | None:
     """The agent's recent gateway calls, or None when no statistics are kept here."""
     reader = _calls_reader
     return reader(agent_id) if reader is not None else None
+
+
+def agent_cards(*, agent_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """``agent_id -> (card_sha256, card bytes as registered)`` for the given agents (one query;
+    unknown ids are absent)."""
+    rows = Agent.objects.filter(agent_id__in=agent_ids).values_list(
+        "agent_id", "card_sha256", "card_raw")
+    return {agent_id: (sha, raw) for agent_id, sha, raw in rows}

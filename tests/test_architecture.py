@@ -92,3 +92,15 @@ def test_the_import_check_sees_a_cycle(tmp_path):
     (tmp_path / "b.py").write_text("from gateway import a\n")
     assert "gateway.b" in _imports(tmp_path / "a.py")
     assert "gateway.a" in _imports(tmp_path / "b.py")
+
+
+def test_only_the_composition_root_imports_the_mcp_bridge():
+    """``mcp_bridge/`` sits above the gateway, discovery and the registry (it composes them);
+    none of them, nor the console, imports it: the node's router gets its routes from
+    ``config.asgi``."""
+    offenders = {
+        module: sorted(name for name in _imports(path) if name.split(".")[0] == "mcp_bridge")
+        for package in ("registry", "gateway", "discovery", "console", "outbound", "ard")
+        for module, path in _modules(package).items()
+    }
+    assert {m: names for m, names in offenders.items() if names} == {}

@@ -1,0 +1,460 @@
+"""The node's MCP server: ``/mcp`` (Streamable HTTP), built on the official MCP Python SDK.
+
+**Stateless.** The SDK's session managers run in stateless mode: every request is answered on
+its own, no ``Mcp-Session-Id`` is issued and nothing is kept between requests, so any node
+answers any request (a load balancer needs no affinity, a node restart loses nothing). A
+tool call is answered as an SSE stream (its progress notifications, then its result), any
+other request as one JSON body (:class:`Managers`). What needs a
+session is not offered: ``notifications/tools/list_changed`` is not sent (clients list tools
+again when they reconnect or refresh), nor server-to-client requests.
+
+**Auth.** The same bearer tokens as the API and the gateway, checked here through the process's
+token cache before the SDK sees the request: no token, or a bad one, answers 401 with a
+``WWW-Authenticate`` naming the protected-resource metadata (RFC 9728), served at
+``/.well-known/oauth-protected-resource/mcp`` (and without the ``/mcp`` suffix). ``tools/list``
+shows the agents the caller may call; a call of any other name is an unknown tool. The
+gateway's rate limits apply: refused requests are charged to their address (which is then
+refused before any token lookup), tool calls to the caller by the gateway, other requests
+to the caller here.
+
+**Calls** go through the gateway's own handler in-process (:mod:`gateway.inprocess`) with the
+caller's ``Authorization``, so the gateway's authentication, authorization, rate limits, size
+caps, timeouts, audit, metrics, tracing and executed flag apply to every tool call. An agent
+whose card streams is called with the streaming send: its updates become progress
+notifications, and a cancelled call cancels the A2A task (:mod:`mcp_bridge.calls`).
+
+**Bounds.** A request body above ``A2A_MAX_REQUEST_BYTES`` is refused (413) before it is
+parsed (announced or chunked); a reply is read up to ``A2A_MAX_RESPONSE_BYTES``;
+``tools/list`` pages hold at most :data:`mcp_bridge.tools.PAGE_SIZE` tools.
+
+An SDK session manager runs a task group for its whole life: :class:`Bridge` runs both in a
+task of their own, started and stopped by the node's lifecycle hooks (``config.node``), or on
+the first request when no hook ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+import orjson
+from django.conf import settings
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.exceptions import MCPError
+
+from gateway import errors, inprocess, runtime
+from gateway.bodies import BodyTooLarge, Disconnected, read_body
+from gateway.cards import gateway_base_url
+from gateway.headers import scan_request_headers
+from mcp_bridge import calls, pins, tools
+from registry.auth import UNAUTHENTICATED_MESSAGE
+from registry.ids import AGENT_ID_RE
+from registry.permissions import Actor
+from registry.token_cache import AuthFailed, AuthUnavailable
+
+logger = logging.getLogger(__name__)
+
+PATH = "/mcp"
+METADATA_PATHS = ("/.well-known/oauth-protected-resource",
+                  "/.well-known/oauth-protected-resource/mcp")
+_ACTOR = "a2a.actor"
+_AUTHORIZATION = "a2a.authorization"
+#: Room above the response cap for the reply's JSON-RPC envelope.
+_REPLY_SLACK = 64 * 1024
+#: The longest a cancelled call's ``tasks/cancel`` may take.
+CANCEL_TIMEOUT_SECONDS = 30.0
+
+INSTRUCTIONS = (
+    "Each tool is an A2A agent of this registry, called through its gateway: send it a "
+    "message (and the context_id of an earlier answer to continue a conversation). A task "
+    "that is still running returns its task_id: poll it with get_task."
+)
+
+
+def _caller(ctx: Any) -> tuple[Actor, str | None]:
+    scope = ctx.request.scope if ctx.request is not None else {}
+    actor = scope.get(_ACTOR)
+    if actor is None:  # only requests that passed mcp_app's authentication reach the SDK
+        raise MCPError(types.INVALID_REQUEST, "not authenticated")
+    return actor, scope.get(_AUTHORIZATION)
+
+
+async def _pinned(ctx: Any, actor: Actor) -> pins.Pinned | None:
+    """The discovery snapshot the request's URL pins (``?session=`` / ``?snapshot=``)."""
+    try:
+        return await pins.pinned(ctx.request.scope.get("query_string") or b"", actor.client_id)
+    except pins.PinError as exc:
+        raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+
+
+async def _node():
+    return runtime.current_node() or await runtime.host.ensure()
+
+
+async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
+                     ) -> types.ListToolsResult:
+    actor, _ = _caller(ctx)
+    node = await _node()
+    pinned = await _pinned(ctx, actor)
+    routes = tools.callable_routes(node.table.routes(), actor)
+    if pinned is not None:
+        routes = [r for r in routes if r.agent_id in pinned.descriptions]
+    chunk, next_cursor = tools.page(routes, params.cursor if params else None)
+    try:
+        listed = [types.Tool(**tool) for tool in await tools.tools_listed(
+            chunk, pinned.descriptions if pinned is not None else None)]
+    except tools.Unavailable as exc:
+        raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+    if routes and not (params and params.cursor):
+        listed.append(types.Tool(name=tools.GET_TASK, title="Get an A2A task",
+                                 description=tools.GET_TASK_DESCRIPTION,
+                                 input_schema=tools.GET_TASK_SCHEMA))
+    return types.ListToolsResult(tools=listed, next_cursor=next_cursor)
+
+
+async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    actor, authorization = _caller(ctx)
+    node = await _node()
+    arguments = params.arguments or {}
+    name = params.name
+    if name == tools.GET_TASK:
+        agent_id, task_id = arguments.get("agent_id"), arguments.get("task_id")
+        if not isinstance(agent_id, str) or not isinstance(task_id, str) or not task_id:
+            return calls.error_result("get_task needs agent_id and task_id (strings)")
+        name = agent_id
+    pinned = await _pinned(ctx, actor)
+    route = node.table.get(name) if AGENT_ID_RE.match(name) else None
+    if route is None or route.credential_passthrough or not actor.may_call(name) \
+            or (pinned is not None and name not in pinned.descriptions):
+        # The same answer for an agent that does not exist and one this caller may not see.
+        if params.name == tools.GET_TASK:
+            return calls.error_result(f"unknown agent: {name}")
+        raise MCPError(types.INVALID_PARAMS, f"unknown tool: {name}")
+    try:
+        tool = await tools.tool_of(route)
+    except tools.Unavailable as exc:
+        return calls.error_result(str(exc), agent_id=name, kind="registry_unavailable",
+                                  executed=False, retryable=True)
+    if tool is None:
+        raise MCPError(types.INVALID_PARAMS, f"unknown tool: {name}")
+    streaming = tool.streaming and params.name != tools.GET_TASK
+    try:
+        if params.name == tools.GET_TASK:
+            body, extra = calls.get_task_request(tool.protocol, arguments["task_id"])
+        else:
+            body, extra = calls.send_request(tool.protocol, arguments, streaming=streaming)
+    except calls.InvalidArguments as exc:
+        return calls.error_result(f"invalid arguments: {exc}")
+    headers = _headers(authorization, extra)
+    client = tuple(ctx.request.scope.get("client") or ("127.0.0.1", 0))
+    cap = node.settings.A2A_MAX_RESPONSE_BYTES + _REPLY_SLACK
+    if not streaming:
+        reply = await inprocess.call(node, name, body, headers=headers, max_bytes=cap,
+                                     client=client)
+        return calls.tool_result(name, reply, node.settings.A2A_MAX_RESPONSE_BYTES)
+
+    async def progress(count: float, message: str) -> None:
+        await ctx.session.report_progress(count, None, message)
+
+    # A stream has no gateway timeout (only an idle one): a tool call ends, answered or not,
+    # after the gateway's default timeout; and when the events it keeps outgrow the response
+    # cap. Either way the gateway closes the agent's stream (the call task is cancelled, as a
+    # caller leaving) and the A2A task is cancelled.
+    stream = calls.EventStream(cap, progress)
+    call = asyncio.ensure_future(inprocess.call(node, name, body, headers=headers,
+                                                max_bytes=cap, client=client, sink=stream))
+    stream.on_too_large = call.cancel
+    limit = node.settings.A2A_DEFAULT_TIMEOUT_SECONDS
+    timed_out = False
+    try:
+        async with asyncio.timeout(limit):
+            reply = await asyncio.shield(call)
+    except TimeoutError:
+        timed_out = True
+    except asyncio.CancelledError:
+        call.cancel()
+        if not stream.too_large:
+            # The MCP client cancelled the call (it closed the response).
+            if stream.task_id:
+                _cancel_task(node, name, tool.protocol, str(stream.task_id), authorization,
+                             client)
+            raise
+    if timed_out or stream.too_large:
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        if stream.task_id:
+            _cancel_task(node, name, tool.protocol, str(stream.task_id), authorization, client)
+        if timed_out:
+            return calls.error_result(
+                f"gateway error (timeout): {name} did not finish within {limit:g} s "
+                "(A2A_DEFAULT_TIMEOUT_SECONDS); its task was cancelled", agent_id=name,
+                kind="timeout", executed=True, task_id=stream.task_id)
+        return stream.result(name, inprocess.Reply(0, {}, b"", False))
+    return stream.result(name, reply)
+
+
+def _headers(authorization: str | None, extra: list) -> list[tuple[bytes, bytes]]:
+    headers = [(b"content-type", b"application/json"), *extra]
+    if authorization:
+        headers.append((b"authorization", authorization.encode("latin-1")))
+    return headers
+
+
+_cancels: set[asyncio.Task] = set()
+
+
+def _cancel_task(node, agent_id: str, protocol: str, task_id: str,
+                 authorization: str | None, client: tuple) -> None:
+    """Send the agent ``tasks/cancel`` (``CancelTask``) through the gateway, in a task of its
+    own (the cancelled call's cannot await any more), bounded by :data:`CANCEL_TIMEOUT_SECONDS`."""
+    body, extra = calls.cancel_request(protocol, task_id)
+
+    async def cancel() -> None:
+        try:
+            reply = await asyncio.wait_for(inprocess.call(
+                node, agent_id, body, headers=_headers(authorization, extra),
+                max_bytes=_REPLY_SLACK, client=client), CANCEL_TIMEOUT_SECONDS)
+        except (TimeoutError, OSError) as exc:
+            logger.warning("task %s of %s not cancelled: %r", task_id, agent_id, exc)
+            return
+        logger.info("task %s of %s cancelled by its MCP client: HTTP %d", task_id, agent_id,
+                    reply.status)
+
+    task = asyncio.get_running_loop().create_task(cancel())
+    _cancels.add(task)
+    task.add_done_callback(_cancels.discard)
+
+
+def _no_header_params(name: str) -> None:
+    """No tool declares ``Mcp-Param-*`` headers, so a call has none to validate. Without this
+    the SDK would run the whole ``tools/list`` (a database read) before every 2026-07-28
+    ``tools/call`` to find the tool's schema."""
+    return None
+
+
+def build_server() -> Server:
+    return Server("a2a-registry", version="1", title="A2A agent registry",
+                  instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
+                  get_tool_input_schema=_no_header_params)
+
+
+@dataclass(frozen=True)
+class Managers:
+    """The SDK's two stateless session managers: SSE responses for tool calls (their progress
+    notifications; and the SDK cancels a call whose response the client closes only on an
+    event stream) and JSON responses for everything else (``tools/list``, discovery,
+    ``initialize``: about 40 % less CPU per request)."""
+
+    json: StreamableHTTPSessionManager
+    sse: StreamableHTTPSessionManager
+
+
+class Bridge:
+    """The SDK's session managers of this process, run in a task of their own on the serving
+    loop (their task groups live as long as the node)."""
+
+    def __init__(self) -> None:
+        self.manager: Managers | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._stop: asyncio.Event | None = None
+        self._starting: asyncio.Future | None = None
+
+    async def start(self) -> None:
+        """Node startup hook."""
+        if settings.A2A_MCP_ENABLED:
+            await self.ensure()
+
+    async def ensure(self) -> Managers:
+        loop = asyncio.get_running_loop()
+        if self.manager is not None and self._loop is loop:
+            return self.manager
+        starting = self._starting
+        if starting is not None and not starting.done() and starting.get_loop() is loop:
+            return await asyncio.shield(starting)
+        starting = self._starting = loop.create_future()
+        server = build_server()
+        manager = Managers(*(
+            StreamableHTTPSessionManager(app=server, stateless=True, json_response=json_response,
+                                         max_request_body_size=settings.A2A_MAX_REQUEST_BYTES)
+            for json_response in (True, False)))
+        ready, stop = asyncio.Event(), asyncio.Event()
+
+        async def run() -> None:
+            async with manager.json.run(), manager.sse.run():
+                ready.set()
+                await stop.wait()
+
+        task = loop.create_task(run(), name="mcp-session-manager")
+        waiter = loop.create_task(ready.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.is_set():
+            waiter.cancel()
+            exc = task.exception() or RuntimeError("the MCP session manager did not start")
+            starting.set_exception(exc)
+            starting.exception()
+            raise exc
+        self.manager, self._loop, self._task, self._stop = manager, loop, task, stop
+        starting.set_result(manager)
+        return manager
+
+    async def stop(self) -> None:
+        """Node shutdown hook: requests in flight are cancelled with the task group."""
+        task, stop = self._task, self._stop
+        if task is None or stop is None or self._loop is not asyncio.get_running_loop():
+            return
+        self.manager = self._task = self._stop = None
+        stop.set()
+        try:
+            await task
+        except Exception:
+            logger.exception("the MCP session manager failed while stopping")
+
+
+bridge = Bridge()
+
+
+async def _json(send, status: int, payload: dict[str, Any],
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = orjson.dumps(payload)
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _base_url(scope: dict[str, Any]) -> str:
+    host = proto = forwarded_host = ""
+    for name, value in scope["headers"]:
+        if name == b"host":
+            host = value.decode("latin-1")
+        elif name == b"x-forwarded-proto":
+            proto = value.decode("latin-1")
+        elif name == b"x-forwarded-host":
+            forwarded_host = value.decode("latin-1")
+    return gateway_base_url(scope, host, proto, forwarded_host)
+
+
+def metadata_url(scope: dict[str, Any]) -> str:
+    return _base_url(scope) + METADATA_PATHS[1]
+
+
+async def metadata_app(scope, receive, send) -> None:
+    """``/.well-known/oauth-protected-resource[/mcp]``: how an MCP client authenticates to
+    ``/mcp`` (RFC 9728). Tokens come from ``create_client`` or the admin; no authorization
+    server issues them, so none is named."""
+    if scope["method"] not in ("GET", "HEAD"):
+        await _json(send, 405, {"error": "method not allowed: use GET"}, [(b"allow", b"GET")])
+        return
+    base = _base_url(scope)
+    await _json(send, 200, {
+        "resource": base + PATH,
+        "bearer_methods_supported": ["header"],
+        "resource_name": "A2A agent registry (MCP)",
+        "resource_documentation": base + "/api/docs/",
+    }, [(b"cache-control", b"public, max-age=3600")])
+
+
+async def _refuse(send, kind: str, detail: str,
+                  extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """A refusal before the SDK sees the request: the gateway's JSON-RPC error body for
+    ``kind`` (the SDK client surfaces its message), with the gateway's HTTP status."""
+    body = errors.error_body(kind, rpc_id=None, agent_id=None, detail=detail)
+    await send({"type": "http.response.start", "status": errors.http_status_for(kind),
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *(extra or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def mcp_app(scope, receive, send) -> None:
+    """``/mcp``: authenticate the caller (before any body is read), read the body up to
+    ``A2A_MAX_REQUEST_BYTES`` (413 beyond, announced or not), then hand the request to the
+    SDK's transport: the SSE one for a tool call, else the JSON one."""
+    headers = scan_request_headers(scope["headers"])
+    challenge = f'Bearer realm="a2a", resource_metadata="{metadata_url(scope)}"'.encode()
+    node = await _node()
+    limiter, tokens_cache = node.limiter, node.tokens
+    client = scope.get("client")
+    address = client[0] if client else "-"
+    # The gateway's rate limits (A2A_RATE_LIMIT_PER_SECOND): an address whose refused calls
+    # used up its allowance is refused before any token lookup (/a2a and /mcp share it).
+    if limiter.address_blocked(address) and not tokens_cache.verified(headers.authorization):
+        await _refuse(send, errors.RATE_LIMITED, "rate limit exceeded", [(b"retry-after", b"1")])
+        return
+    try:
+        actor = await tokens_cache.actor(headers.authorization)
+    except AuthUnavailable as exc:
+        await _refuse(send, errors.AUTH_UNAVAILABLE, str(exc), [(b"retry-after", b"1")])
+        return
+    except AuthFailed as exc:
+        limiter.charge_refused(address)
+        await _refuse(send, errors.UNAUTHENTICATED, str(exc), [(b"www-authenticate", challenge)])
+        return
+    if actor is None:
+        limiter.charge_refused(address)
+        await _refuse(send, errors.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE,
+                      [(b"www-authenticate", challenge)])
+        return
+    if scope["method"] != "POST":
+        # Stateless: no session to delete, and no server-to-client stream to open with GET
+        # (the SDK would hold it open with nothing ever to send).
+        await _json(send, 405, {"error": "method not allowed: use POST (stateless MCP server)"},
+                    [(b"allow", b"POST")])
+        return
+    cap = settings.A2A_MAX_REQUEST_BYTES
+    too_large = f"request body larger than {cap} bytes (A2A_MAX_REQUEST_BYTES)"
+    if headers.content_length is not None and headers.content_length > cap:
+        await _refuse(send, errors.REQUEST_TOO_LARGE, too_large, [(b"connection", b"close")])
+        return
+    try:
+        body = await read_body(receive, cap)
+    except BodyTooLarge:
+        await _refuse(send, errors.REQUEST_TOO_LARGE, too_large, [(b"connection", b"close")])
+        return
+    except Disconnected:
+        return
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    tool_call = _is_tool_call(body)
+    # A tool call is charged to the caller's rate limit by the gateway; anything else here.
+    key = actor.client_id if not actor.is_anonymous else f"anonymous:{address}"
+    if not tool_call and not limiter.allow(key):
+        await _refuse(send, errors.RATE_LIMITED, "rate limit exceeded", [(b"retry-after", b"1")])
+        return
+    scope = {**scope, _ACTOR: actor, _AUTHORIZATION: headers.authorization}
+    managers = await bridge.ensure()
+    # A tool call is answered on an event stream: its progress notifications, and the SDK
+    # cancels a call whose response is closed only there (the client's cancellation).
+    # Everything else is answered as one JSON body.
+    manager = managers.sse if tool_call else managers.json
+    await manager.handle_request(scope, replay, send)
+
+
+def _is_tool_call(body: bytes) -> bool:
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(message, dict) and message.get("method") == "tools/call"
+
+
+def routes() -> dict[str, Any]:
+    """Exact paths -> ASGI apps, for the node's router (empty when ``A2A_MCP_ENABLED`` is
+    off: the paths then reach Django, which answers 404)."""
+    if not settings.A2A_MCP_ENABLED:
+        return {}
+    return {PATH: mcp_app, PATH + "/": mcp_app,
+            **{path: metadata_app for path in METADATA_PATHS}}
