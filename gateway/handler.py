@@ -737,9 +737,11 @@ def _background(loop, coro) -> None:
 
 
 async def _end_stalled(exchange: Exchange, stall: float, detail: str) -> None:
-    """End a stream whose caller stopped reading: a terminal error event if its connection
-    takes one within the stall timeout (at least 1 s, at most 5 s), else the response is
-    abandoned (the server closes the connection once its few buffered bytes are read)."""
+    """End a stream whose caller stopped reading with a terminal error event and the
+    response's end. Under uvicorn and Daphne the last message never waits for the connection
+    to drain (:func:`gateway.sse.flow_controlled`): both buffer it, so a caller that reads
+    again gets the same ending on both. Another server gets the stall timeout (at least 1 s,
+    at most 5 s) for it, else the response is abandoned."""
     exchange.outcome = errors.STREAM_STALLED
     logger.warning("stream to %s ended: %s", exchange.agent_id, detail)
     try:

@@ -339,19 +339,28 @@ def test_sync_method_answered_with_an_event_stream_is_bounded(flood, server):
 
 @pytest.mark.parametrize("server", ["uvicorn", "daphne"])
 def test_stalled_caller_gets_a_terminal_error_event(flood, server):
+    """The same ending on both servers, however long after the stall the caller reads again:
+    the data, then the ``stream_stalled`` event, then the chunked terminator (the node writes
+    the last message into the connection's buffer without waiting for it to drain)."""
     with running_node(server) as node:
         register_on(node, "flood", flood.url)
         sock = stalled_caller(node, "flood", node.token)
         try:
-            time.sleep(STALL_SECONDS + 1.5)  # past the stall deadline, within the final write
-            data = read_to_end(sock, timeout=20)
+            deadline = time.monotonic() + STALL_SECONDS + 20
+            while (not flood.sent or flood.open) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert flood.sent and flood.open == 0, "the stalled stream was not ended"
+            # The caller comes back only after the node has given up any wait for room for
+            # the ending (at most min(max(stall, 1), 5) s): it must be buffered by then.
+            time.sleep(min(max(STALL_SECONDS, 1.0), 5.0) + 2)
+            data = read_to_end(sock, timeout=30)
         finally:
             sock.close()
         assert data.startswith(b"HTTP/1.1 200")
         tail = data[-4096:]
+        assert data.endswith(b"\r\n0\r\n\r\n"), tail[-300:]
         assert b"event: error" in tail and b'"kind":"stream_stalled"' in tail, tail[-600:]
         assert b"stream stalled: the caller read nothing for" in tail
-        assert flood.open == 0
 
 
 def test_cross_node_stalled_callers_are_bounded(
