@@ -97,7 +97,10 @@ class StreamBuffer:
         self.push(message)
 
     async def put(self, message: dict[str, Any]) -> None:
-        while self.size >= self.limit and not self.overflowed:
+        """Add ``message`` once it fits: the buffer never holds more than its limit (or one
+        message larger than the limit, alone)."""
+        cost = _cost(message)
+        while self.size and self.size + cost > self.limit and not self.overflowed:
             self._putter = asyncio.get_running_loop().create_future()
             try:
                 await self._putter
@@ -119,8 +122,8 @@ class StreamBuffer:
         message = self._items.popleft()
         self.size -= _cost(message)
         putter = self._putter
-        if putter is not None and not putter.done() and self.size < self.limit:
-            putter.set_result(None)
+        if putter is not None and not putter.done():
+            putter.set_result(None)  # it waits again if its message does not fit yet
         return message
 
     def close(self) -> None:

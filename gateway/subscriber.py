@@ -733,6 +733,7 @@ class VirtualSubscriber:
                     return
                 last_data = loop.time()
                 events, tail = split_events(tail + piece if tail else piece)
+                del piece  # copied into events and tail: not held while the sink waits
                 if len(tail) > cap or (len(events) > cap and largest_event(events) > cap):
                     await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
                     return
