@@ -51,6 +51,9 @@ OWNER_LOST = "owner_lost"
 # The node answering the caller stopped (SIGTERM) and its drain (A2A_SHUTDOWN_DRAIN_SECONDS)
 # ended before the call did: executed true (the agent may have received it); retry elsewhere.
 NODE_STOPPING = "node_stopping"
+# The agent answered an HTTP status outside 100-599 (e.g. 999), which no HTTP server relays
+# (uvicorn has no status line for it): executed true (the agent had the request), not retried.
+BAD_AGENT_STATUS = "bad_agent_status"
 
 # kind: (code in profile "a2a", code in profile "kubemq", retryable, HTTP status)
 # The a2a profile keeps gateway codes outside A2A's own -32001..-32009 (TaskNotFound, ...);
@@ -74,6 +77,7 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     AUTH_UNAVAILABLE: (-32061, -32603, True, 503),
     OWNER_LOST: (-32063, -32603, True, 200),
     NODE_STOPPING: (-32064, -32603, True, 200),
+    BAD_AGENT_STATUS: (-32065, -32603, False, 200),
 }
 
 _PREFIX = {
@@ -103,6 +107,8 @@ def message_for(
         return f"agent unavailable: HTTP {status}"
     if kind == RESPONSE_TOO_LARGE:
         return "response too large"
+    if kind == BAD_AGENT_STATUS:
+        return f"bad agent status: HTTP {status}"
     return detail or kind.replace("_", " ")
 
 
