@@ -54,6 +54,10 @@ NODE_STOPPING = "node_stopping"
 # The agent answered an HTTP status outside 100-599 (e.g. 999), which no HTTP server relays
 # (uvicorn has no status line for it): executed true (the agent had the request), not retried.
 BAD_AGENT_STATUS = "bad_agent_status"
+# The entry node's connection to the broker (Redis) was lost while a call's replies crossed it:
+# replies published meanwhile are gone, so the call ends at once; executed true (the Query had
+# been published). The owner may be alive: ``owner_lost`` is only for a dead owner.
+BROKER_LOST = "broker_lost"
 
 # kind: (code in profile "a2a", code in profile "kubemq", retryable, HTTP status)
 # The a2a profile keeps gateway codes outside A2A's own -32001..-32009 (TaskNotFound, ...);
@@ -78,6 +82,7 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     OWNER_LOST: (-32063, -32603, True, 200),
     NODE_STOPPING: (-32064, -32603, True, 200),
     BAD_AGENT_STATUS: (-32065, -32603, False, 200),
+    BROKER_LOST: (-32066, -32603, True, 200),
 }
 
 _PREFIX = {
@@ -88,6 +93,7 @@ _PREFIX = {
     STREAM_NOT_FOUND: "stream not found: ",
     OWNER_LOST: "owning node lost: ",
     NODE_STOPPING: "node stopping: ",
+    BROKER_LOST: "broker lost: ",
 }
 
 

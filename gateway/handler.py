@@ -41,7 +41,7 @@ from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
 from gateway.jsonrpc import LAZY_ABOVE_BYTES, parse_request
 from gateway.limits import request_timeout
-from gateway.liveness import OWNER_LOST
+from gateway.liveness import BROKER_LOST, OWNER_LOST
 from gateway.replicator import ORIGIN
 from gateway.resume import parse_last_event_id
 from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
@@ -531,6 +531,9 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float, owner: str)
                 await exchange.fail(errors.OWNER_LOST, f"node {owner} died during the call",
                                     executed=True)
                 return
+            if message is BROKER_LOST:  # the reply may be lost with the connection
+                await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
+                return
             acked = True
             await exchange.deliver(message)
     finally:
@@ -593,7 +596,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     ``stream_stalled`` error event and the stream is freed on both sides.
 
     Through the broker, the owning node dying ends the stream with ``owner_lost`` as soon as
-    its liveness key expires, or once an event stream misses two keepalives, whichever first.
+    its liveness key expires, or once an event stream misses two keepalives, whichever first;
+    this node losing its connection to the broker ends it at once with ``broker_lost``.
     """
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
@@ -685,6 +689,12 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 # Published while the owner was up: it may have reached the agent.
                 await exchange.fail(errors.OWNER_LOST, f"node {owner} died during the stream",
                                     executed=True)
+                return
+            if message is BROKER_LOST:
+                # Events published while the connection was down are gone: end it now rather
+                # than relay around a gap; then the owner is told to cancel (if Redis is back).
+                await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
+                await stop()
                 return
             if message is _REVOKED:
                 await stop()
