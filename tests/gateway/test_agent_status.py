@@ -15,8 +15,12 @@ import httpx
 import orjson
 import pytest
 
+from tests.gateway import test_proxy as proxy
 from tests.gateway.test_backpressure import register_on, running_node
 from tests.gateway.test_proxy import rpc
+
+# fixtures of test_proxy: a caller token, and the local fast path / broker path switch
+path_mode, token = proxy.path_mode, proxy.token
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
 pytestmark = pytest.mark.usefixtures("outbound_client")
@@ -106,3 +110,17 @@ def test_kubemq_profile_code():
         assert r.status_code == 200 and r.headers["x-a2a-executed"] == "true"
         error = orjson.loads(r.content)["error"]
         assert error["code"] == -32603 and error["data"]["kind"] == "bad_agent_status"
+
+
+def test_both_paths(live_server_url, token, path_mode):
+    """Over the local fast path and through the Channels layer: the same error reaches the
+    caller (the subscriber decides it; the envelope carries it)."""
+    with odd_agent(999, b"text/event-stream") as agent:
+        agent_id = proxy.new_id("odd")
+        proxy.register(agent_id, f"http://127.0.0.1:{agent.server_address[1]}/rpc")
+        r = httpx.post(f"{live_server_url}/a2a/{agent_id}", json=rpc("message/stream", rpc_id=5),
+                       headers={"Authorization": f"Bearer {token}"}, timeout=20)
+    assert r.status_code == 200 and r.headers["x-a2a-executed"] == "true"
+    assert r.headers["x-a2a-agent-status"] == "999"
+    error = orjson.loads(r.content)["error"]
+    assert error["data"]["kind"] == "bad_agent_status" and error["data"]["executed"] is True
