@@ -61,6 +61,12 @@ def _run_claimed(name: str, task_name: str, interval: float) -> None:
 
 
 async def _loop(name: str, task_name: str, interval: float, locked: bool) -> None:
+    """Run the task every ``interval``. Failures are logged once per run of failures (an
+    outage makes every run fail the same way): the first, then one line when it works again
+    with how many runs failed."""
+    failing_since: float | None = None
+    failed_runs = 0
+    loop = asyncio.get_running_loop()
     while True:
         try:
             if locked:
@@ -72,9 +78,16 @@ async def _loop(name: str, task_name: str, interval: float, locked: bool) -> Non
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            logger.warning(
-                "periodic task %s (%s) failed: %s: %s", name, task_name, type(exc).__name__, exc
-            )
+            failed_runs += 1
+            if failing_since is None:
+                failing_since = loop.time()
+                logger.warning("periodic task %s (%s) failed: %s: %s (logged once until it "
+                               "runs again)", name, task_name, type(exc).__name__, exc)
+        else:
+            if failing_since is not None:
+                logger.warning("periodic task %s runs again after %.1fs (%d failed runs)",
+                               name, loop.time() - failing_since, failed_runs)
+                failing_since, failed_runs = None, 0
         await asyncio.sleep(interval)
 
 

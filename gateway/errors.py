@@ -51,6 +51,13 @@ OWNER_LOST = "owner_lost"
 # The node answering the caller stopped (SIGTERM) and its drain (A2A_SHUTDOWN_DRAIN_SECONDS)
 # ended before the call did: executed true (the agent may have received it); retry elsewhere.
 NODE_STOPPING = "node_stopping"
+# The agent answered an HTTP status outside 100-599 (e.g. 999), which no HTTP server relays
+# (uvicorn has no status line for it): executed true (the agent had the request), not retried.
+BAD_AGENT_STATUS = "bad_agent_status"
+# The entry node's connection to the broker (Redis) was lost while a call's replies crossed it:
+# replies published meanwhile are gone, so the call ends at once; executed true (the Query had
+# been published). The owner may be alive: ``owner_lost`` is only for a dead owner.
+BROKER_LOST = "broker_lost"
 
 # kind: (code in profile "a2a", code in profile "kubemq", retryable, HTTP status)
 # The a2a profile keeps gateway codes outside A2A's own -32001..-32009 (TaskNotFound, ...);
@@ -74,6 +81,8 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     AUTH_UNAVAILABLE: (-32061, -32603, True, 503),
     OWNER_LOST: (-32063, -32603, True, 200),
     NODE_STOPPING: (-32064, -32603, True, 200),
+    BAD_AGENT_STATUS: (-32065, -32603, False, 200),
+    BROKER_LOST: (-32066, -32603, True, 200),
 }
 
 _PREFIX = {
@@ -84,6 +93,7 @@ _PREFIX = {
     STREAM_NOT_FOUND: "stream not found: ",
     OWNER_LOST: "owning node lost: ",
     NODE_STOPPING: "node stopping: ",
+    BROKER_LOST: "broker lost: ",
 }
 
 
@@ -103,6 +113,8 @@ def message_for(
         return f"agent unavailable: HTTP {status}"
     if kind == RESPONSE_TOO_LARGE:
         return "response too large"
+    if kind == BAD_AGENT_STATUS:
+        return f"bad agent status: HTTP {status}"
     return detail or kind.replace("_", " ")
 
 

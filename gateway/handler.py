@@ -49,7 +49,7 @@ from gateway.jsonrpc import (
     parse_request,
 )
 from gateway.limits import request_timeout
-from gateway.liveness import OWNER_LOST
+from gateway.liveness import BROKER_LOST, OWNER_LOST
 from gateway.replicator import ORIGIN
 from gateway.resume import parse_last_event_id
 from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
@@ -555,6 +555,9 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float, owner: str)
                 await exchange.fail(errors.OWNER_LOST, f"node {owner} died during the call",
                                     executed=True)
                 return
+            if message is BROKER_LOST:  # the reply may be lost with the connection
+                await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
+                return
             acked = True
             await exchange.deliver(message)
     finally:
@@ -617,7 +620,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     ``stream_stalled`` error event and the stream is freed on both sides.
 
     Through the broker, the owning node dying ends the stream with ``owner_lost`` as soon as
-    its liveness key expires, or once an event stream misses two keepalives, whichever first.
+    its liveness key expires, or once an event stream misses two keepalives, whichever first;
+    this node losing its connection to the broker ends it at once with ``broker_lost``.
     """
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
@@ -710,6 +714,12 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 await exchange.fail(errors.OWNER_LOST, f"node {owner} died during the stream",
                                     executed=True)
                 return
+            if message is BROKER_LOST:
+                # Events published while the connection was down are gone: end it now rather
+                # than relay around a gap; then the owner is told to cancel (if Redis is back).
+                await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
+                await stop()
+                return
             if message is _REVOKED:
                 await stop()
                 try:  # a terminal error event, if the caller's connection takes one
@@ -761,9 +771,11 @@ def _background(loop, coro) -> None:
 
 
 async def _end_stalled(exchange: Exchange, stall: float, detail: str) -> None:
-    """End a stream whose caller stopped reading: a terminal error event if its connection
-    takes one within the stall timeout (at least 1 s, at most 5 s), else the response is
-    abandoned (the server closes the connection once its few buffered bytes are read)."""
+    """End a stream whose caller stopped reading with a terminal error event and the
+    response's end. Under uvicorn and Daphne the last message never waits for the connection
+    to drain (:func:`gateway.sse.flow_controlled`): both buffer it, so a caller that reads
+    again gets the same ending on both. Another server gets the stall timeout (at least 1 s,
+    at most 5 s) for it, else the response is abandoned."""
     exchange.outcome = errors.STREAM_STALLED
     logger.warning("stream to %s ended: %s", exchange.agent_id, detail)
     try:

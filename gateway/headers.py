@@ -61,9 +61,13 @@ _PROTECTED_REQUEST_HEADERS = DROPPED_REQUEST_HEADERS | {_GATEWAY_AUTH}
 
 #: Never relayed from the agent back to the caller: hop-by-hop, framing (the gateway sets its
 #: own), the gateway's own server/date, the gateway's X-A2A-* reply headers (an agent must not
-#: be able to forge X-A2A-Executed), and headers that would act on the gateway's origin (which
-#: is also the admin's): cookies, HSTS, Clear-Site-Data, Refresh, WWW-Authenticate (relayed
-#: only from agents with credential passthrough) and CORS (:data:`DROPPED_RESPONSE_PREFIXES`).
+#: be able to forge X-A2A-Executed), headers that would act on the gateway's origin (which
+#: is also the admin's): cookies (Set-Cookie, Set-Cookie2), HSTS, Clear-Site-Data, Refresh,
+#: Content-Security-Policy (and its -Report-Only twin), WWW-Authenticate (relayed only from
+#: agents with credential passthrough) and CORS (:data:`DROPPED_RESPONSE_PREFIXES`); and
+#: Location and Content-Location, which point at the agent's own, often internal, address (the
+#: gateway never follows redirects; a caller has no use for the agent's URL, only the
+#: gateway's, and an agent's 3xx reaches it without a target).
 DROPPED_RESPONSE_HEADERS = frozenset(
     {
         b"connection",
@@ -75,6 +79,7 @@ DROPPED_RESPONSE_HEADERS = frozenset(
         b"content-length",
         b"proxy-authenticate",
         b"set-cookie",
+        b"set-cookie2",
         b"server",
         b"date",
         b"x-a2a-executed",
@@ -82,7 +87,11 @@ DROPPED_RESPONSE_HEADERS = frozenset(
         b"strict-transport-security",
         b"clear-site-data",
         b"refresh",
+        b"content-security-policy",
+        b"content-security-policy-report-only",
         b"www-authenticate",
+        b"location",
+        b"content-location",
     }
 )
 #: Response header name prefixes never relayed (CORS: Access-Control-Allow-Origin, ...).

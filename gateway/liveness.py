@@ -42,6 +42,9 @@ def cluster_of(database: Mapping[str, object]) -> str:
 #: What ends a call in flight on a node found dead (pushed into the call's reply buffer,
 #: gateway.handler).
 OWNER_LOST: dict[str, str] = {"k": "owner_lost"}
+#: What ends every call in flight through the broker when this node's subscribing connection to
+#: it is lost: replies published meanwhile are gone (gateway.runtime, gateway.handler).
+BROKER_LOST: dict[str, str] = {"k": "broker_lost"}
 #: A known node whose key has been gone this many TTLs is dropped from the known set.
 FORGET_AFTER_TTLS = 20
 

@@ -67,8 +67,11 @@ from outbound.resolve import resolve
 
 __all__ = ["CONNECTION_ERRORS", "OutboundError", "Response", "client", "close_client", "finish"]
 
-#: Unread response bytes above which reading from the agent pauses (streams, slow callers).
-HIGH_WATER_BYTES = 1 << 20
+#: Unread response bytes above which reading from the agent pauses (streams, slow callers):
+#: a streamed body waits here at most this plus one socket read (256 KiB), beside the relay's
+#: own bounded buffer (``A2A_SSE_BUFFER_BYTES``), so it is kept small (aiohttp's reader pauses
+#: at 128 KiB).
+HIGH_WATER_BYTES = 64 * 1024
 
 
 class Target:

@@ -21,6 +21,11 @@ from outbound.policy import Policy
 
 _SKIP = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 
+#: The most ``read_chunk`` hands over at once, about what the own client's does (its high-water
+#: mark plus one socket read): aiohttp's ``readany`` joins everything its reader holds (half a
+#: MiB and more for a fast stream), which then waits in the relay and the server's write buffer.
+PIECE_BYTES = 256 * 1024
+
 
 def _wrap(exc: BaseException) -> BaseException:
     if isinstance(exc, OutboundError | TimeoutError):
@@ -72,7 +77,7 @@ class AiohttpResponse:
 
     async def read_chunk(self) -> bytes:
         try:
-            piece: bytes = await self._response.content.readany()
+            piece: bytes = await self._response.content.read(PIECE_BYTES)
         except aiohttp.ClientError as exc:
             raise _wrap(exc) from exc
         if not piece:

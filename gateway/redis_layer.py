@@ -327,6 +327,9 @@ class _LoopLayer:
         self._sub_ready = asyncio.Event()
         self._reconnect: asyncio.Task[None] | None = None
         self._closing = False
+        #: Called with a description when the subscribing connection is lost (the node ends
+        #: the calls whose replies crossed the broker: what was published meanwhile is gone).
+        self.lost_listeners: list[Callable[[str], None]] = []
 
     # --- connections -------------------------------------------------------------------------
 
@@ -392,6 +395,12 @@ class _LoopLayer:
         if not self._closing and (self.channels or self.groups):
             logger.warning("Redis subscriber connection lost; reconnecting")
             self._start_reconnect()
+            detail = f"Redis at {self.address.host}:{self.address.port}: connection lost"
+            for listener in list(self.lost_listeners):
+                try:
+                    listener(detail)
+                except Exception:  # one listener's failure must not stop the reconnection
+                    logger.exception("a broker-loss listener failed")
 
     def _start_reconnect(self) -> None:
         if self._reconnect is None or self._reconnect.done():
@@ -585,6 +594,18 @@ class RedisDirectChannelLayer:
 
     async def group_send(self, group: str, message: dict[str, Any]) -> int:
         return await self._layer().group_send(group, message)
+
+    def on_subscriber_lost(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``listener(description)`` whenever this loop's subscribing connection is lost
+        (from the event loop); returns the function that removes it."""
+        listeners = self._layer().lost_listeners
+        listeners.append(listener)
+
+        def remove() -> None:
+            if listener in listeners:
+                listeners.remove(listener)
+
+        return remove
 
     async def flush(self) -> None:
         layer = self._layers.pop(asyncio.get_running_loop(), None)

@@ -33,7 +33,7 @@ from gateway import conf, local_events, metrics, outbound
 from gateway.conf import NodeSettings
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter
-from gateway.liveness import OWNER_LOST, Liveness, cluster_of
+from gateway.liveness import BROKER_LOST, OWNER_LOST, Liveness, cluster_of
 from gateway.redis_layer import RedisDirectChannelLayer
 from gateway.replicator import Replicator
 from gateway.routing_table import RoutingTable
@@ -87,6 +87,8 @@ class GatewayNode:
         #: In-flight calls sent through the broker, by owning node: request id -> a function
         #: that ends the call when that node is found dead (gateway.handler).
         self.inflight: dict[str, dict[str, Callable[[dict[str, Any]], None]]] = {}
+        #: Why the broker was last lost (the terminal error's detail).
+        self.broker_lost_detail = ""
         self._adoptions: set[asyncio.Task[None]] = set()
         self._unsubscribe: list[Callable[[], None]] = []
         self._running = False
@@ -140,6 +142,9 @@ class GatewayNode:
             metrics.watch(self.manager),
             conf.on_change(self._reconfigure),
         ]
+        on_lost = getattr(self.layer, "on_subscriber_lost", None)
+        if on_lost is not None and self.cross_process:
+            self._unsubscribe.append(on_lost(self._on_broker_lost))
         self.replicator.attach()
         # No broker (embedded): other processes' registry events come over a local socket.
         self.local_events: local_events.Listener | None = None
@@ -195,6 +200,19 @@ class GatewayNode:
         if self._stopped or self.loop.is_closed():
             return
         self.loop.call_soon_threadsafe(self._on_peer_dead, node_id, restarted)
+
+    def _on_broker_lost(self, detail: str) -> None:
+        """This node's subscribing connection to the broker was lost: every call in flight
+        through it ends at once with ``broker_lost`` (replies published while the connection
+        was down are gone, so a stream would go on with a gap, or hang until its keepalive
+        deadline and end as ``owner_lost`` although its owner lives)."""
+        self.broker_lost_detail = detail
+        calls = [end for owner in list(self.inflight.values()) for end in list(owner.values())]
+        if calls:
+            logger.warning("%s with %d call(s) in flight through it from here: ending them",
+                           detail, len(calls))
+        for end in calls:
+            end(BROKER_LOST)
 
     def _on_peer_dead(self, node_id: str, restarted: bool) -> None:
         """End the calls in flight on the dead node at once (their Queries are lost with it)

@@ -97,7 +97,10 @@ class StreamBuffer:
         self.push(message)
 
     async def put(self, message: dict[str, Any]) -> None:
-        while self.size >= self.limit and not self.overflowed:
+        """Add ``message`` once it fits: the buffer never holds more than its limit (or one
+        message larger than the limit, alone)."""
+        cost = _cost(message)
+        while self.size and self.size + cost > self.limit and not self.overflowed:
             self._putter = asyncio.get_running_loop().create_future()
             try:
                 await self._putter
@@ -119,8 +122,8 @@ class StreamBuffer:
         message = self._items.popleft()
         self.size -= _cost(message)
         putter = self._putter
-        if putter is not None and not putter.done() and self.size < self.limit:
-            putter.set_result(None)
+        if putter is not None and not putter.done():
+            putter.set_result(None)  # it waits again if its message does not fit yet
         return message
 
     def close(self) -> None:
@@ -138,24 +141,67 @@ class StreamBuffer:
 
 
 def flow_controlled(send: Callable[[dict[str, Any]], Awaitable[None]]):
-    """``send`` made to wait while the caller's connection takes no more data.
+    """``send`` made to wait while the caller's connection takes no more data, and to write a
+    response's **last** message at once, whatever the caller reads.
 
-    uvicorn's ``send`` already waits (it drains the transport before writing). Daphne's never
-    does: Twisted buffers every byte written, without limit. Under Daphne ``send`` is
-    ``partial(server.handle_reply, request)``; the request (a ``twisted.web.http.Request``)
-    accepts a streaming producer, which Twisted pauses while its write buffer is full and
-    resumes once it drains, so the returned callable waits on that. Anything else: ``send``.
+    The same on both servers: every message but the last waits while the connection's write
+    buffer is above its high-water mark (64 KiB on both); the last one (a stream's end: its
+    terminator, or a terminal ``event: error`` such as ``stream_stalled``, a few hundred bytes)
+    goes into that buffer without waiting, so a caller that reads again later gets the whole
+    ending, and a caller that never does costs that buffer until the server closes the
+    connection.
+
+    uvicorn's ``send`` (a bound method of its request cycle) already waits, before every write,
+    also the last (it drains the transport first): :class:`_UvicornFlow` lets the last one
+    through. Daphne's never waits: Twisted buffers every byte written, without limit. Under
+    Daphne ``send`` is ``partial(server.handle_reply, request)``; the request (a
+    ``twisted.web.http.Request``) accepts a streaming producer, which Twisted pauses while its
+    write buffer is full and resumes once it drains, so :class:`_TwistedFlow` waits on that.
+    Anything else: ``send``.
     """
     owner = getattr(send, "__self__", None)
     if owner is not None and hasattr(owner, "flow_controlled"):
         # a wrapper around the server's send (the tracing span): control the inner send
         owner.flow_controlled(flow_controlled)
         return send
+    if owner is not None and hasattr(getattr(owner, "flow", None), "write_paused"):
+        return _UvicornFlow(send, owner.flow)
     if isinstance(send, functools.partial) and send.args:
         request = send.args[0]
         if hasattr(request, "registerProducer") and hasattr(request, "unregisterProducer"):
             return _TwistedFlow(send, request)
     return send
+
+
+class _UvicornFlow:
+    """uvicorn's ``send``, whose last message of a response never waits for the connection to
+    drain (uvicorn's own waits before every write: a caller that stopped reading would never
+    get a stream's terminal event, and the response would be abandoned mid-stream).
+
+    uvicorn's ``send`` waits while its ``FlowControl.write_paused`` is set (the transport above
+    its high-water mark); the last message is written with that flag lifted for the one
+    synchronous write, then the flag is put back, so the connection stays paused until the
+    transport drains and resumes it (a next request on the connection waits as before).
+    """
+
+    __slots__ = ("_send", "_flow")
+
+    def __init__(self, send, flow) -> None:
+        self._send = send
+        self._flow = flow
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        flow = self._flow
+        if (not flow.write_paused or message["type"] != "http.response.body"
+                or message.get("more_body")):
+            await self._send(message)
+            return
+        flow.write_paused = False  # uvicorn's send writes without awaiting anything then
+        try:
+            await self._send(message)
+        finally:
+            if not flow.write_paused:
+                flow.write_paused = True  # its drain event is still clear: resume sets both
 
 
 class _TwistedFlow:

@@ -570,7 +570,7 @@ class VirtualSubscriber:
 
         Kept flat on purpose: it is the proxy's hot path, and every coroutine level costs on
         each suspension. A small answer is read whole and relayed in one message; SSE, large
-        and 502/503/504 answers go through :meth:`_relay`.
+        502/503/504 answers and statuses outside 100-599 go through :meth:`_relay`.
         """
         tags = query["tags"]
         try:
@@ -593,6 +593,7 @@ class VirtualSubscriber:
                     cap = settings.A2A_MAX_RESPONSE_BYTES
                     if (
                         status in (502, 503, 504)
+                        or not 100 <= status <= 599
                         or (length is not None and (length > WHOLE_BODY_BYTES or length > cap))
                         or _is_event_stream(response)
                     ):
@@ -668,6 +669,12 @@ class VirtualSubscriber:
 
     async def _relay(self, response, sink: Sink, request_id: str) -> None:
         status = response.status
+        if not 100 <= status <= 599:
+            # No server can relay it (uvicorn has no status line for 999; Daphne would): one
+            # documented error on both, for both outbound clients. The agent had the request.
+            await sink(env.error(request_id, errors.BAD_AGENT_STATUS, status=status,
+                                 executed=True))
+            return
         if status in (502, 503):
             await sink(env.error(request_id, errors.UPSTREAM_UNAVAILABLE, status=status))
             return
@@ -733,6 +740,7 @@ class VirtualSubscriber:
                     return
                 last_data = loop.time()
                 events, tail = split_events(tail + piece if tail else piece)
+                del piece  # copied into events and tail: not held while the sink waits
                 if len(tail) > cap or (len(events) > cap and largest_event(events) > cap):
                     await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
                     return

@@ -140,9 +140,15 @@ async def _in_pool(fn: Callable, timeout: float, *args):
     loop = asyncio.get_running_loop()
     work = loop.run_in_executor(pool, fn, *args)
 
-    def finished(_future) -> None:
+    def finished(future) -> None:
         global _inflight
         _inflight -= 1
+        if not future.cancelled():
+            # Retrieved here: a lookup abandoned at its timeout (the shield below) fails later,
+            # e.g. with the driver's pool timeout, and nobody else looks at it -- asyncio would
+            # log "Future exception was never retrieved" with a traceback for each. The failure
+            # was already counted: the caller got _LookupFailed at the timeout.
+            future.exception()
 
     work.add_done_callback(finished)
     try:
@@ -201,6 +207,7 @@ class TokenCache:
         self._unknown: dict[str, float] = {}  # header -> fresh until
         self._pending: dict[str, asyncio.Future] = {}
         self._down_until = 0.0
+        self._outage_since: float | None = None  # the first failed lookup of an outage
         self._watchers: dict[str, set[Callable[[], None]]] = {}
         self._watch_task: asyncio.Task | None = None
 
@@ -301,14 +308,25 @@ class TokenCache:
         finally:
             if self._pending.get(key) is future:
                 del self._pending[key]
-        self._down_until = 0.0
+        self._succeeded()
         self._remember(key, actor)
         future.set_result(actor)
 
     def _failed(self, exc: Exception) -> None:
-        if not self.database_down:
+        """A lookup failed: one warning per outage (its first failure), however long it lasts
+        and however many lookups fail meanwhile."""
+        now = time.monotonic()
+        if self._outage_since is None:
+            self._outage_since = now
             logger.warning("token lookup failed, serving verified tokens from memory: %s", exc)
-        self._down_until = time.monotonic() + self.RETRY_SECONDS
+        self._down_until = now + self.RETRY_SECONDS
+
+    def _succeeded(self) -> None:
+        self._down_until = 0.0
+        since = self._outage_since
+        if since is not None:
+            self._outage_since = None
+            logger.warning("token lookups work again after %.1fs", time.monotonic() - since)
 
     def _remember(self, key: str, actor: Actor | None) -> None:
         now = time.monotonic()
@@ -387,6 +405,7 @@ class TokenCache:
             except _LookupFailed as exc:
                 self._failed(exc)
                 continue
+            self._succeeded()
             for client_id in ids:
                 if client_id in usable:
                     continue

@@ -309,6 +309,44 @@ def test_non_reading_callers_do_not_grow_the_node(flood, server):
                 sock.close()
 
 
+#: What one stalled stream may cost the node (RSS growth per stream, several held at once).
+#: docs/streams.md ("What a slow caller costs") counts about A2A_SSE_BUFFER_BYTES (1 MiB) plus
+#: at most 0.7 MiB of fixed buffers, measured 1.5-2.5 MiB; the relay once held 7.5 MiB.
+STALLED_STREAM_MIB = 4.0
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "daphne"])
+def test_a_stalled_stream_costs_about_its_buffer(flood, server):
+    """Ten callers stop reading at once; the node grows by about their buffers, not by what
+    the outbound client, the relay and the server's write buffer could add on top."""
+    with running_node(server, A2A_SSE_STALL_TIMEOUT_SECONDS="120") as node:
+        register_on(node, "flood", flood.url)
+        warm = stalled_caller(node, "flood", node.token)  # the stream path's first use
+        time.sleep(1.5)
+        warm.close()
+        deadline = time.monotonic() + 10
+        while flood.open and time.monotonic() < deadline:
+            time.sleep(0.1)
+        baseline = node.rss_mib()
+        callers = [stalled_caller(node, "flood", node.token) for _ in range(10)]
+        try:
+            # Held until every stream stops moving (the agents are no longer read).
+            peak, last, still = baseline, -1, 0
+            deadline = time.monotonic() + 30
+            while still < 5 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                peak = max(peak, node.rss_mib())
+                total = sum(flood.sent.values())
+                still = still + 1 if total == last else 0
+                last = total
+            assert len(flood.sent) == 11 and flood.open == 10
+            per_stream = (peak - baseline) / 10
+            assert per_stream < STALLED_STREAM_MIB, (baseline, peak, per_stream)
+        finally:
+            for sock in callers:
+                sock.close()
+
+
 @pytest.mark.parametrize("server", ["uvicorn", "daphne"])
 def test_sync_method_answered_with_an_event_stream_is_bounded(flood, server):
     """A non-streaming method the agent answers with an endless event stream: relayed as
@@ -339,19 +377,28 @@ def test_sync_method_answered_with_an_event_stream_is_bounded(flood, server):
 
 @pytest.mark.parametrize("server", ["uvicorn", "daphne"])
 def test_stalled_caller_gets_a_terminal_error_event(flood, server):
+    """The same ending on both servers, however long after the stall the caller reads again:
+    the data, then the ``stream_stalled`` event, then the chunked terminator (the node writes
+    the last message into the connection's buffer without waiting for it to drain)."""
     with running_node(server) as node:
         register_on(node, "flood", flood.url)
         sock = stalled_caller(node, "flood", node.token)
         try:
-            time.sleep(STALL_SECONDS + 1.5)  # past the stall deadline, within the final write
-            data = read_to_end(sock, timeout=20)
+            deadline = time.monotonic() + STALL_SECONDS + 20
+            while (not flood.sent or flood.open) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert flood.sent and flood.open == 0, "the stalled stream was not ended"
+            # The caller comes back only after the node has given up any wait for room for
+            # the ending (at most min(max(stall, 1), 5) s): it must be buffered by then.
+            time.sleep(min(max(STALL_SECONDS, 1.0), 5.0) + 2)
+            data = read_to_end(sock, timeout=30)
         finally:
             sock.close()
         assert data.startswith(b"HTTP/1.1 200")
         tail = data[-4096:]
+        assert data.endswith(b"\r\n0\r\n\r\n"), tail[-300:]
         assert b"event: error" in tail and b'"kind":"stream_stalled"' in tail, tail[-600:]
         assert b"stream stalled: the caller read nothing for" in tail
-        assert flood.open == 0
 
 
 def test_cross_node_stalled_callers_are_bounded(

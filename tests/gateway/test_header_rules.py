@@ -112,6 +112,11 @@ ORIGIN_HEADERS = [
     ["Refresh", "0; url=https://evil.example/"],
     ["WWW-Authenticate", 'Basic realm="gateway"'],
     ["Set-Cookie", "sessionid=stolen; Path=/admin"],
+    ["Set-Cookie2", "sessionid=stolen; Version=1; Path=/admin"],
+    ["Content-Security-Policy", "default-src 'none'; report-uri https://evil.example/r"],
+    ["Content-Security-Policy-Report-Only", "default-src 'none'"],
+    ["Location", "http://10.0.0.7:8080/internal/tasks/1"],
+    ["Content-Location", "http://10.0.0.7:8080/internal/rpc"],
     ["X-Agent-Kept", "yes"],
 ]
 DROPPED = {
@@ -124,6 +129,11 @@ DROPPED = {
     "refresh",
     "www-authenticate",
     "set-cookie",
+    "set-cookie2",
+    "content-security-policy",
+    "content-security-policy-report-only",
+    "location",
+    "content-location",
 }
 
 
@@ -214,10 +224,28 @@ def test_origin_acting_response_headers_are_dropped(
     assert r.status_code == 200
     assert r.headers["x-agent-kept"] == "yes"
     assert not DROPPED & set(r.headers.keys()), r.headers
+    assert "10.0.0.7" not in str(r.headers)
     if sse:
         assert r.text.count("data: ") == 2
     else:
         assert r.json()["result"] == "ok"
+
+
+@pytest.mark.parametrize("status", [201, 302])
+def test_an_agents_location_never_reaches_the_caller(live_server_url, hagent, token, status):
+    """An agent's Location (a redirect, a created resource) names its own, often internal,
+    address: dropped; the status and body are relayed as they are."""
+    agent_id = new_id("rl")
+    register(agent_id, hagent.url)
+    r = httpx.post(
+        f"{live_server_url}/a2a/{agent_id}",
+        headers={"Authorization": f"Bearer {token}"},
+        json=rpc(status=status, headers=[["Location", "http://10.0.0.7:8080/internal/x"]]),
+        follow_redirects=False,
+    )
+    assert r.status_code == status and r.headers["x-a2a-executed"] == "true"
+    assert "location" not in r.headers and "10.0.0.7" not in str(r.headers)
+    assert r.json()["result"] == "ok"
 
 
 def test_the_dropped_list_is_extended_by_a_setting(live_server_url, hagent, token, settings):

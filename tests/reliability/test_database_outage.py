@@ -219,3 +219,47 @@ def test_gateway_calls_survive_a_stalled_database(pg, tokens, start_node, agent)
     assert sorted(i for i in rpc_ids_received(agent) if str(i).startswith("stall-")) == sorted(ids)
     assert ready.status_code == 503 and elapsed < ANSWER_BOUND_SECONDS
     assert ready.json()["checks"]["database"].startswith("unreachable")
+
+
+def test_an_outage_is_logged_as_lines_not_unretrieved_futures(pg, tokens, start_node, agent):
+    """PostgreSQL stopped for a few seconds under calls (token lookups that time out while the
+    driver's pool still waits), heartbeats, registrations, reads and /readyz: every background
+    failure is handled -- no "Future exception was never retrieved" traceback in the node's
+    log -- and the outage shows as lines saying so."""
+    node = start_node(A2A_AUTH_CACHE_SECONDS="0.5", LOG_LEVEL="INFO")
+    auth = {"Authorization": f"Bearer {tokens['admin']}"}
+    agent_id = register(node.url, tokens["admin"], agent.url)
+    url = f"{node.url}/a2a/{agent_id}"
+    assert asyncio.run(_calls(url, tokens["caller"], ["warm"]))[0][0].status_code == 200
+
+    pg.kill()
+    try:
+        time.sleep(0.6)  # verified entries lapse: every call now needs a (failing) lookup
+        stop = time.monotonic() + 8  # the node's periodic expiry (every 5 s) fails twice
+        wave = 0
+        while time.monotonic() < stop:
+            wave += 1
+            asyncio.run(_calls(url, tokens["caller"], [f"log-{wave}-{n}" for n in range(10)]))
+            # a token never verified: its lookup runs into the driver's pool timeout
+            asyncio.run(_calls(url, tokens["late"], [f"late-{wave}"]))
+            for method, path in (("POST", f"/api/v1/agents/{agent_id}/heartbeat"),
+                                 ("GET", "/api/v1/agents"), ("GET", "/readyz")):
+                httpx.request(method, node.url + path, headers=auth, timeout=30)
+            time.sleep(0.2)
+    finally:
+        pg.start()
+    back = time.monotonic() + 20
+    while httpx.get(node.url + "/readyz", timeout=30).status_code != 200:
+        assert time.monotonic() < back, node.log()
+        time.sleep(0.2)
+    while asyncio.run(_calls(url, tokens["late"], ["late-back"]))[0][0].status_code != 200:
+        assert time.monotonic() < back, node.log()
+        time.sleep(0.2)
+    # the lookups abandoned at their timeout end within the driver's pool timeout (1.5 s)
+    time.sleep(3)
+    log = node.log_path.read_text(errors="replace")
+    assert "never retrieved" not in log, log[-6000:]
+    assert "database unreachable" in log and "database reachable again" in log, log[-4000:]
+    assert log.count("token lookup failed") == 1, log[-4000:]
+    assert log.count("token lookups work again") == 1, log[-4000:]
+    assert log.count("periodic task registry-expire-agents (") <= 1, log[-4000:]

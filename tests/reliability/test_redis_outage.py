@@ -4,14 +4,23 @@ the receiving node keep working throughout (local fast path), each reaching the 
 
 from __future__ import annotations
 
+import os
 import time
 
 import httpx
+import orjson
 import pytest
 
+from tests.a2a_agents import EchoAgent
 from tests.reliability.conftest import register, rpc_ids_received
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def _send(rpc_id, text: str = "hi", method: str = "message/send") -> dict:
+    return {"jsonrpc": "2.0", "id": rpc_id, "method": method,
+            "params": {"message": {"role": "user", "messageId": os.urandom(4).hex(),
+                                   "parts": [{"kind": "text", "text": text}]}}}
 
 
 def _call(client: httpx.Client, url: str, rpc_id: str) -> httpx.Response:
@@ -55,3 +64,67 @@ def test_same_node_calls_survive_a_redis_restart(services, tokens, start_node, a
                 assert response.json()["id"] == rpc_id and "result" in response.json()
                 ids.append(rpc_id)
     assert sorted(i for i in rpc_ids_received(agent) if i in ids) == sorted(ids)
+
+
+def _events(response: httpx.Response):
+    """The SSE events of a streamed response, parsed, as they arrive."""
+    buffer = b""
+    for chunk in response.iter_raw():
+        buffer += chunk.replace(b"\r\n", b"\n")
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            data = [line[6:] for line in block.split(b"\n") if line.startswith(b"data: ")]
+            if data:
+                yield orjson.loads(data[0])
+
+
+def test_cross_node_stream_ends_with_broker_lost_when_redis_goes(services, tokens, start_node):
+    """Redis killed while a stream crosses it (agent owned by node A, caller entering node B):
+    the stream ends at once with ``broker_lost`` naming Redis (executed true) -- well within
+    the 15 s keepalive window, not after two missed keepalives as ``owner_lost``, since the
+    owner never died -- and B serves again once Redis is back."""
+    owner = start_node()
+    entry = start_node()
+    auth = {"Authorization": f"Bearer {tokens['caller']}"}
+    with EchoAgent(steps=60, step_delay=0.5) as echo:
+        agent_id = register(owner.url, tokens["admin"], echo.url)
+        deadline = time.monotonic() + 15
+        while True:  # node B learns the route
+            ok = httpx.post(f"{entry.url}/a2a/{agent_id}", headers=auth, timeout=10,
+                            json=_send("probe", "hi"))
+            if ok.status_code == 200 and "result" in ok.json():
+                break
+            assert time.monotonic() < deadline, ok.text
+            time.sleep(0.2)
+        events: list = []
+        killed_at = ended_at = 0.0
+        try:
+            with httpx.stream("POST", f"{entry.url}/a2a/{agent_id}", timeout=120, headers=auth,
+                              json=_send("bl-1", "task slow", "message/stream")) as response:
+                assert response.status_code == 200
+                for event in _events(response):
+                    events.append(event)
+                    if len(events) == 2:
+                        services["redis"].kill()
+                        killed_at = time.monotonic()
+                ended_at = time.monotonic()
+        finally:
+            services["redis"].start()
+        # Redis back: the entry node reaches the owner again.
+        deadline = time.monotonic() + 20
+        while True:
+            again = httpx.post(f"{entry.url}/a2a/{agent_id}", headers=auth, timeout=10,
+                               json=_send("after", "hi"))
+            if again.status_code == 200 and "result" in again.json():
+                break
+            assert time.monotonic() < deadline, again.text
+            time.sleep(0.3)
+    error = events[-1].get("error")
+    assert error is not None, events[-1]
+    assert error["data"]["kind"] == "broker_lost", error
+    assert error["data"]["executed"] is True and error["data"]["retryable"] is True
+    assert error["message"].startswith("broker lost: Redis at 127.0.0.1:"), error
+    assert error["code"] == -32066
+    assert ended_at - killed_at < 15, ended_at - killed_at
+    assert len(events) < 40  # ended long before the agent's 60 steps
+    assert "never retrieved" not in entry.log_path.read_text(errors="replace")
