@@ -98,3 +98,14 @@ def _open_metrics(settings):
     """Tests of other features read /metrics without a token in both CI modes; the token gate
     itself (on by default in distributed mode) is tested in tests/gateway/test_exposure.py."""
     settings.A2A_METRICS_REQUIRE_TOKEN = False
+
+
+@pytest.fixture(autouse=True)
+def _fresh_vector_index():
+    """Each test starts with no ARD vector index in memory: it loads from the test's database
+    on its first search (a rolled-back test's document ids may be reused by the next one)."""
+    from ard import vectors
+
+    vectors.reset()
+    yield
+    vectors.reset()

@@ -22,7 +22,7 @@ def _top3(text: str) -> list[str]:
 
 def test_intended_agent_in_top_3_for_27_of_30(corpus):
     expected_ranker = {"postgresql": "PostgresRanker", "sqlite": "SqliteRanker"}
-    assert type(get_ranker()).__name__ == expected_ranker[connection.vendor]
+    assert type(get_ranker().lexical).__name__ == expected_ranker[connection.vendor]
     misses = []
     for text, wanted in QUERIES:
         top = _top3(text)

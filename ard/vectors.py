@@ -1,0 +1,224 @@
+"""The node's in-process nearest-neighbour index over the search documents' embeddings.
+
+One float32 matrix (a row per document with an embedding, ``ARD_EMBEDDING_DIM`` columns) and
+the documents' ids beside it. A query is one matrix-vector product and a partial sort: exact
+cosine neighbours, no approximation. Kept current three ways:
+
+* loaded from the database on the first search of the process;
+* changed in place by the indexer as this process writes or drops a document (registry
+  events, the deferred writer, reindex);
+* caught up with the other nodes' writes on a search at most every
+  ``ARD_SEMANTIC_SYNC_SECONDS``: the documents written since the last catch-up (an indexed
+  ``updated_at`` range, re-read with five seconds of slack), and a full id reload when the count
+  of embedded documents says some were dropped elsewhere.
+
+Memory: ``4 x dim`` bytes per document for the matrix plus 8 for its id (128 dimensions:
+520 bytes, about 52 MB for 100,000 agents); growth doubles the capacity, like a list.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import numpy as np
+from django.conf import settings
+from django.db.models import Max
+
+from ard import embeddings
+from ard.models import AgentDoc
+
+SLACK = timedelta(seconds=5)  # a write committed late with an earlier timestamp is still seen
+CHUNK = 2000
+
+
+class VectorIndex:
+    """Exact cosine nearest neighbours over one matrix; thread-safe."""
+
+    def __init__(self, dim: int, model: str) -> None:
+        self.dim, self.model = dim, model
+        self._lock = threading.RLock()
+        self._matrix = np.zeros((0, dim), dtype=np.float32)
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._size = 0
+        self._row: dict[int, int] = {}  # document id -> row
+        self.loaded = False
+        self._synced_at = 0.0  # monotonic
+        self._watermark = None  # the latest updated_at seen
+
+    def __len__(self) -> int:
+        return self._size
+
+    def nbytes(self) -> int:
+        """Bytes held by the matrix and ids (their capacity, not only the rows in use)."""
+        return self._matrix.nbytes + self._ids.nbytes
+
+    def put(self, doc_ids: list[int], vectors: np.ndarray) -> None:
+        """Insert or replace the vectors of ``doc_ids``."""
+        with self._lock:
+            for doc_id, vector in zip(doc_ids, vectors, strict=True):
+                row = self._row.get(doc_id)
+                if row is None:
+                    if self._size == len(self._ids):
+                        self._grow()
+                    row = self._size
+                    self._size += 1
+                    self._row[doc_id] = row
+                    self._ids[row] = doc_id
+                self._matrix[row] = vector
+
+    def drop(self, doc_ids: list[int]) -> None:
+        """Remove ``doc_ids`` (the last row moves into each hole)."""
+        with self._lock:
+            for doc_id in doc_ids:
+                row = self._row.pop(doc_id, None)
+                if row is None:
+                    continue
+                last = self._size - 1
+                if row != last:
+                    moved = int(self._ids[last])
+                    self._matrix[row] = self._matrix[last]
+                    self._ids[row] = moved
+                    self._row[moved] = row
+                self._size = last
+
+    def clear(self) -> None:
+        with self._lock:
+            self._matrix = np.zeros((0, self.dim), dtype=np.float32)
+            self._ids = np.zeros(0, dtype=np.int64)
+            self._size = 0
+            self._row.clear()
+            self.loaded = False
+            self._watermark = None
+
+    def _grow(self) -> None:
+        capacity = max(1024, 2 * len(self._ids))
+        matrix = np.zeros((capacity, self.dim), dtype=np.float32)
+        matrix[: self._size] = self._matrix[: self._size]
+        ids = np.zeros(capacity, dtype=np.int64)
+        ids[: self._size] = self._ids[: self._size]
+        self._matrix, self._ids = matrix, ids
+
+    def nearest(self, query: np.ndarray, *, k: int, min_similarity: float) -> list[tuple[int, float]]:
+        """Up to ``k`` ``(document id, cosine)`` at or above ``min_similarity``, nearest first
+        (ties: the lower id)."""
+        with self._lock:
+            n = self._size
+            if n == 0 or k <= 0:
+                return []
+            sims = self._matrix[:n] @ query.astype(np.float32)
+            ids = self._ids[:n]
+            if k < n:
+                part = np.argpartition(-sims, k - 1)[:k]
+            else:
+                part = np.arange(n)
+            part = part[sims[part] >= min_similarity]
+            order = part[np.lexsort((ids[part], -sims[part]))]
+            return [(int(ids[i]), float(sims[i])) for i in order]
+
+    # --- keeping in step with the database -------------------------------------------------------
+
+    def _rows(self, qs) -> tuple[list[int], list[np.ndarray]]:
+        ids, vectors = [], []
+        for pk, raw in qs.values_list("pk", "embedding").iterator(chunk_size=CHUNK):
+            vector = embeddings.from_bytes(raw, self.dim) if raw is not None else None
+            if vector is not None:
+                ids.append(pk)
+                vectors.append(vector)
+        return ids, vectors
+
+    def _embedded(self):
+        return AgentDoc.objects.filter(embedding_model=self.model).order_by()
+
+    def load(self) -> None:
+        """Everything from the database (the first search of the process, or a resync)."""
+        with self._lock:
+            watermark = self._embedded().aggregate(m=Max("updated_at"))["m"]
+            ids, vectors = self._rows(self._embedded())
+            self.clear()
+            if ids:
+                self.put(ids, np.vstack(vectors))
+            self.loaded = True
+            self._watermark = watermark
+            self._synced_at = time.monotonic()
+
+    def sync(self, *, force: bool = False) -> None:
+        """Catch up with writes of other processes (at most every ARD_SEMANTIC_SYNC_SECONDS)."""
+        if not self.loaded:
+            self.load()
+            return
+        now = time.monotonic()
+        if not force and now - self._synced_at < settings.ARD_SEMANTIC_SYNC_SECONDS:
+            return
+        with self._lock:
+            self._synced_at = now
+            changed = self._embedded()
+            if self._watermark is not None:
+                changed = changed.filter(updated_at__gte=self._watermark - SLACK)
+            latest = changed.aggregate(m=Max("updated_at"))["m"]
+            ids, vectors = self._rows(changed)
+            if ids:
+                self.put(ids, np.vstack(vectors))
+            if latest is not None:
+                self._watermark = max(latest, self._watermark or latest)
+            if self._embedded().count() != self._size:  # dropped (or re-embedded) elsewhere
+                present = set(self._embedded().values_list("pk", flat=True))
+                self.drop([i for i in list(self._row) if i not in present])
+
+
+_index: VectorIndex | None = None
+_index_lock = threading.Lock()
+
+
+def get_index() -> VectorIndex | None:
+    """This process's index for the configured embedder, or None when semantic search is off."""
+    global _index
+    embedder = embeddings.get_embedder()
+    if embedder is None:
+        return None
+    with _index_lock:
+        if _index is None or (_index.model, _index.dim) != (embedder.name, embedder.dim):
+            _index = VectorIndex(embedder.dim, embedder.name)
+        return _index
+
+
+def reset() -> None:
+    """Forget the index (tests: the database they start from is another one)."""
+    global _index
+    with _index_lock:
+        _index = None
+
+
+def documents_written(rows: list[tuple[str, bytes | None, str]]) -> None:
+    """The indexer wrote these ``(agent id, embedding, model)``: keep the index in step (one
+    query for the documents' ids, only once the index is loaded)."""
+    index = _index
+    if index is None or not index.loaded or not rows:
+        return
+    pks: dict[str, int] = {}
+    agent_ids = [a for a, _, _ in rows]
+    for i in range(0, len(agent_ids), CHUNK):
+        pks.update(AgentDoc.objects.filter(agent_id__in=agent_ids[i : i + CHUNK])
+                   .values_list("agent_id", "pk"))
+    keep: list[tuple[int, np.ndarray]] = []
+    gone: list[int] = []
+    for agent_id, raw, model in rows:
+        pk = pks.get(agent_id)
+        if pk is None:
+            continue
+        vector = embeddings.from_bytes(raw, index.dim) if raw is not None and model == index.model else None
+        if vector is None:
+            gone.append(pk)
+        else:
+            keep.append((pk, vector))
+    if keep:
+        index.put([i for i, _ in keep], np.vstack([v for _, v in keep]))
+    if gone:
+        index.drop(gone)
+
+
+def documents_dropped(doc_ids: list[int]) -> None:
+    index = _index
+    if index is not None and doc_ids:
+        index.drop(doc_ids)
