@@ -109,12 +109,11 @@ class VectorIndex:
                 return []
             sims = self._matrix[:n] @ query.astype(np.float32)
             ids = self._ids[:n]
-            if k < n:
-                part = np.argpartition(-sims, k - 1)[:k]
-            else:
-                part = np.arange(n)
-            part = part[sims[part] >= min_similarity]
-            order = part[np.lexsort((ids[part], -sims[part]))]
+            floor = min_similarity
+            if k < n:  # the k-th best similarity; every row tied with it stays in the running
+                floor = max(floor, float(sims[np.argpartition(-sims, k - 1)[k - 1]]))
+            part = np.flatnonzero(sims >= floor)
+            order = part[np.lexsort((ids[part], -sims[part]))][:k]
             return [(int(ids[i]), float(sims[i])) for i in order]
 
     # --- keeping in step with the database -------------------------------------------------------
