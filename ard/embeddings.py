@@ -50,29 +50,37 @@ class WordLlamaEmbedder:
     FULL_DIM = 256
 
     def __init__(self, dim: int | None = None) -> None:
-        import wordllama
-        from safetensors import safe_open
-        from tokenizers import Tokenizer
-
         self.dim = int(dim or settings.ARD_EMBEDDING_DIM)
         if not 1 <= self.dim <= self.FULL_DIM:
             raise ValueError(f"WordLlama's {self.CONFIG} has at most {self.FULL_DIM} dimensions")
         self.name = f"wordllama-{self.CONFIG}-{self.dim}"
+        self._lock = threading.Lock()  # a tokenizer is not to be shared across threads
+        self._table: np.ndarray | None = None
+        self._tokenizer = None
+
+    def _load(self) -> None:
+        """The weights and tokenizer, from the package's files (on first use: naming the
+        model, as the indexer does on a registration's path, loads nothing)."""
+        import wordllama
+        from safetensors import safe_open
+        from tokenizers import Tokenizer
+
         root = Path(wordllama.__file__).parent
         weights = root / "weights" / f"{self.CONFIG}_{self.FULL_DIM}.safetensors"
         with safe_open(str(weights), framework="np", device="cpu") as f:
             table = f.get_tensor("embedding.weight")
-        self._table = np.ascontiguousarray(table[:, : self.dim], dtype=np.float32)
         tokenizer = Tokenizer.from_file(
             str(root / "tokenizers" / f"{self.CONFIG}_tokenizer_config.json")
         )
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self._tokenizer = tokenizer
-        self._lock = threading.Lock()  # a tokenizer is not to be shared across threads
+        self._table = np.ascontiguousarray(table[:, : self.dim], dtype=np.float32)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         with self._lock:
+            if self._table is None:
+                self._load()
             encodings = self._tokenizer.encode_batch(
                 [t[:MAX_CHARS] for t in texts], add_special_tokens=False
             )

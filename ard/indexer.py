@@ -47,18 +47,27 @@ _AGENT_FIELDS = (
 )
 
 
-def _embed(rows: list[dict]) -> None:
-    """Add each document's embedding (all in one call of the model) to its fields: written
-    with the document, in the same statement. The bundled static model takes about 0.1 ms a
-    card (bench/ard_bench.py), far less than the document's own write."""
+def _embed(rows: list[dict]) -> bool:
+    """Add each document's embedding to its fields (written with the document, in the same
+    statement), or leave them to the embedding thread (True: hand them over with
+    :func:`_written` once written). The thread takes them on PostgreSQL with
+    ``ARD_EMBED_DEFERRED`` while it has room; SQLite writes one thing at a time, so there the
+    document is embedded here (the bundled static model: about 0.15 ms a card,
+    bench/ard_vectors_bench.py)."""
     embedder = embeddings.get_embedder()
-    if embedder is None:
+    deferred = embedder is not None and (
+        settings.ARD_EMBED_DEFERRED
+        and connection.vendor == "postgresql"
+        and vectors.embed_writer().pending() + len(rows) <= vectors.MAX_PENDING
+    )
+    if embedder is None or deferred:
         for row in rows:
             row["embedding"], row["embedding_model"] = None, ""
-        return
+        return deferred
     matrix = embedder.embed([embeddings.document_text(row) for row in rows])
     for row, vector in zip(rows, matrix, strict=True):
         row["embedding"], row["embedding_model"] = embeddings.to_bytes(vector), embedder.name
+    return False
 
 
 def _current_model() -> str:
@@ -66,9 +75,15 @@ def _current_model() -> str:
     return embedder.name if embedder is not None else ""
 
 
-def _written(rows: list[dict], agent_ids: list[str]) -> None:
+def _written(rows: list[dict], agent_ids: list[str], deferred: bool) -> None:
+    """Documents written: the node's vector index follows, and deferred embeddings go to the
+    embedding thread (should it be full meanwhile, to the repair job)."""
     vectors.documents_written([(a, row["embedding"], row["embedding_model"])
                                for a, row in zip(agent_ids, rows, strict=True)])
+    if deferred and not vectors.embed_writer().submit(
+            [(a, row["card_sha256"]) for a, row in zip(agent_ids, rows, strict=True)]):
+        logger.warning("embedding thread full: %d document(s) left to the repair job",
+                       len(rows))
 
 
 def _doc_fields(agent: Agent, updated_at) -> dict:
@@ -124,7 +139,7 @@ def index_agent(*, agent_id: str, force: bool = False, new: bool = False,
 def _upsert(agent: Agent) -> AgentDoc:
     """Write ``agent``'s document in one statement (INSERT ... ON CONFLICT DO UPDATE)."""
     fields = _doc_fields(agent, timezone.now())
-    _embed([fields])
+    deferred = _embed([fields])
     doc = AgentDoc(agent_id=agent.agent_id, **fields)
     meta = AgentDoc._meta
     # QuerySet._insert is bulk_create's own statement, without its BEGIN/COMMIT around it.
@@ -135,7 +150,7 @@ def _upsert(agent: Agent) -> AgentDoc:
         update_fields=[meta.get_field(name) for name in fields],
         unique_fields=[meta.get_field("agent_id")],
     )
-    _written([fields], [agent.agent_id])
+    _written([fields], [agent.agent_id], deferred)
     return doc
 
 
@@ -143,7 +158,7 @@ def _upsert_many(agents: list[Agent]) -> None:
     """Write the documents of ``agents`` (distinct ids) in one multi-row upsert."""
     now = timezone.now()
     rows = [_doc_fields(agent, now) for agent in agents]
-    _embed(rows)
+    deferred = _embed(rows)
     docs = [AgentDoc(agent_id=agent.agent_id, **row)
             for agent, row in zip(agents, rows, strict=True)]
     quote = connection.ops.quote_name
@@ -153,7 +168,7 @@ def _upsert_many(agents: list[Agent]) -> None:
     insert_rows(AgentDoc, docs,
                 suffix=f"ON CONFLICT ({quote(meta.get_field('agent_id').column)}) "
                        f"DO UPDATE SET {updates}")
-    _written(rows, [agent.agent_id for agent in agents])
+    _written(rows, [agent.agent_id for agent in agents], deferred)
 
 
 def _upsert_or_each(agents: list[Agent]) -> int:
@@ -254,14 +269,15 @@ def _write(batch: list[AgentDoc]) -> int:
     # Delete-then-insert rather than an upsert: the registry row behind an agent id may have
     # changed (deregistered and registered again), and the one-to-one column is unique.
     rows = [{f: getattr(d, f) for f in ("name", "description", "skill_names", "tags",
-                                        "skill_descriptions", "examples")} for d in batch]
-    _embed(rows)
+                                        "skill_descriptions", "examples", "card_sha256")}
+            for d in batch]
+    deferred = _embed(rows)
     for doc, row in zip(batch, rows, strict=True):
         doc.embedding, doc.embedding_model = row["embedding"], row["embedding_model"]
     _delete(AgentDoc.objects.filter(agent_id__in=[d.agent_id for d in batch]))
     _delete(AgentDoc.objects.filter(registry_agent_id__in=[d.registry_agent_id for d in batch]))
     AgentDoc.objects.bulk_create(batch, batch_size=BATCH)
-    _written(rows, [d.agent_id for d in batch])
+    _written(rows, [d.agent_id for d in batch], deferred)
     return len(batch)
 
 

@@ -312,6 +312,8 @@ class HybridRanker:
         embedder, index = embeddings.get_embedder(), vectors.get_index()
         if embedder is None or index is None:
             return []
+        if vectors.embed_writer().pending():
+            vectors.embed_writer().settle()  # this node's own writes first
         index.sync()
         near = index.nearest(
             embedder.embed([text])[0],

@@ -18,6 +18,7 @@ Memory: ``4 x dim`` bytes per document for the matrix plus 8 for its id (128 dim
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import timedelta
@@ -29,6 +30,7 @@ from django.db.models import Max
 from ard import embeddings
 from ard.models import AgentDoc
 
+logger = logging.getLogger(__name__)
 SLACK = timedelta(seconds=5)  # a write committed late with an earlier timestamp is still seen
 CHUNK = 2000
 
@@ -221,3 +223,116 @@ def documents_dropped(doc_ids: list[int]) -> None:
     index = _index
     if index is not None and doc_ids:
         index.drop(doc_ids)
+
+
+# --- the embedding writer ------------------------------------------------------------------------
+# On PostgreSQL (ARD_EMBED_DEFERRED) a document is written without its embedding and handed to
+# this process's embedding thread, which embeds it and writes the vector, so neither the model
+# nor its first load is on the path of the registration that changed the card. SQLite writes
+# one thing at a time: there the indexer embeds the document as it writes it. Searches on this
+# node wait (at most SETTLE_TIMEOUT_SECONDS) for what is handed over: read your writes. Bounded:
+# past MAX_PENDING agents waiting, the indexer embeds the documents itself; what a process dies
+# with is embedded again by the repair job (a document without its model's embedding is stale).
+
+MAX_PENDING = 10_000
+EMBED_BATCH = 256
+SETTLE_TIMEOUT_SECONDS = 5.0
+_TEXT_FIELDS = ("name", "description", "skill_names", "tags", "skill_descriptions", "examples")
+
+
+class EmbedWriter:
+    """One thread embedding the documents handed to it and writing their vectors."""
+
+    def __init__(self, *, max_pending: int = MAX_PENDING) -> None:
+        self.max_pending = max_pending
+        self._cond = threading.Condition()
+        self._pending: dict[str, str] = {}  # agent id -> card sha256 of the document to embed
+        self._queued = 0  # handed over so far
+        self._done = 0  # embedded (or given up) so far
+        self._thread: threading.Thread | None = None
+        self.written = 0
+
+    def submit(self, items: list[tuple[str, str]]) -> bool:
+        """Hand over ``(agent id, card sha256)`` of documents just written; False (nothing
+        taken) when they do not fit."""
+        with self._cond:
+            fresh = [a for a, _ in items if a not in self._pending]
+            if len(self._pending) + len(fresh) > self.max_pending:
+                return False
+            for agent_id, sha in items:
+                if agent_id not in self._pending:
+                    self._queued += 1
+                self._pending[agent_id] = sha
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="ard-embedder",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return True
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until what was handed over before this call is embedded; False on timeout."""
+        with self._cond:
+            target = self._queued
+            return self._cond.wait_for(lambda: self._done >= target,
+                                       SETTLE_TIMEOUT_SECONDS if timeout is None else timeout)
+
+    def _run(self) -> None:
+        from django.db import close_old_connections, connection
+
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending)
+                batch = dict(list(self._pending.items())[:EMBED_BATCH])
+            try:
+                close_old_connections()
+                self._embed(batch)
+            except Exception:  # a bug or an outage must not stop the thread: repair catches up
+                logger.exception("embedding %d search document(s) failed; the repair job "
+                                 "(ard-index-repair) embeds them", len(batch))
+            finally:
+                connection.close()
+                with self._cond:
+                    for agent_id, sha in batch.items():
+                        if self._pending.get(agent_id) == sha:
+                            del self._pending[agent_id]
+                            self._done += 1
+                    self._cond.notify_all()
+
+    def _embed(self, batch: dict[str, str]) -> None:
+        from django.db import transaction
+
+        embedder = embeddings.get_embedder()
+        if embedder is None:
+            return
+        rows = list(AgentDoc.objects.filter(agent_id__in=list(batch))
+                    .values("pk", "agent_id", "card_sha256", *_TEXT_FIELDS))
+        rows = [r for r in rows if r["card_sha256"] == batch[r["agent_id"]]]  # else: newer
+        if not rows:
+            return
+        matrix = embedder.embed([embeddings.document_text(r) for r in rows])
+        written: list[tuple[int, np.ndarray]] = []
+        with transaction.atomic():
+            for row, vector in zip(rows, matrix, strict=True):
+                if AgentDoc.objects.filter(pk=row["pk"], card_sha256=row["card_sha256"]).update(
+                    embedding=embeddings.to_bytes(vector), embedding_model=embedder.name
+                ):
+                    written.append((row["pk"], vector))
+        self.written += len(written)
+        index = _index
+        if index is not None and index.loaded and index.model == embedder.name and written:
+            index.put([i for i, _ in written],
+                      np.vstack([embeddings.from_bytes(embeddings.to_bytes(v), index.dim)
+                                 for _, v in written]))
+
+
+_writer = EmbedWriter()
+
+
+def embed_writer() -> EmbedWriter:
+    """This process's embedding thread."""
+    return _writer

@@ -515,6 +515,9 @@ ARD_FUSION_LEXICAL_WEIGHT = env_float("ARD_FUSION_LEXICAL_WEIGHT", 1.0)
 ARD_FUSION_SEMANTIC_WEIGHT = env_float("ARD_FUSION_SEMANTIC_WEIGHT", 2.0)
 ARD_SEMANTIC_MIN_SIMILARITY = env_float("ARD_SEMANTIC_MIN_SIMILARITY", 0.2, minimum=-1)
 ARD_SEMANTIC_SYNC_SECONDS = env_float("ARD_SEMANTIC_SYNC_SECONDS", 5.0)
+# PostgreSQL: documents are embedded by a thread of the node after they are written (off: with
+# them, as on SQLite).
+ARD_EMBED_DEFERRED = env_bool("ARD_EMBED_DEFERRED", True)
 
 # --- settings that must agree with one another (checked last: every name above has been read) ---
 if A2A_NODE_LIVENESS_TTL_SECONDS <= A2A_NODE_LIVENESS_REFRESH_SECONDS:

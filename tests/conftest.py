@@ -101,11 +101,14 @@ def _open_metrics(settings):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_vector_index():
+def _fresh_vector_index(settings):
     """Each test starts with no ARD vector index in memory: it loads from the test's database
-    on its first search (a rolled-back test's document ids may be reused by the next one)."""
+    on its first search (a rolled-back test's document ids may be reused by the next one).
+    Documents are embedded as they are written: the embedding thread's own connection would
+    not see a test's uncommitted rows (tests/ard/test_semantic.py covers the thread)."""
     from ard import vectors
 
+    settings.ARD_EMBED_DEFERRED = False
     vectors.reset()
     yield
     vectors.reset()

@@ -193,3 +193,46 @@ def test_evaluate_command_prints_top3_and_mrr(corpus, tmp_path, capsys):
     assert "ok   'swap my dollars into pesos' -> currency (rank 1); top 3: currency 100" in out
     assert "MISS 'xyzzy plugh' -> weather (not matched); top 3: (nothing)" in out
     assert out.strip().endswith("top 3: 1/2 (50.0 %), MRR 0.500")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_embeds_in_the_background(settings, django_capture_on_commit_callbacks):
+    """The registration's path writes the document without a vector; the node's embedding
+    thread writes it, and a search on the node waits for it."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite embeds each document as it writes it")
+    settings.ARD_EMBED_DEFERRED = True
+    writer = vectors.embed_writer()
+    before = writer.written
+    with indexer_paused(writer):
+        services.agent_register(actor=SYSTEM, agent_id="currency", card=CARDS["currency"],
+                                ttl_seconds=600, public=True)
+        doc = AgentDoc.objects.get(agent_id="currency")
+        assert (doc.embedding, doc.embedding_model) == (None, "")  # not on the request path
+        assert writer.pending() == 1
+    assert _ids(_search("swap my dollars into pesos")) == ["currency"]  # waits for it
+    doc = AgentDoc.objects.get(agent_id="currency")
+    assert doc.embedding_model == "wordllama-l2_supercat-128" and writer.written == before + 1
+    assert len(vectors.get_index()) == 1
+    # A card change: the old vector leaves the index at once, the new one follows.
+    services.agent_register(actor=SYSTEM, agent_id="currency", ttl_seconds=600, public=True,
+                            card={**CARDS["currency"], "name": "Volcano Watch",
+                                  "description": "Volcanic ash and eruption alerts.",
+                                  "skills": []})
+    assert writer.settle(10)
+    assert _ids(_search("is the mountain going to erupt")) == ["currency"]
+
+
+class indexer_paused:  # noqa: N801 - used as a context manager
+    """Hold the embedding thread's batch (it waits on the condition) while the block runs."""
+
+    def __init__(self, writer: vectors.EmbedWriter) -> None:
+        self.writer = writer
+
+    def __enter__(self) -> None:
+        self.writer._cond.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.writer._cond.release()
