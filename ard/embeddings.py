@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from django.conf import settings
@@ -56,7 +56,7 @@ class WordLlamaEmbedder:
         self.name = f"wordllama-{self.CONFIG}-{self.dim}"
         self._lock = threading.Lock()  # a tokenizer is not to be shared across threads
         self._table: np.ndarray | None = None
-        self._tokenizer = None
+        self._tokenizer: Any = None
 
     def _load(self) -> None:
         """The weights and tokenizer, from the package's files (on first use: naming the
@@ -84,10 +84,12 @@ class WordLlamaEmbedder:
             encodings = self._tokenizer.encode_batch(
                 [t[:MAX_CHARS] for t in texts], add_special_tokens=False
             )
+        table = self._table
+        assert table is not None
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for i, enc in enumerate(encodings):
             if enc.ids:
-                out[i] = self._table[enc.ids].mean(axis=0)
+                out[i] = table[enc.ids].mean(axis=0)
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         np.divide(out, norms, out=out, where=norms > 0)
         return out

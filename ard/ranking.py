@@ -303,7 +303,7 @@ class HybridRanker:
 
     NEIGHBOURS = 1000
 
-    def __init__(self, lexical: Ranker) -> None:
+    def __init__(self, lexical: _SqlRanker | PortableRanker) -> None:
         self.lexical = lexical
 
     def _semantic(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, float]]:
@@ -325,7 +325,9 @@ class HybridRanker:
         allowed = _allowed(candidates, [i for i, _ in near])
         return [(i, s) for i, s in near if i in allowed]
 
-    def fused(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, float, float, float]]:
+    def fused(
+        self, text: str, candidates: QuerySet[AgentDoc]
+    ) -> list[tuple[int, float, float, float]]:
         """Every match ``(id, fused, lexical 0-1, cosine)``, best first (for evaluation)."""
         lexical = {i: s / 100 for i, _, s in self.lexical._scored(text, candidates)}
         semantic = dict(self._semantic(text, candidates))
@@ -361,8 +363,9 @@ class HybridRanker:
 def _ranker_for(path: str, vendor: str, semantic: bool) -> Ranker:
     if path and path != "auto":
         return import_string(path)()
+    lexical: _SqlRanker | PortableRanker
     if vendor == "postgresql":
-        lexical: Ranker = PostgresRanker()
+        lexical = PostgresRanker()
     elif vendor == "sqlite":
         lexical = SqliteRanker()
     else:

@@ -102,7 +102,9 @@ class VectorIndex:
         ids[: self._size] = self._ids[: self._size]
         self._matrix, self._ids = matrix, ids
 
-    def nearest(self, query: np.ndarray, *, k: int, min_similarity: float) -> list[tuple[int, float]]:
+    def nearest(
+        self, query: np.ndarray, *, k: int, min_similarity: float
+    ) -> list[tuple[int, float]]:
         """Up to ``k`` ``(document id, cosine)`` at or above ``min_similarity``, nearest first
         (ties: the lower id)."""
         with self._lock:
@@ -208,7 +210,8 @@ def documents_written(rows: list[tuple[str, bytes | None, str]]) -> None:
         pk = pks.get(agent_id)
         if pk is None:
             continue
-        vector = embeddings.from_bytes(raw, index.dim) if raw is not None and model == index.model else None
+        vector = (embeddings.from_bytes(raw, index.dim)
+                  if raw is not None and model == index.model else None)
         if vector is None:
             gone.append(pk)
         else:
@@ -325,9 +328,9 @@ class EmbedWriter:
         self.written += len(written)
         index = _index
         if index is not None and index.loaded and index.model == embedder.name and written:
-            index.put([i for i, _ in written],
-                      np.vstack([embeddings.from_bytes(embeddings.to_bytes(v), index.dim)
-                                 for _, v in written]))
+            # as stored (float16), so this node ranks as the others, which load it
+            stored = np.vstack([v.astype(np.float16) for _, v in written]).astype(np.float32)
+            index.put([i for i, _ in written], stored)
 
 
 _writer = EmbedWriter()
