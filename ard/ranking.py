@@ -85,6 +85,28 @@ def _cutoff_ratio() -> float:
     return max(0.0, (settings.ARD_MIN_SCORE - 0.5) / 100)
 
 
+def _allowed(candidates: QuerySet[AgentDoc], ids: list[int], chunk: int = 2000) -> set[int]:
+    """Which of ``ids`` are candidates (entitlement and filters), a chunk of ids a query."""
+    allowed: set[int] = set()
+    for i in range(0, len(ids), chunk):
+        allowed.update(
+            candidates.order_by().filter(pk__in=ids[i : i + chunk]).values_list("pk", flat=True)
+        )
+    return allowed
+
+
+def scored_among(rows: list[tuple[int, float]], allowed: set[int]) -> list[tuple[int, int, int]]:
+    """``(id, id, 0-100 score)`` of the ``rows`` in ``allowed`` at or above the cutoff, best
+    first; ties go to the older document (lower id): deterministic, and no join to sort by."""
+    kept = [(i, r) for i, r in rows if i in allowed]
+    top = max((r for _, r in kept), default=0.0)
+    if top <= 0:
+        return []
+    cut = _cutoff_ratio() * top
+    kept = sorted((k for k in kept if k[1] >= cut), key=lambda k: (-k[1], k[0]))
+    return [(i, i, _score(r, top)) for i, r in kept]
+
+
 class _SqlRanker:
     """Shared shape: the full-text engine ranks every match (one indexed query, no joins), then
     the candidates (entitlement and filters) are applied to those ids only. Applying them inside
@@ -96,38 +118,25 @@ class _SqlRanker:
         """SQL answering ``(id, rank)`` for every document matching ``terms``."""
         raise NotImplementedError
 
-    def _scored(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, str, int]]:
-        """Every candidate matching ``text`` at or above the cutoff, best first, scored."""
+    def raw(self, text: str) -> list[tuple[int, float]]:
+        """``(id, rank)`` of every document matching ``text`` (no candidates applied)."""
         terms = query_terms(text)
         hits = self._hits_sql(terms) if terms else None
         if hits is None:
             return []
         with connection.cursor() as cursor:
             cursor.execute(*hits)
-            rows = cursor.fetchall()
+            return [(i, float(r)) for i, r in cursor.fetchall() if r is not None]
+
+    def _scored(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, int, int]]:
+        """Every candidate matching ``text`` at or above the cutoff, best first, scored."""
+        rows = self.raw(text)
         if not rows:
             return []
         # Candidates (entitlement flags and filters, all on the document row) are applied to
         # the matched ids afterwards: inside the full-text query SQLite re-ran the match per
         # candidate row.
-        allowed: set[int] = set()
-        ids = [row[0] for row in rows]
-        for i in range(0, len(ids), self.CHUNK):
-            allowed.update(
-                candidates.order_by()
-                .filter(pk__in=ids[i : i + self.CHUNK])
-                .values_list("pk", flat=True)
-            )
-        # Ties go to the older document (lower id): deterministic, and no join to sort by name.
-        kept = [(i, i, float(r)) for i, r in rows if i in allowed and r is not None]
-        if not kept:
-            return []
-        top = max(r for _, _, r in kept)
-        if top <= 0:
-            return []
-        cut = _cutoff_ratio() * top
-        kept = sorted((k for k in kept if k[2] >= cut), key=lambda k: (-k[2], k[1]))
-        return [(i, a, _score(r, top)) for i, a, r in kept]
+        return scored_among(rows, _allowed(candidates, [i for i, _ in rows], self.CHUNK))
 
     def rank(self, *, text: str, candidates: QuerySet[AgentDoc], offset: int, limit: int) -> Ranked:
         scored = self._scored(text, candidates)
@@ -279,16 +288,6 @@ def _stems(text: str) -> list[str]:
     return [_stem(t) for t in _TOKEN.findall(text.lower())]
 
 
-def _allowed(candidates: QuerySet[AgentDoc], ids: list[int], chunk: int = 2000) -> set[int]:
-    """Which of ``ids`` are candidates (entitlement and filters), a chunk of ids a query."""
-    allowed: set[int] = set()
-    for i in range(0, len(ids), chunk):
-        allowed.update(
-            candidates.order_by().filter(pk__in=ids[i : i + chunk]).values_list("pk", flat=True)
-        )
-    return allowed
-
-
 class HybridRanker:
     """A lexical ranker and the node's embedding index, fused.
 
@@ -306,7 +305,8 @@ class HybridRanker:
     def __init__(self, lexical: _SqlRanker | PortableRanker) -> None:
         self.lexical = lexical
 
-    def _semantic(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, float]]:
+    def _near(self, text: str) -> list[tuple[int, float]]:
+        """The documents nearest to ``text``'s embedding (no candidates applied)."""
         from ard import embeddings, vectors
 
         embedder, index = embeddings.get_embedder(), vectors.get_index()
@@ -314,23 +314,27 @@ class HybridRanker:
             return []
         if vectors.embed_writer().pending():
             vectors.embed_writer().settle()  # this node's own writes first
-        index.sync()
-        near = index.nearest(
+        index.ensure_loaded()
+        return index.nearest(
             embedder.embed([text])[0],
             k=self.NEIGHBOURS,
             min_similarity=settings.ARD_SEMANTIC_MIN_SIMILARITY,
         )
-        if not near:
-            return []
-        allowed = _allowed(candidates, [i for i, _ in near])
-        return [(i, s) for i, s in near if i in allowed]
 
     def fused(
         self, text: str, candidates: QuerySet[AgentDoc]
     ) -> list[tuple[int, float, float, float]]:
         """Every match ``(id, fused, lexical 0-1, cosine)``, best first (for evaluation)."""
-        lexical = {i: s / 100 for i, _, s in self.lexical._scored(text, candidates)}
-        semantic = dict(self._semantic(text, candidates))
+        near = self._near(text)
+        if isinstance(self.lexical, _SqlRanker):
+            # One candidates query for the lexical and the semantic matches together.
+            rows = self.lexical.raw(text)
+            allowed = _allowed(candidates, list({i for i, _ in rows} | {i for i, _ in near}))
+            lexical = {i: s / 100 for i, _, s in scored_among(rows, allowed)}
+        else:
+            lexical = {i: s / 100 for i, _, s in self.lexical._scored(text, candidates)}
+            allowed = _allowed(candidates, [i for i, _ in near]) if near else set()
+        semantic = {i: s for i, s in near if i in allowed}
         top_sim = max(semantic.values(), default=0.0)
         w_lex = settings.ARD_FUSION_LEXICAL_WEIGHT
         w_sem = settings.ARD_FUSION_SEMANTIC_WEIGHT

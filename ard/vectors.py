@@ -7,10 +7,10 @@ cosine neighbours, no approximation. Kept current three ways:
 * loaded from the database on the first search of the process;
 * changed in place by the indexer as this process writes or drops a document (registry
   events, the deferred writer, reindex);
-* caught up with the other nodes' writes on a search at most every
-  ``ARD_SEMANTIC_SYNC_SECONDS``: the documents written since the last catch-up (an indexed
-  ``updated_at`` range, re-read with five seconds of slack), and a full id reload when the count
-  of embedded documents says some were dropped elsewhere.
+* caught up with the other nodes' writes by a thread of its own every
+  ``ARD_SEMANTIC_SYNC_SECONDS`` (never on a search's path): the documents written since the
+  last catch-up (an indexed ``updated_at`` range, re-read with five seconds of slack), and the
+  ids still present when the count of embedded documents says some were dropped elsewhere.
 
 Memory: ``4 x dim`` bytes per document for the matrix plus 8 for its id (128 dimensions:
 520 bytes, about 52 MB for 100,000 agents); growth doubles the capacity, like a list.
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 from django.conf import settings
 from django.db.models import Max
+from django.utils import timezone
 
 from ard import embeddings
 from ard.models import AgentDoc
@@ -46,8 +46,9 @@ class VectorIndex:
         self._size = 0
         self._row: dict[int, int] = {}  # document id -> row
         self.loaded = False
-        self._synced_at = 0.0  # monotonic
-        self._watermark = None  # the latest updated_at seen
+        self._watermark: datetime | None = None  # the latest updated_at seen
+        self._syncer: threading.Thread | None = None
+        self._stopped = threading.Event()
 
     def __len__(self) -> int:
         return self._size
@@ -144,18 +145,24 @@ class VectorIndex:
                 self.put(ids, np.vstack(vectors))
             self.loaded = True
             self._watermark = watermark
-            self._synced_at = time.monotonic()
 
-    def sync(self, *, force: bool = False) -> None:
-        """Catch up with writes of other processes (at most every ARD_SEMANTIC_SYNC_SECONDS)."""
-        if not self.loaded:
-            self.load()
-            return
-        now = time.monotonic()
-        if not force and now - self._synced_at < settings.ARD_SEMANTIC_SYNC_SECONDS:
+    def ensure_loaded(self) -> None:
+        """Load the index on the first search of the process (and start catching up)."""
+        if self.loaded:
             return
         with self._lock:
-            self._synced_at = now
+            if not self.loaded:
+                self.load()
+        self._start_catching_up()
+
+    def sync(self) -> None:
+        """Catch up with documents other processes wrote or dropped: the rows embedded since
+        the last catch-up (less ``SLACK``), then, when the count of embedded documents says
+        some went elsewhere, the ids still present."""
+        with self._lock:
+            if not self.loaded:
+                self.load()
+                return
             changed = self._embedded()
             if self._watermark is not None:
                 changed = changed.filter(updated_at__gte=self._watermark - SLACK)
@@ -168,6 +175,33 @@ class VectorIndex:
             if self._embedded().count() != self._size:  # dropped (or re-embedded) elsewhere
                 present = set(self._embedded().values_list("pk", flat=True))
                 self.drop([i for i in list(self._row) if i not in present])
+
+    def _start_catching_up(self) -> None:
+        """A thread syncing every ARD_SEMANTIC_SYNC_SECONDS (0: never) while this index is the
+        process's: off the search path."""
+        seconds = settings.ARD_SEMANTIC_SYNC_SECONDS
+        if seconds <= 0 or self._syncer is not None:
+            return
+        self._syncer = threading.Thread(target=self._catch_up, args=(seconds,),
+                                        name="ard-vectors-sync", daemon=True)
+        self._syncer.start()
+
+    def _catch_up(self, seconds: float) -> None:
+        from django.db import close_old_connections, connection
+
+        while not self._stopped.wait(seconds):
+            if _index is not self:
+                return
+            try:
+                close_old_connections()
+                self.sync()
+            except Exception:  # an outage: the next round tries again
+                logger.warning("vector index catch-up failed", exc_info=True)
+            finally:
+                connection.close()
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 _index: VectorIndex | None = None
@@ -182,6 +216,8 @@ def get_index() -> VectorIndex | None:
         return None
     with _index_lock:
         if _index is None or (_index.model, _index.dim) != (embedder.name, embedder.dim):
+            if _index is not None:
+                _index.stop()
             _index = VectorIndex(embedder.dim, embedder.name)
         return _index
 
@@ -190,6 +226,8 @@ def reset() -> None:
     """Forget the index (tests: the database they start from is another one)."""
     global _index
     with _index_lock:
+        if _index is not None:
+            _index.stop()
         _index = None
 
 
@@ -321,8 +359,10 @@ class EmbedWriter:
         written: list[tuple[int, np.ndarray]] = []
         with transaction.atomic():
             for row, vector in zip(rows, matrix, strict=True):
+                # updated_at moves too: other nodes catch up by it
                 if AgentDoc.objects.filter(pk=row["pk"], card_sha256=row["card_sha256"]).update(
-                    embedding=embeddings.to_bytes(vector), embedding_model=embedder.name
+                    embedding=embeddings.to_bytes(vector), embedding_model=embedder.name,
+                    updated_at=timezone.now(),
                 ):
                     written.append((row["pk"], vector))
         self.written += len(written)

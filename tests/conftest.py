@@ -109,6 +109,7 @@ def _fresh_vector_index(settings):
     from ard import vectors
 
     settings.ARD_EMBED_DEFERRED = False
+    settings.ARD_SEMANTIC_SYNC_SECONDS = 0  # no catch-up thread (tests call sync() themselves)
     vectors.reset()
     yield
     vectors.reset()
