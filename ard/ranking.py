@@ -295,8 +295,9 @@ class HybridRanker:
     vector index gives the ``NEIGHBOURS`` documents nearest to the query's embedding at or
     above ``ARD_SEMANTIC_MIN_SIMILARITY`` cosine, narrowed to the candidates. A document's
     fused rank is ``ARD_FUSION_LEXICAL_WEIGHT x lexical/100 + ARD_FUSION_SEMANTIC_WEIGHT x
-    cosine/best cosine`` (a weighted sum: on the 30-query set it put more intended agents
-    first than reciprocal-rank fusion, bench/ard_bench.py ``--relevance``), and scores are
+    cosine/best cosine``. Measured on the 30-query set (tests/ard/fusion_study.py, 128
+    dimensions): every variant has 30/30 in the top 3; the weighted sum 1:2 the best MRR,
+    0.967, against 0.961 for reciprocal-rank fusion (k 60, 1:1) and 0.867 lexical alone. Scores are
     ``round(100 x fused / best fused)`` with the ``ARD_MIN_SCORE`` cutoff, as the lexical
     rankers'. Ties go to the older document, so pages are stable while the index is."""
 
