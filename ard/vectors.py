@@ -158,32 +158,37 @@ class VectorIndex:
     def sync(self) -> None:
         """Catch up with documents other processes wrote or dropped: the rows embedded since
         the last catch-up (less ``SLACK``), then, when the count of embedded documents says
-        some went elsewhere, the ids still present."""
-        with self._lock:
-            if not self.loaded:
-                self.load()
-                return
-            changed = self._embedded()
-            if self._watermark is not None:
-                changed = changed.filter(updated_at__gte=self._watermark - SLACK)
-            latest = changed.aggregate(m=Max("updated_at"))["m"]
-            ids, vectors = self._rows(changed)
-            if ids:
-                self.put(ids, np.vstack(vectors))
-            if latest is not None:
-                self._watermark = max(latest, self._watermark or latest)
-            if self._embedded().count() != self._size:  # dropped (or re-embedded) elsewhere
-                present = set(self._embedded().values_list("pk", flat=True))
+        some went elsewhere, the ids still present. The database is read without holding the
+        index: searches go on meanwhile."""
+        if not self.loaded:
+            self.ensure_loaded()
+            return
+        changed = self._embedded()
+        if self._watermark is not None:
+            # re-read a slack twice the interval: a round that missed a row (a late commit,
+            # an id dropped in a race) sees it again in the next
+            slack = max(SLACK, 2 * timedelta(seconds=settings.ARD_SEMANTIC_SYNC_SECONDS))
+            changed = changed.filter(updated_at__gte=self._watermark - slack)
+        latest = changed.aggregate(m=Max("updated_at"))["m"]
+        ids, vectors = self._rows(changed)
+        if ids:
+            self.put(ids, np.vstack(vectors))
+        if latest is not None:
+            self._watermark = max(latest, self._watermark or latest)
+        if self._embedded().count() != self._size:  # dropped (or re-embedded) elsewhere
+            present = set(self._embedded().values_list("pk", flat=True))
+            with self._lock:
                 self.drop([i for i in list(self._row) if i not in present])
 
     def _start_catching_up(self) -> None:
         """A thread syncing every ARD_SEMANTIC_SYNC_SECONDS (0: never) while this index is the
         process's: off the search path."""
         seconds = settings.ARD_SEMANTIC_SYNC_SECONDS
-        if seconds <= 0 or self._syncer is not None:
-            return
-        self._syncer = threading.Thread(target=self._catch_up, args=(seconds,),
-                                        name="ard-vectors-sync", daemon=True)
+        with self._lock:
+            if seconds <= 0 or self._syncer is not None:
+                return
+            self._syncer = threading.Thread(target=self._catch_up, args=(seconds,),
+                                            name="ard-vectors-sync", daemon=True)
         self._syncer.start()
 
     def _catch_up(self, seconds: float) -> None:

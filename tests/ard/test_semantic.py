@@ -236,3 +236,27 @@ class indexer_paused:  # noqa: N801 - used as a context manager
 
     def __exit__(self, *exc) -> None:
         self.writer._cond.release()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_thread_catches_up_with_other_nodes(settings):
+    """Rows written by "another node" (this test's connection, committed) reach the index
+    through its catch-up thread, never through a search."""
+    import time
+
+    settings.ARD_SEMANTIC_SYNC_SECONDS = 0.05
+    for agent_id in ("currency", "weather", "tax"):
+        services.agent_register(actor=SYSTEM, agent_id=agent_id, card=CARDS[agent_id],
+                                ttl_seconds=600, public=True)
+    assert _ids(_search("swap my dollars into pesos"))[0] == "currency"  # loads, starts it
+    index = vectors.get_index()
+    embedder = embeddings.get_embedder()
+    volcano = embeddings.to_bytes(embedder.embed(["volcanic eruption alerts"])[0])
+    AgentDoc.objects.filter(agent_id="tax").update(embedding=volcano, updated_at=timezone.now())
+    AgentDoc.objects.filter(agent_id="currency").delete()
+    deadline = time.monotonic() + 10
+    while len(index) != 2 or index.nearest(
+            embedder.embed(["volcanic eruption alerts"])[0], k=1, min_similarity=0.9) == []:
+        assert time.monotonic() < deadline, "the catch-up thread did not catch up"
+        time.sleep(0.05)
+    assert _ids(_search("volcanic eruption alerts"))[0] == "tax"
