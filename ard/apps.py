@@ -7,8 +7,11 @@ class ArdConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from ard import indexer
+        from ard import indexer, selectors
         from registry import events
+        from registry import selectors as registry_selectors
 
         # The search index follows the registry through its one event hook (no signals).
         events.subscribe(indexer.on_registry_event, many=indexer.on_registry_events)
+        # And ranks the registry's own text search (API ?q=, the admin's search box).
+        registry_selectors.set_text_search(selectors.registry_agents_ranked)

@@ -23,6 +23,7 @@ from django.db.models import F, Q
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
+from ard import embeddings, vectors
 from ard.documents import build_document
 from ard.models import AgentDoc
 from config import outage
@@ -44,6 +45,45 @@ _AGENT_FIELDS = (
     "status",
     "expires_at",
 )
+
+
+def _embed(rows: list[dict]) -> bool:
+    """Add each document's embedding to its fields (written with the document, in the same
+    statement), or leave them to the embedding thread (True: hand them over with
+    :func:`_written` once written). The thread takes them on PostgreSQL with
+    ``ARD_EMBED_DEFERRED`` while it has room; SQLite writes one thing at a time, so there the
+    document is embedded here (the bundled static model: about 0.15 ms a card,
+    bench/ard_vectors_bench.py)."""
+    embedder = embeddings.get_embedder()
+    deferred = embedder is not None and (
+        settings.ARD_EMBED_DEFERRED
+        and connection.vendor == "postgresql"
+        and vectors.embed_writer().pending() + len(rows) <= vectors.MAX_PENDING
+    )
+    if embedder is None or deferred:
+        for row in rows:
+            row["embedding"], row["embedding_model"] = None, ""
+        return deferred
+    matrix = embedder.embed([embeddings.document_text(row) for row in rows])
+    for row, vector in zip(rows, matrix, strict=True):
+        row["embedding"], row["embedding_model"] = embeddings.to_bytes(vector), embedder.name
+    return False
+
+
+def _current_model() -> str:
+    embedder = embeddings.get_embedder()
+    return embedder.name if embedder is not None else ""
+
+
+def _written(rows: list[dict], agent_ids: list[str], deferred: bool) -> None:
+    """Documents written: the node's vector index follows, and deferred embeddings go to the
+    embedding thread (should it be full meanwhile, to the repair job)."""
+    vectors.documents_written([(a, row["embedding"], row["embedding_model"])
+                               for a, row in zip(agent_ids, rows, strict=True)])
+    if deferred and not vectors.embed_writer().submit(
+            [(a, row["card_sha256"]) for a, row in zip(agent_ids, rows, strict=True)]):
+        logger.warning("embedding thread full: %d document(s) left to the repair job",
+                       len(rows))
 
 
 def _doc_fields(agent: Agent, updated_at) -> dict:
@@ -72,13 +112,13 @@ def index_agent(*, agent_id: str, force: bool = False, new: bool = False,
     if agent is None or agent.agent_id != agent_id:
         agent = Agent.objects.filter(agent_id=agent_id).only(*_AGENT_FIELDS).first()
     if agent is None:
-        AgentDoc.objects.filter(agent_id=agent_id).delete()
+        _delete(AgentDoc.objects.filter(agent_id=agent_id))
         return None
     if new:
         return _upsert(agent)
     doc = (
         AgentDoc.objects.filter(agent_id=agent_id)
-        .only("pk", "card_sha256", "registry_agent_id", "public", "active")
+        .only("pk", "card_sha256", "registry_agent_id", "public", "active", "embedding_model")
         .first()
     )
     if (
@@ -86,6 +126,7 @@ def index_agent(*, agent_id: str, force: bool = False, new: bool = False,
         and not force
         and doc.card_sha256 == agent.card_sha256
         and doc.registry_agent_id == agent.pk
+        and doc.embedding_model == _current_model()
     ):
         # Same card, same row: only the flags may have moved (a lease renewal, a PATCH).
         if (doc.public, doc.active) != (agent.public, agent.is_routable):
@@ -98,6 +139,7 @@ def index_agent(*, agent_id: str, force: bool = False, new: bool = False,
 def _upsert(agent: Agent) -> AgentDoc:
     """Write ``agent``'s document in one statement (INSERT ... ON CONFLICT DO UPDATE)."""
     fields = _doc_fields(agent, timezone.now())
+    deferred = _embed([fields])
     doc = AgentDoc(agent_id=agent.agent_id, **fields)
     meta = AgentDoc._meta
     # QuerySet._insert is bulk_create's own statement, without its BEGIN/COMMIT around it.
@@ -108,6 +150,7 @@ def _upsert(agent: Agent) -> AgentDoc:
         update_fields=[meta.get_field(name) for name in fields],
         unique_fields=[meta.get_field("agent_id")],
     )
+    _written([fields], [agent.agent_id], deferred)
     return doc
 
 
@@ -115,6 +158,7 @@ def _upsert_many(agents: list[Agent]) -> None:
     """Write the documents of ``agents`` (distinct ids) in one multi-row upsert."""
     now = timezone.now()
     rows = [_doc_fields(agent, now) for agent in agents]
+    deferred = _embed(rows)
     docs = [AgentDoc(agent_id=agent.agent_id, **row)
             for agent, row in zip(agents, rows, strict=True)]
     quote = connection.ops.quote_name
@@ -124,6 +168,7 @@ def _upsert_many(agents: list[Agent]) -> None:
     insert_rows(AgentDoc, docs,
                 suffix=f"ON CONFLICT ({quote(meta.get_field('agent_id').column)}) "  # type: ignore[arg-type]  # a concrete field
                        f"DO UPDATE SET {updates}")
+    _written(rows, [agent.agent_id for agent in agents], deferred)
 
 
 def _upsert_or_each(agents: list[Agent]) -> int:
@@ -183,20 +228,30 @@ def on_registry_event(event: AgentEvent) -> None:
     elif event.kind == "expired":
         AgentDoc.objects.filter(agent_id=event.agent_id).update(active=False)
     elif event.kind == "deregistered":
-        AgentDoc.objects.filter(agent_id=event.agent_id).delete()
+        _delete(AgentDoc.objects.filter(agent_id=event.agent_id))
+
+
+def _delete(docs) -> None:
+    """Delete ``docs`` and take them out of the node's vector index."""
+    pks = list(docs.values_list("pk", flat=True))
+    if pks:
+        AgentDoc.objects.filter(pk__in=pks).delete()
+        vectors.documents_dropped(pks)
 
 
 def index_rebuild(*, force: bool = True) -> dict[str, int]:
     """Index every registered agent and drop documents whose agent is gone."""
     now = timezone.now()
-    existing = dict(AgentDoc.objects.values_list("agent_id", "card_sha256"))
+    model = _current_model()
+    existing = {a: (sha, m) for a, sha, m in
+                AgentDoc.objects.values_list("agent_id", "card_sha256", "embedding_model")}
     ids = set()
     written = 0
     qs = Agent.objects.only(*_AGENT_FIELDS).order_by("pk")
     batch: list[AgentDoc] = []
     for agent in qs.iterator(chunk_size=BATCH):
         ids.add(agent.agent_id)
-        if not force and existing.get(agent.agent_id) == agent.card_sha256:
+        if not force and existing.get(agent.agent_id) == (agent.card_sha256, model):
             continue
         batch.append(AgentDoc(agent_id=agent.agent_id, **_doc_fields(agent, now)))
         if len(batch) >= BATCH:
@@ -206,16 +261,23 @@ def index_rebuild(*, force: bool = True) -> dict[str, int]:
         written += _write(batch)
     gone = [a for a in existing if a not in ids]
     for i in range(0, len(gone), BATCH):
-        AgentDoc.objects.filter(agent_id__in=gone[i : i + BATCH]).delete()
+        _delete(AgentDoc.objects.filter(agent_id__in=gone[i : i + BATCH]))
     return {"indexed": written, "pruned": len(gone), "agents": len(ids)}
 
 
 def _write(batch: list[AgentDoc]) -> int:
     # Delete-then-insert rather than an upsert: the registry row behind an agent id may have
     # changed (deregistered and registered again), and the one-to-one column is unique.
-    AgentDoc.objects.filter(agent_id__in=[d.agent_id for d in batch]).delete()
-    AgentDoc.objects.filter(registry_agent_id__in=[d.registry_agent_id for d in batch]).delete()
+    rows = [{f: getattr(d, f) for f in ("name", "description", "skill_names", "tags",
+                                        "skill_descriptions", "examples", "card_sha256")}
+            for d in batch]
+    deferred = _embed(rows)
+    for doc, row in zip(batch, rows, strict=True):
+        doc.embedding, doc.embedding_model = row["embedding"], row["embedding_model"]
+    _delete(AgentDoc.objects.filter(agent_id__in=[d.agent_id for d in batch]))
+    _delete(AgentDoc.objects.filter(registry_agent_id__in=[d.registry_agent_id for d in batch]))
     AgentDoc.objects.bulk_create(batch, batch_size=BATCH)
+    _written(rows, [d.agent_id for d in batch], deferred)
     return len(batch)
 
 
@@ -353,8 +415,11 @@ def index_missing() -> int:
     """Index the agents whose document is missing or older than their card (documents a
     process died with before writing them); how many were written."""
     written = 0
+    outdated = Q(doc_sha__isnull=True) | ~Q(doc_sha=F("card_sha256"))
+    if model := _current_model():  # embedded by another model (or not at all): embed again
+        outdated |= ~Q(ard_doc__embedding_model=model)
     stale = (Agent.objects.annotate(doc_sha=F("ard_doc__card_sha256"))
-             .filter(Q(doc_sha__isnull=True) | ~Q(doc_sha=F("card_sha256")))
+             .filter(outdated)
              .only(*_AGENT_FIELDS).order_by("pk"))
     batch: list[Agent] = []
     for agent in stale.iterator(chunk_size=BATCH):

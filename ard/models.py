@@ -38,10 +38,18 @@ class AgentDoc(models.Model):
     # ``active`` is off from the agent's ``expired`` event until it registers again.
     public = models.BooleanField(default=False)
     active = models.BooleanField(default=True)
+    # The document's text embedded by ``embedding_model`` (float16 bytes, ard.embeddings), written
+    # with the document; the node's in-process index (ard.vectors) is loaded from these.
+    embedding = models.BinaryField(null=True, blank=True, editable=False)
+    embedding_model = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["agent_id"]
-        indexes = [models.Index(fields=["active", "public"], name="ard_doc_visible")]
+        indexes = [
+            models.Index(fields=["active", "public"], name="ard_doc_visible"),
+            # the vector index catches up with other nodes' writes by this column
+            models.Index(fields=["updated_at"], name="ard_doc_updated"),
+        ]
 
     def __str__(self) -> str:
         return self.agent_id

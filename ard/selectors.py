@@ -27,6 +27,7 @@ from ard.query import (
     parse_time,
 )
 from ard.ranking import get_ranker
+from registry.models import Agent
 from registry.permissions import SCOPE_CALL, Actor
 
 CHUNK = 1000
@@ -261,3 +262,14 @@ def explore(*, actor: Actor | None, request: ExploreRequest, base_url: str) -> d
             result["otherCount"] = sum(c for _, c in ranked[facet.limit :])
         facets[facet.field] = result
     return {"resultType": "facets", "facets": facets}
+
+
+def registry_agents_ranked(*, text: str, agents: QuerySet[Agent], limit: int = 1000) -> list[int]:
+    """The registry's own search (``/api/v1/agents?q=``, the admin's search box): pks of the
+    agents of ``agents`` matching ``text``, best first, by the same ranking as ``POST
+    /search`` over their documents (expired agents' too: the registry lists them)."""
+    candidates = AgentDoc.objects.filter(registry_agent_id__in=agents.order_by().values("pk"))
+    hits = get_ranker().rank(text=text, candidates=candidates, offset=0, limit=limit).hits
+    owners = dict(AgentDoc.objects.filter(pk__in=[h.doc_id for h in hits])
+                  .values_list("pk", "registry_agent_id"))
+    return [owners[h.doc_id] for h in hits if h.doc_id in owners]

@@ -16,6 +16,9 @@ this script's load generator runs on core 1. Phases:
    HTTP GETs: warm (cached bytes) 200 and conditional 304.
 
     .venv/bin/python bench/ard_bench.py [--quick] [--postgres] [--server uvicorn]
+
+``ARD_SEMANTIC=false`` in the environment serves the lexical ranking alone (the node inherits
+it), to compare with the default hybrid ranking in the same conditions.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -278,6 +282,8 @@ def main() -> int:
             "server": args.server,
             "agents": args.agents,
             "quick": args.quick,
+            # the node's ranking: hybrid (default) or lexical alone (ARD_SEMANTIC=false)
+            "ard_semantic": os.environ.get("ARD_SEMANTIC", "true"),
             "machine": machine_info(),
             "server_core": 0,
             "load_generator": "aiohttp (core 1)",

@@ -506,6 +506,18 @@ ARD_MIN_SCORE = env_int("ARD_MIN_SCORE", 1)
 # (searches on that node wait for them; other nodes see them milliseconds later). Off: each
 # batch writes its documents before answering.
 ARD_INDEX_DEFERRED = env_bool("ARD_INDEX_DEFERRED", True)
+# Semantic search (docs/ard.md#how-ranking-works): documents embedded as they are indexed, and
+# the lexical and semantic rankings fused. Off: lexical ranking alone.
+ARD_SEMANTIC = env_bool("ARD_SEMANTIC", True)
+ARD_EMBEDDER = env_str("ARD_EMBEDDER", "ard.embeddings.WordLlamaEmbedder")
+ARD_EMBEDDING_DIM = env_int("ARD_EMBEDDING_DIM", 128, minimum=8)
+ARD_FUSION_LEXICAL_WEIGHT = env_float("ARD_FUSION_LEXICAL_WEIGHT", 1.0)
+ARD_FUSION_SEMANTIC_WEIGHT = env_float("ARD_FUSION_SEMANTIC_WEIGHT", 2.0)
+ARD_SEMANTIC_MIN_SIMILARITY = env_float("ARD_SEMANTIC_MIN_SIMILARITY", 0.2, minimum=-1)
+ARD_SEMANTIC_SYNC_SECONDS = env_float("ARD_SEMANTIC_SYNC_SECONDS", 5.0)
+# PostgreSQL: documents are embedded by a thread of the node after they are written (off: with
+# them, as on SQLite).
+ARD_EMBED_DEFERRED = env_bool("ARD_EMBED_DEFERRED", True)
 
 # --- MCP bridge (mcp_bridge/): every routable agent as a tool at /mcp ---
 A2A_MCP_ENABLED = env_bool("A2A_MCP_ENABLED", True)

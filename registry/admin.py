@@ -22,7 +22,7 @@ import orjson
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.views.main import ORDER_VAR, ChangeList
 from django.db.models import Count, IntegerField, Max, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponseRedirect
@@ -40,7 +40,7 @@ from console.charts import bar_chart
 from console.models import AgentMinute, ClientUsage
 from console.selectors import EXPIRING_SECONDS, RECENT_WINDOW_MINUTES, agent_stats
 from console.templatetags.console import ago_html
-from registry import events, services
+from registry import events, selectors, services
 from registry.ids import agent_id_error
 from registry.models import Agent, ApiClient, CardVersion, Node
 from registry.permissions import ALL_SCOPES, Actor, PermissionDenied, staff_actor
@@ -216,6 +216,13 @@ class AgentChangeList(ChangeList):
     def get_queryset(self, request, exclude_parameters=None):
         return super().get_queryset(request, exclude_parameters).defer(*LIST_DEFERRED)
 
+    def get_ordering(self, request, queryset):
+        # A search lists best first (``search_rank``, annotated by the search); a column the
+        # operator sorts by still wins.
+        if "search_rank" in queryset.query.annotations and ORDER_VAR not in self.params:
+            return ["search_rank", "-pk"]
+        return super().get_ordering(request, queryset)
+
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
@@ -267,6 +274,13 @@ class AgentAdmin(admin.ModelAdmin):
 
     def get_changelist(self, request, **kwargs):
         return AgentChangeList
+
+    def get_search_results(self, request, queryset, search_term):
+        """The search box ranks as the registry's API does (an id first, then by words and by
+        meaning, registry.selectors.agents_search), best first."""
+        if not search_term.strip():
+            return queryset, False
+        return selectors.agents_search(queryset, search_term), False
 
     def get_queryset(self, request):
         since = timezone.now() - timedelta(minutes=LIST_WINDOW_MINUTES)

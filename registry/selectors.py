@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from registry.events import AgentRoute
@@ -56,6 +56,52 @@ def agent_list(
             | Q(tags_index__icontains=q)
         )
     return qs
+
+
+# --- text search: the search index's ranking, when one is registered --------------------------
+
+#: Agents a text search ranks at most (the API's and the admin's pages are smaller).
+MAX_RANKED = 1000
+#: ``(text=..., agents=...)`` -> pks of the agents of that queryset matching the text, best
+#: first. Registered by the search index (ard), which sits above the registry: no import up.
+TextSearch = Callable[..., list[int]]
+_text_search: TextSearch | None = None
+
+
+def set_text_search(fn: TextSearch | None) -> None:
+    """Register the ranking that :func:`agents_search` uses (ARD's hybrid ranker)."""
+    global _text_search
+    _text_search = fn
+
+
+def agents_search(agents: QuerySet[Agent], text: str) -> QuerySet[Agent]:
+    """The agents of ``agents`` (filters and visibility already applied) matching ``text``,
+    best first, annotated ``search_rank`` (0 the best): agents whose id contains the text (an
+    operator typing an id), then the registered ranking's matches (by words and by meaning:
+    ARD's), then the other agents whose name, description or tags contain the text; at most
+    ``MAX_RANKED``."""
+    text = text.strip()
+    if not text:
+        return agents.annotate(search_rank=Value(0, output_field=IntegerField()))
+
+    # One query for both kinds of substring match: the id's first.
+    id_match = Q(agent_id__icontains=text)
+    contained = list(
+        agents.filter(id_match | Q(name__icontains=text) | Q(description__icontains=text)
+                      | Q(tags_index__icontains=text))
+        .annotate(by_id=Case(When(id_match, then=Value(0)), default=Value(1),
+                             output_field=IntegerField()))
+        .order_by("by_id", "agent_id").values_list("pk", "by_id")[:MAX_RANKED]
+    )
+    by_id = [pk for pk, first in contained if first == 0]
+    by_text = [pk for pk, first in contained if first == 1]
+    ranked = _text_search(text=text, agents=agents) if _text_search is not None else []
+    order = list(dict.fromkeys([*by_id, *ranked, *by_text]))[:MAX_RANKED]
+    if not order:
+        return agents.none().annotate(search_rank=Value(0, output_field=IntegerField()))
+    rank = Case(*[When(pk=pk, then=Value(n)) for n, pk in enumerate(order)],
+                output_field=IntegerField())
+    return agents.filter(pk__in=order).annotate(search_rank=rank).order_by("search_rank")
 
 
 _READ_OWNER: Any = object()

@@ -144,3 +144,18 @@ def _open_metrics(settings):
     """Tests of other features read /metrics without a token in both CI modes; the token gate
     itself (on by default in distributed mode) is tested in tests/gateway/test_exposure.py."""
     settings.A2A_METRICS_REQUIRE_TOKEN = False
+
+
+@pytest.fixture(autouse=True)
+def _fresh_vector_index(settings):
+    """Each test starts with no ARD vector index in memory: it loads from the test's database
+    on its first search (a rolled-back test's document ids may be reused by the next one).
+    Documents are embedded as they are written: the embedding thread's own connection would
+    not see a test's uncommitted rows (tests/ard/test_semantic.py covers the thread)."""
+    from ard import vectors
+
+    settings.ARD_EMBED_DEFERRED = False
+    settings.ARD_SEMANTIC_SYNC_SECONDS = 0  # no catch-up thread (tests call sync() themselves)
+    vectors.reset()
+    yield
+    vectors.reset()

@@ -127,11 +127,15 @@ class AgentFilter(django_filters.FilterSet):
     input_mode = django_filters.CharFilter(method="_filter")
     output_mode = django_filters.CharFilter(method="_filter")
     status = django_filters.ChoiceFilter(method="_filter", choices=Agent.Status.choices)
-    q = django_filters.CharFilter(method="_filter")
+    # Declared last, so it ranks what the other filters (and visibility) left: best first.
+    q = django_filters.CharFilter(method="_search")
 
     class Meta:
         model = Agent
         fields: list[str] = []
+
+    def _search(self, queryset, name, value):
+        return selectors.agents_search(queryset, value) if value.strip() else queryset
 
     def _filter(self, queryset, name, value):
         if not value:
