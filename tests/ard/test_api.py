@@ -352,22 +352,29 @@ def test_public_flag_and_expiry_follow_events(node, live_server_url):
 
     from registry import services
 
-    def anonymous_ids() -> list[str]:
+    def anonymous_ids(expected: list[str]) -> list[str]:
+        """The catalog's public ids once they are ``expected`` (or what it lists after 10 s):
+        the manifest answers at once, without waiting for the search documents the node
+        deferred, so a change shows in it a moment later (docs/ard.md)."""
+        deadline = time.monotonic() + 10
         with httpx.Client(base_url=live_server_url, timeout=10) as anon:
-            body = anon.get("/.well-known/ai-catalog.json").json()
-        return _ids(body["entries"])
+            while True:
+                ids = _ids(anon.get("/.well-known/ai-catalog.json").json()["entries"])
+                if ids == expected or time.monotonic() > deadline:
+                    return ids
+                time.sleep(0.05)
 
-    assert anonymous_ids() == ["currency", "weather"]
+    assert anonymous_ids(["currency", "weather"]) == ["currency", "weather"]
     resp = node.patch("/api/v1/agents/currency", json={"public": False})
     assert resp.status_code == 200 and resp.json()["public"] is False
     resp = node.patch("/api/v1/agents/flights", json={"public": True})
     assert resp.status_code == 200
-    assert anonymous_ids() == ["flights", "weather"]
+    assert anonymous_ids(["flights", "weather"]) == ["flights", "weather"]
     # Expiry (the registry's expiry job) hides an agent at once; registering brings it back.
     services.agents_expire(now=timezone.now() + timedelta(seconds=601))
-    assert anonymous_ids() == []
+    assert anonymous_ids([]) == []
     _register(node, "weather", public=True)
-    assert anonymous_ids() == ["weather"]
+    assert anonymous_ids(["weather"]) == ["weather"]
 
 
 def test_searches_run_on_their_own_pool_and_never_hold_the_node(node, live_server_url,
