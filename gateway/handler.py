@@ -38,7 +38,7 @@ import orjson
 from config import node as node_config
 from console import recorder
 from gateway import envelope as env
-from gateway import errors, metrics, tracing
+from gateway import errors, metrics, rest, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
@@ -78,6 +78,19 @@ _ORIGIN = ORIGIN[:12]  # request ids are unique per process and across nodes
 _NOWHERE: Any = object()
 
 
+class _Rest:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "REST"
+
+
+#: The "request id" of an HTTP+JSON call, which has none: where a JSON-RPC call's id goes
+#: (admission, :class:`Exchange`, :func:`_error`), it makes the gateway's errors take the
+#: binding's form.
+REST: Any = _Rest()
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
@@ -87,8 +100,7 @@ def a2a_app(node: GatewayNode, scope: dict[str, Any], receive, send) -> Awaitabl
     A plain function returning the handler's coroutine: one coroutine level fewer on every
     suspension of the hot path.
     """
-    rest = scope["path"][5:]  # after "/a2a/"
-    agent_id, _, tail = rest.partition("/")
+    agent_id, _, tail = scope["path"][5:].partition("/")  # after "/a2a/"
     method = scope["method"]
     if tail == "":
         if method == "POST":
@@ -110,7 +122,17 @@ def a2a_app(node: GatewayNode, scope: dict[str, Any], receive, send) -> Awaitabl
             return serve_card(node, scope, receive, send, agent_id)
         return _plain(send, 405, b'{"error": "method not allowed: use GET"}',
                       [(b"allow", b"GET, HEAD")])
-    return _plain(send, 404, b'{"error": "not found"}')
+    # Everything else under the agent's base is the A2A HTTP+JSON binding (gateway.rest).
+    route = rest.route_of(tail)
+    if route is None:
+        return _error(send, errors.ROUTE_NOT_FOUND, REST, agent_id,
+                      f"no A2A HTTP+JSON route at {scope['path']}")
+    a2a_method = route.method(method)
+    if a2a_method is None:
+        return _error(send, errors.METHOD_NOT_ALLOWED, REST, agent_id,
+                      f"{method} {scope['path']}: use {route.allow}",
+                      extra=[(b"allow", route.allow.encode())])
+    return handle_rest(node, scope, receive, send, agent_id, tail, a2a_method)
 
 
 # --- POST /a2a/{agent_id} ----------------------------------------------------------------------
@@ -204,12 +226,26 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
                                    node_id=settings.NODE_ID)
         send = trace.send
     exchange = Exchange(send, rpc_id, agent_id, settings.A2A_ERROR_PROFILE)
-    query = env.query(body, tags)
+    await _forward(node, route, env.query(body, tags), exchange, receive,
+                   method in env.STREAMING_METHODS, timeout)
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(agent_id, exchange.outcome, seconds)
+    recorder.record(agent_id, caller, method, exchange, len(body), seconds)
+    if trace is not None:
+        trace.end(exchange.outcome)
+
+
+async def _forward(node: GatewayNode, route, query: dict[str, Any], exchange: Exchange,
+                   receive, streaming: bool, timeout: float) -> None:
+    """Hand an admitted call to the agent's subscriber and answer the caller from its replies:
+    a stream relay, the local fast path inline, or a Query through the broker. Every binding's
+    calls take this one way."""
+    settings = node.settings
     subscriber = _subscriber_of(node, route)
     try:
         if subscriber is _NOWHERE:
             await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
-        elif method in env.STREAMING_METHODS:
+        elif streaming:
             await _relay_stream(node, subscriber, query, exchange, receive, route.node_id)
         elif subscriber is not None and settings.A2A_LOCAL_FAST_PATH:
             # The local fast path, inline: the subscriber's own outbound timeout (the
@@ -229,6 +265,86 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     except asyncio.CancelledError:
         if not await _answer_stopping(exchange):
             raise
+
+
+# --- the HTTP+JSON binding: /a2a/{agent_id}/<route> (gateway.rest) ---------------------------
+
+
+async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, agent_id: str,
+                      tail: str, method: str) -> None:
+    """One call of the A2A HTTP+JSON binding (``method``: its A2A method name), forwarded to
+    the agent's HTTP+JSON interface with the caller's HTTP method, path and query, through the
+    same admission, subscriber and replies as a JSON-RPC call; the gateway's own errors in the
+    binding's form (``google.rpc.Status`` JSON, the HTTP status of docs/gateway.md's table).
+
+    A body, when there is one, must be a JSON object (the binding's requests are); it is
+    forwarded unchanged, and its ``configuration.timeout`` is the call's timeout, read as
+    JSON-RPC's ``params.configuration.timeout``."""
+    started = time.perf_counter()
+    settings = node.settings
+    headers = scan_request_headers(scope["headers"])
+    cap = settings.A2A_MAX_REQUEST_BYTES
+    if headers.content_length is not None and headers.content_length > cap:
+        await _error(send, errors.REQUEST_TOO_LARGE, REST, agent_id,
+                     f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
+        return
+    if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
+            and not await _authenticated(node, scope, headers.authorization, send, agent_id,
+                                         REST):
+        return
+    try:
+        body = await _read_rest(await receive(), receive, cap)
+    except Disconnected:
+        return
+    except BodyTooLarge:
+        await _error(send, errors.REQUEST_TOO_LARGE, REST, agent_id,
+                     f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
+        return
+    payload: Any = None
+    if body:
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            await _error(send, errors.PARSE_ERROR, REST, agent_id,
+                         _invalid_json_detail(headers.content_type))
+            return
+        if not isinstance(payload, dict):
+            await _error(send, errors.INVALID_REQUEST, REST, agent_id,
+                         "the request body must be a JSON object")
+            return
+    admitted = await _admit_to_agent(node, scope, send, headers, REST, agent_id, method)
+    if admitted is None:
+        return
+    caller, route = admitted
+    if not route.http_json_endpoint:
+        _refused(scope, agent_id, caller, method, errors.BINDING_UNAVAILABLE)
+        await _error(send, errors.BINDING_UNAVAILABLE, REST, agent_id,
+                     f"call it with JSON-RPC at /a2a/{agent_id}/")
+        return
+    path = rest.forwarded_path(scope, agent_id, tail)
+    if path is None:
+        await _error(send, errors.INVALID_REQUEST, REST, agent_id,
+                     "the path or query holds characters an HTTP request line cannot carry")
+        return
+    metrics.count_request(agent_id, method)
+    timeout = request_timeout({"params": payload} if payload else {}, settings)
+    tags = headers.tags
+    tags[env.TAG_METHOD] = method
+    tags[env.TAG_TIMEOUT] = repr(timeout)
+    tags[env.TAG_CALLER] = caller
+    tags[env.TAG_REQUEST_ID] = f"{_ORIGIN}.{next(_request_ids)}"
+    tags[env.TAG_HTTP_METHOD] = scope["method"]
+    tags[env.TAG_HTTP_PATH] = path
+    trace = None
+    if tracing.ENABLED:
+        trace = tracing.start_call(send, agent_id=agent_id, method=method,
+                                   payload={"params": payload} if payload else None,
+                                   request_bytes=len(body), tags=tags, caller=caller,
+                                   node_id=settings.NODE_ID)
+        send = trace.send
+    exchange = Exchange(send, REST, agent_id, settings.A2A_ERROR_PROFILE)
+    await _forward(node, route, env.query(body, tags), exchange, receive,
+                   method in rest.STREAMING, timeout)
     seconds = time.perf_counter() - started
     metrics.observe_latency(agent_id, exchange.outcome, seconds)
     recorder.record(agent_id, caller, method, exchange, len(body), seconds)
@@ -421,7 +537,8 @@ async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeader
     return caller, route
 
 
-async def _authenticated(node: GatewayNode, scope, authorization, send, agent_id: str) -> bool:
+async def _authenticated(node: GatewayNode, scope, authorization, send, agent_id: str,
+                         rpc_id: Any = None) -> bool:
     """Whether the caller authenticates (answered 401 if not), checked before the body is
     read; ``_admit`` repeats it from the token cache with the request's id."""
     try:
@@ -434,7 +551,7 @@ async def _authenticated(node: GatewayNode, scope, authorization, send, agent_id
         detail = UNAUTHENTICATED_MESSAGE
     _refused(scope, agent_id, None, "", errors.UNAUTHENTICATED)
     # Connection: close, so the server stops reading (and discarding) the unread body.
-    await _error(send, errors.UNAUTHENTICATED, None, agent_id, detail,
+    await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, detail,
                  extra=[(b"www-authenticate", b'Bearer realm="a2a"'), (b"connection", b"close")])
     return False
 
@@ -879,7 +996,7 @@ class Exchange:
         if kind == env.START:
             status = message["status"]
             if status >= 400 and self.profile == "kubemq" and not message["sse"] \
-                    and not _is_jsonrpc_answer(message):
+                    and self.rpc_id is not REST and not _is_jsonrpc_answer(message):
                 await self._agent_status_error(status, message["more"])
                 return
             body = message["body"]
@@ -949,15 +1066,20 @@ class Exchange:
         if self.outcome in ("unknown", "ok", "agent_error"):
             self.outcome = kind
         if not self.started:
-            self.status = errors.http_status_for(kind)
+            self.status = errors.rest_status_for(kind) if self.rpc_id is REST \
+                else errors.http_status_for(kind)
             extra = [(b"x-a2a-agent-status", str(status).encode())] if status else []
             await _error(self.send, kind, self.rpc_id, self.agent_id, detail, extra=extra,
                          status=status, executed=executed)
             return
         if self.sse:
-            error = errors.error_object(kind, agent_id=self.agent_id, detail=detail,
-                                        status=status, executed=True)
-            event = error_event({"jsonrpc": "2.0", "id": self.rpc_id, "error": error})
+            if self.rpc_id is REST:  # the binding's stream error: data is a google.rpc.Status
+                event = error_event(errors.rest_error_object(
+                    kind, agent_id=self.agent_id, detail=detail, status=status, executed=True))
+            else:
+                error = errors.error_object(kind, agent_id=self.agent_id, detail=detail,
+                                            status=status, executed=True)
+                event = error_event({"jsonrpc": "2.0", "id": self.rpc_id, "error": error})
             await self.send({"type": "http.response.body", "body": event, "more_body": False})
             return
         # A plain body cut short cannot be answered any more: returning without completing the
@@ -992,8 +1114,16 @@ def _is_jsonrpc_answer(message: dict[str, Any]) -> bool:
 async def _error(send, kind: str, rpc_id: Any, agent_id: str | None, detail: str = "", *,
                  extra: list | None = None, status: int | None = None,
                  executed: bool = False) -> None:
-    body = errors.error_body(kind, rpc_id=rpc_id, agent_id=agent_id, detail=detail,
-                             status=status, executed=executed)
+    """Answer a gateway error: a JSON-RPC error with the caller's id, or, for an HTTP+JSON call
+    (``rpc_id`` is :data:`REST`), the binding's ``google.rpc.Status`` form and HTTP status."""
+    if rpc_id is REST:
+        body = errors.rest_error_body(kind, agent_id=agent_id, detail=detail, status=status,
+                                      executed=executed)
+        http_status = errors.rest_status_for(kind)
+    else:
+        body = errors.error_body(kind, rpc_id=rpc_id, agent_id=agent_id, detail=detail,
+                                 status=status, executed=executed)
+        http_status = errors.http_status_for(kind)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -1001,8 +1131,7 @@ async def _error(send, kind: str, rpc_id: Any, agent_id: str | None, detail: str
     ]
     if extra:
         headers.extend(extra)
-    await send({"type": "http.response.start", "status": errors.http_status_for(kind),
-                "headers": headers})
+    await send({"type": "http.response.start", "status": http_status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -10,6 +10,10 @@ dispatches on the ``a2a_method`` tag:
 - ``stream_cancel`` -> the cancel handler: stops a relayed stream (the caller went away);
 - everything else -> the sync handler: POSTs the body unchanged and relays the answer.
 
+An HTTP+JSON call (tags ``a2a_http_method``/``a2a_http_path``, gateway.rest) goes the same way
+to the agent's HTTP+JSON interface URL with that method and path; its streaming methods
+(``SendStreamingMessage``, ``SubscribeToTask``) take the SSE handler.
+
 Replies are reply messages (gateway.envelope) written to a *sink*: the broker reply channel, or
 the receiving gateway itself on the local fast path. The same handlers serve both.
 
@@ -585,8 +589,18 @@ class VirtualSubscriber:
             if client is None or client.closed:
                 client = self._client = outbound.client()
             try:
-                response = await client.post(self.route.endpoint, query["body"], headers,
-                                             seconds)
+                path = tags.get(env.TAG_HTTP_PATH)
+                if path is None:
+                    response = await client.post(self.route.endpoint, query["body"], headers,
+                                                 seconds)
+                else:
+                    rest = self.route.http_json_endpoint
+                    if not rest:
+                        await sink(env.error(request_id, errors.BINDING_UNAVAILABLE))
+                        return
+                    response = await client.request(
+                        tags.get(env.TAG_HTTP_METHOD) or "POST", rest, query["body"], headers,
+                        seconds, suffix=path)
                 try:
                     status = response.status
                     length = response.content_length
@@ -629,7 +643,8 @@ class VirtualSubscriber:
         except asyncio.CancelledError:
             if request_id in self._cancel_requested:
                 self._cancel_requested.pop(request_id)
-                if self.settings.A2A_ERROR_PROFILE == "kubemq":
+                if self.settings.A2A_ERROR_PROFILE == "kubemq" \
+                        and env.TAG_HTTP_PATH not in tags:  # a JSON-RPC notice, to JSON-RPC
                     _spawn(self._tasks, self._notify_cancel(tags, query["body"]))
             elif self._stopping:
                 await sink(env.error(request_id, errors.UNREACHABLE, "agent deregistered"))
@@ -651,7 +666,18 @@ class VirtualSubscriber:
             # No overall timeout for streams; waiting for the agent's first bytes is bounded
             # by the idle timeout, like every later silence.
             async with asyncio.timeout(self.settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
-                response = await outbound.client().post(self.route.endpoint, body, headers, None)
+                path = tags.get(env.TAG_HTTP_PATH)
+                if path is None:
+                    response = await outbound.client().post(self.route.endpoint, body, headers,
+                                                            None)
+                else:
+                    rest = self.route.http_json_endpoint
+                    if not rest:
+                        await sink(env.error(request_id, errors.BINDING_UNAVAILABLE))
+                        return
+                    response = await outbound.client().request(
+                        tags.get(env.TAG_HTTP_METHOD) or "POST", rest, body, headers, None,
+                        suffix=path)
         except TRANSPORT_ERRORS as exc:
             await sink(transport_error(request_id, exc))
             return

@@ -90,8 +90,10 @@ def gateway_bindings(card: dict[str, Any], gateway_url: str) -> dict[str, dict[s
     offered HTTP+JSON. A binding the gateway learns to answer is added here, and every
     rewritten card lists the agent's interfaces of that binding from then on.
     """
-    del card
-    return {JSONRPC: {"url": gateway_url}}
+    served = {JSONRPC: {"url": gateway_url}}
+    if http_json_endpoint(card):
+        served[HTTP_JSON] = {"url": gateway_url}
+    return served
 
 
 def _served(entries: list[Any], served: dict[str, dict[str, str]], *, binding_key: str,

@@ -1,0 +1,288 @@
+"""The A2A HTTP+JSON (REST) binding through the gateway, with real SDK peers.
+
+The agent is the SDK's own server (tests/a2a_agents.py) serving JSON-RPC and HTTP+JSON (under
+``/rest``, 0.3 routes under ``/rest/v1/``); callers are stock SDK clients restricted to
+HTTP+JSON, pointed at the gateway's base ``/a2a/{agent_id}/``: they read the gateway's card,
+find its HTTP+JSON interface and call the gateway's REST routes, which the gateway forwards to
+the agent's HTTP+JSON interface URL. Each test asserts what the caller got and what arrived at
+the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from a2a.client.errors import A2AClientError
+from a2a.helpers import get_message_text
+from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState
+from a2a.utils.errors import MethodNotFoundError
+
+from tests.a2a_agents import (
+    HTTP_JSON_BINDING,
+    JSONRPC_BINDING,
+    sdk_client,
+    send_and_collect,
+    transport_name,
+    user_message,
+)
+
+# protocol version -> (the agent's interfaces, the SDK transport a REST client picks, the path
+# prefix of the agent's REST routes)
+VERSIONS = {
+    "1.0": ([(HTTP_JSON_BINDING, "1.0"), (JSONRPC_BINDING, "1.0")], "RestTransport", "/rest"),
+    "0.3": ([(HTTP_JSON_BINDING, "0.3"), (JSONRPC_BINDING, "0.3")], "CompatRestTransport",
+            "/rest/v1"),
+}
+
+
+#: The SDK agent answers 1.0 routes only to callers naming the version (its 0.3 routes, under
+#: v1/, to callers naming none or 0.3).
+V10 = {"A2A-Version": "1.0"}
+
+
+def rest_agent(echo_agent_factory, version: str = "1.0", **kwargs):
+    interfaces, _, _ = VERSIONS[version]
+    return echo_agent_factory(card_shape="0.3" if version == "0.3" else "both",
+                              interfaces=interfaces, **kwargs)
+
+
+def agent_calls(agent) -> list[tuple[str, str]]:
+    """The HTTP+JSON requests the agent received: (method, path)."""
+    return [(r.http_method, r.path) for r in agent.requests if r.path.startswith("/rest")]
+
+
+def rest_error(response: httpx.Response) -> tuple[int, str, str]:
+    """(HTTP status, google.rpc status, gateway kind) of a gateway error in REST form."""
+    error = response.json()["error"]
+    assert error["code"] == response.status_code, error
+    [info] = error["details"]
+    assert info["@type"] == "type.googleapis.com/google.rpc.ErrorInfo"
+    assert info["reason"] == info["metadata"]["kind"].upper()
+    return response.status_code, error["status"], info["metadata"]["kind"]
+
+
+@pytest.mark.usefixtures("outbound_client")
+@pytest.mark.parametrize("version", list(VERSIONS))
+async def test_rest_client_sends_streams_gets_and_cancels_through_the_gateway(
+        gateway_path, echo_agent_factory, register_agent, caller, version):
+    agent = rest_agent(echo_agent_factory, version)
+    target = register_agent(agent)
+    _, transport, prefix = VERSIONS[version]
+    responses: list[httpx.Response] = []
+
+    async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING], streaming=False,
+                          polling=True, headers=caller.auth, responses=responses) as client:
+        assert transport_name(client) == transport
+        [reply] = await send_and_collect(client, "hello")
+        assert reply.kind == "message" and get_message_text(reply.event.message) == "echo: hello"
+        [first] = await send_and_collect(client, "wait for cancel")
+        task_id = first.event.task.id
+        got = await client.get_task(GetTaskRequest(id=task_id))
+        assert (got.id, got.status.state) == (task_id, TaskState.TASK_STATE_WORKING)
+        cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
+        assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+        # The agent's own error reaches the SDK as it does directly (1.0: TaskNotFound; the
+        # 0.3 REST transport reads the agent's 404 as MethodNotFound).
+        with pytest.raises(TaskNotFoundError if version == "1.0" else MethodNotFoundError):
+            await client.get_task(GetTaskRequest(id="no-such-task"))
+    async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING], streaming=True,
+                          headers=caller.auth, responses=responses) as client:
+        events = await send_and_collect(client, "task streamed")
+
+    assert [a.kind for a in events] == \
+        ["task", "status_update"] + ["artifact_update"] * 4 + ["status_update"]
+    assert [a.event.artifact_update.artifact.parts[0].text for a in events[2:-1]] == \
+        [f"chunk {i}: task streamed" for i in range(4)]
+    assert events[-1].event.status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    async with sdk_client(agent.base_url, bindings=[HTTP_JSON_BINDING],
+                          streaming=False) as direct:
+        with pytest.raises(TaskNotFoundError if version == "1.0" else MethodNotFoundError):
+            await direct.get_task(GetTaskRequest(id="no-such-task"))
+    agent.recorder.requests[-1:] = []  # that direct call
+    assert agent.executor.cancelled == [task_id]
+    assert agent_calls(agent) == [
+        ("POST", f"{prefix}/message:send"), ("POST", f"{prefix}/message:send"),
+        ("GET", f"{prefix}/tasks/{task_id}"), ("POST", f"{prefix}/tasks/{task_id}:cancel"),
+        ("GET", f"{prefix}/tasks/no-such-task"), ("POST", f"{prefix}/message:stream"),
+    ]
+    assert [r.path for r in agent.requests if r.path == "/"] == []  # never its JSON-RPC URL
+    calls = [r for r in responses if ".well-known" not in r.request.url.path]
+    assert len(calls) == 6 and all(r.headers["x-a2a-executed"] == "true" for r in calls)
+    [stream] = [r for r in calls if r.request.url.path.endswith("message:stream")]
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    assert stream.headers["x-a2a-agent-status"] == "200"
+
+
+async def test_resubscribe_streams_a_running_task(echo_agent_factory, register_agent, caller):
+    """``GET tasks/{id}:subscribe`` (a stream decided by its route, with no body)."""
+    agent = rest_agent(echo_agent_factory, steps=6, step_delay=0.3)
+    target = register_agent(agent)
+    async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING], streaming=True,
+                          headers=caller.auth) as client:
+        stream = client.send_message(user_message("task long"))
+        first = await anext(stream)
+        task_id = first.task.id
+        async with httpx.AsyncClient(timeout=30) as http:
+            async with http.stream("GET", f"{target.gateway_base}tasks/{task_id}:subscribe",
+                                   headers={**caller.auth, **V10}) as response:
+                assert response.status_code == 200, await response.aread()
+                assert response.headers["content-type"].startswith("text/event-stream")
+                assert response.headers["x-a2a-executed"] == "true"
+                body = b""
+                async for piece in response.aiter_bytes():
+                    body += piece
+        async for _ in stream:
+            pass
+    assert b"TASK_STATE_COMPLETED" in body and b"chunk 5: task long" in body
+    assert ("GET", f"/rest/tasks/{task_id}:subscribe") in agent_calls(agent)
+
+
+async def test_client_preferring_rest_picks_it_from_the_served_card(echo_agent_factory,
+                                                                    register_agent, caller):
+    agent = echo_agent_factory(interfaces=[(JSONRPC_BINDING, "1.0"), (HTTP_JSON_BINDING, "1.0")])
+    target = register_agent(agent)
+    card = httpx.get(f"{target.gateway_base}.well-known/agent-card.json").json()
+    assert card["supportedInterfaces"] == [
+        {"url": target.gateway_base, "protocolBinding": b, "protocolVersion": "1.0"}
+        for b in (JSONRPC_BINDING, HTTP_JSON_BINDING)]
+    # The card's order: JSON-RPC first.
+    async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING, JSONRPC_BINDING],
+                          headers=caller.auth, streaming=False) as client:
+        assert transport_name(client) == "JsonRpcTransport"
+    # The client's own preference: HTTP+JSON, which the gateway answers.
+    async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING, JSONRPC_BINDING],
+                          client_preference=True, headers=caller.auth,
+                          streaming=False) as client:
+        assert transport_name(client) == "RestTransport"
+        [reply] = await send_and_collect(client, "preferred")
+    assert get_message_text(reply.event.message) == "echo: preferred"
+    assert agent_calls(agent) == [("POST", "/rest/message:send")]
+
+
+# --- every route, the same through the gateway as directly ------------------------------------
+
+
+ROUTES = [
+    ("GET", "tasks", None),
+    ("GET", "tasks?pageSize=2&status=TASK_STATE_WORKING", None),
+    ("GET", "tasks/nope", None),
+    ("POST", "tasks/nope:cancel", {}),
+    ("GET", "tasks/nope:subscribe", None),
+    ("POST", "tasks/nope/pushNotificationConfigs",
+     {"taskId": "nope", "url": "http://127.0.0.1:9/hook"}),
+    ("GET", "tasks/nope/pushNotificationConfigs", None),
+    ("GET", "tasks/nope/pushNotificationConfigs/c1", None),
+    ("DELETE", "tasks/nope/pushNotificationConfigs/c1", None),
+    ("GET", "extendedAgentCard", None),
+    ("GET", "v1/card", None),
+    ("GET", "v1/tasks/nope", None),
+    ("POST", "message:send", {"message": "not a message"}),
+    ("POST", "tenant-1/message:send", {}),
+]
+
+
+async def test_every_route_answers_as_the_agent_does_directly(echo_agent_factory,
+                                                              register_agent, caller):
+    """Each route of the binding (1.0, 0.3 under v1/, a tenant prefix, a query string), with
+    bodies the agent refuses or ids it does not know: through the gateway the caller gets
+    exactly what the agent answers directly, and the agent gets the same method and path."""
+    agent = rest_agent(echo_agent_factory)
+    target = register_agent(agent)
+    async with httpx.AsyncClient(timeout=30) as http:
+        statuses = set()
+        for method, path, body in ROUTES:
+            kwargs = {"json": body} if body is not None else {}
+            version = {} if path.startswith("v1/") else V10
+            direct = await http.request(method, f"{agent.rest_url}/{path}", headers=version,
+                                        **kwargs)
+            statuses.add(direct.status_code)
+            seen = len(agent.requests)
+            via = await http.request(method, f"{target.gateway_base}{path}",
+                                     headers={**caller.auth, **version}, **kwargs)
+            where = f"{method} {path}"
+            assert (via.status_code, via.content) == (direct.status_code, direct.content), where
+            assert via.headers["x-a2a-executed"] == "true", where
+            assert via.headers["x-a2a-agent-status"] == str(direct.status_code), where
+            [forwarded] = agent.requests[seen:]
+            assert (forwarded.http_method, forwarded.path) == \
+                (method, "/rest/" + path.split("?")[0]), where
+            assert forwarded.header("authorization") is None  # the gateway token stays here
+            assert forwarded.header("x-kubemq-caller-id") == caller.client_id
+            assert forwarded.header("a2a-version") == version.get("A2A-Version")
+    assert {200, 400, 404} <= statuses  # answers, refusals and unknown ids among them
+
+
+# --- the gateway's own errors, in the binding's form --------------------------------------------
+
+
+async def test_gateway_errors_in_rest_form(echo_agent_factory, register_agent, caller,
+                                          live_server_url, settings):
+    agent = rest_agent(echo_agent_factory)
+    target = register_agent(agent, max_concurrency=1)
+    json_rpc_only = register_agent(echo_agent_factory())  # its card lists no HTTP+JSON
+    base = f"{live_server_url}/a2a"
+    send = {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+    async with httpx.AsyncClient(timeout=30) as http:
+        missing = await http.post(f"{base}/no-such-agent/message:send", json=send,
+                                  headers=caller.auth)
+        assert rest_error(missing) == (404, "NOT_FOUND", "agent_not_found")
+        assert missing.headers["x-a2a-executed"] == "false"
+        anonymous = await http.post(f"{target.gateway_base}message:send", json=send)
+        assert rest_error(anonymous) == (401, "UNAUTHENTICATED", "unauthenticated")
+        assert anonymous.headers["www-authenticate"].startswith("Bearer")
+        no_route = await http.get(f"{target.gateway_base}nothing/here", headers=caller.auth)
+        assert rest_error(no_route) == (404, "NOT_FOUND", "route_not_found")
+        wrong = await http.put(f"{target.gateway_base}message:send", headers=caller.auth)
+        assert rest_error(wrong) == (405, "UNIMPLEMENTED", "method_not_allowed")
+        assert wrong.headers["allow"] == "POST"
+        garbage = await http.post(f"{target.gateway_base}message:send", content=b"{nope",
+                                  headers={**caller.auth, "content-type": "application/json"})
+        assert rest_error(garbage) == (400, "INVALID_ARGUMENT", "parse_error")
+        not_rest = await http.post(f"{json_rpc_only.gateway_base}message:send", json=send,
+                                   headers=caller.auth)
+        assert rest_error(not_rest) == (501, "UNIMPLEMENTED", "binding_unavailable")
+        assert "JSON-RPC" in not_rest.json()["error"]["message"]
+        card = (await http.get(f"{json_rpc_only.gateway_base}.well-known/agent-card.json")).json()
+        assert {i["protocolBinding"] for i in card["supportedInterfaces"]} == {JSONRPC_BINDING}
+
+        # busy: the one slot is held by a running stream
+        hold = {"message": {"messageId": "m2", "role": "ROLE_USER",
+                            "parts": [{"text": "wait here"}]}}
+        async with http.stream("POST", f"{target.gateway_base}message:stream", json=hold,
+                               headers={**caller.auth, **V10}) as held:
+            assert held.status_code == 200
+            busy = await http.post(f"{target.gateway_base}message:send", json=send,
+                                   headers=caller.auth)
+            assert rest_error(busy) == (429, "RESOURCE_EXHAUSTED", "busy")
+            assert busy.headers["x-a2a-executed"] == "false"
+            assert busy.json()["error"]["details"][0]["metadata"]["retryable"] == "true"
+
+        # hostile: a body over the cap never reaches the agent
+        settings.A2A_MAX_REQUEST_BYTES = 4096
+        big = {"message": {"messageId": "m3", "role": "ROLE_USER",
+                           "parts": [{"text": "x" * 10_000}]}}
+        seen = len(agent.requests)
+        too_large = await http.post(f"{target.gateway_base}message:send", json=big,
+                                    headers=caller.auth)
+        assert rest_error(too_large) == (413, "RESOURCE_EXHAUSTED", "request_too_large")
+        assert len([r for r in agent.requests[seen:] if r.path.startswith("/rest")]) == 0
+
+    # The SDK client raises on them as on any REST error.
+    with pytest.raises(A2AClientError):
+        async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING],
+                              streaming=False) as client:  # no token
+            await send_and_collect(client, "hi")
+
+
+async def test_unreachable_agent_in_rest_form(echo_agent_factory, register_agent, caller):
+    agent = rest_agent(echo_agent_factory)
+    target = register_agent(agent)
+    agent.stop()
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(f"{target.gateway_base}message:send", json={},
+                                   headers=caller.auth)
+    assert rest_error(response) == (502, "UNAVAILABLE", "unreachable")
+    assert response.headers["x-a2a-executed"] == "false"
+    await asyncio.sleep(0)
