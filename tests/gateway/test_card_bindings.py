@@ -101,7 +101,7 @@ async def test_client_accepting_every_binding_follows_the_card_through_the_gatew
     if client_factory_module.GrpcTransport is None:
         assert agent.grpc_address in str(direct.value)
 
-    # Through the gateway the card offers JSON-RPC only, and the same client works.
+    # Through the gateway the card drops gRPC (JSON-RPC comes first), and the same client works.
     async with sdk_client(target.gateway_base, bindings=ALL_BINDINGS, headers=caller.auth,
                           streaming=False) as client:
         assert transport_name(client) == transport
