@@ -286,3 +286,35 @@ async def test_unreachable_agent_in_rest_form(echo_agent_factory, register_agent
     assert rest_error(response) == (502, "UNAVAILABLE", "unreachable")
     assert response.headers["x-a2a-executed"] == "false"
     await asyncio.sleep(0)
+
+
+# --- both servers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "daphne"])
+async def test_send_and_stream_on_both_servers(echo_agent_factory, server):
+    """A node served by each server (``manage.py serve --server ...``, its own process): a REST
+    client's send and stream through it, the stream's events arriving as the agent sends them."""
+    from tests.gateway.test_backpressure import running_node
+
+    agent = rest_agent(echo_agent_factory, steps=4, step_delay=0.3)
+    with running_node(server) as node:
+        auth = {"Authorization": f"Bearer {node.token}"}
+        registered = httpx.post(f"{node.url}/api/v1/agents", headers=auth, json={
+            "agent_id": "rest-echo", "url": agent.url, "card": agent.card_document})
+        assert registered.status_code == 201, registered.text
+        base = f"{node.url}/a2a/rest-echo/"
+        async with sdk_client(base, bindings=[HTTP_JSON_BINDING], streaming=False,
+                              headers=auth) as client:
+            assert transport_name(client) == "RestTransport"
+            [reply] = await send_and_collect(client, f"on {server}")
+        async with sdk_client(base, bindings=[HTTP_JSON_BINDING], headers=auth) as client:
+            events = await send_and_collect(client, "task streamed")
+    assert get_message_text(reply.event.message) == f"echo: on {server}"
+    artifacts = [a for a in events if a.kind == "artifact_update"]
+    assert [a.event.artifact_update.artifact.parts[0].text for a in artifacts] == \
+        [f"chunk {i}: task streamed" for i in range(4)]
+    assert events[-1].event.status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    # Relayed as they happen, not in one burst at the end.
+    assert artifacts[-1].at - artifacts[0].at > 3 * 0.3 * 0.5
+    assert agent_calls(agent) == [("POST", "/rest/message:send"), ("POST", "/rest/message:stream")]
