@@ -11,6 +11,7 @@ the agent.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -318,3 +319,62 @@ async def test_send_and_stream_on_both_servers(echo_agent_factory, server):
     # Relayed as they happen, not in one burst at the end.
     assert artifacts[-1].at - artifacts[0].at > 3 * 0.3 * 0.5
     assert agent_calls(agent) == [("POST", "/rest/message:send"), ("POST", "/rest/message:stream")]
+
+
+# --- streams: the caller leaving, the agent going quiet -----------------------------------------
+
+
+async def test_caller_leaving_a_rest_stream_frees_the_agents_slot(gateway_path,
+                                                                 echo_agent_factory,
+                                                                 register_agent, caller):
+    agent = rest_agent(echo_agent_factory)
+    target = register_agent(agent, max_concurrency=1)
+    hold = {"message": {"messageId": "h1", "role": "ROLE_USER", "parts": [{"text": "wait"}]}}
+    send = {"message": {"messageId": "s1", "role": "ROLE_USER", "parts": [{"text": "after"}]}}
+    headers = {**caller.auth, **V10}
+    async with httpx.AsyncClient(timeout=30) as http:
+        async with http.stream("POST", f"{target.gateway_base}message:stream", json=hold,
+                               headers=headers) as held:
+            async for piece in held.aiter_bytes():
+                if b"data:" in piece:
+                    break  # the stream is running at the agent
+            busy = await http.post(f"{target.gateway_base}message:send", json=send,
+                                   headers=headers)
+            assert rest_error(busy)[2] == "busy"
+        # The caller left: the gateway closes the agent's stream and frees the slot.
+        for _ in range(100):  # bounded: 10 s
+            answer = await http.post(f"{target.gateway_base}message:send", json=send,
+                                     headers=headers)
+            if answer.status_code == 200:
+                break
+            assert rest_error(answer)[2] == "busy"
+            await asyncio.sleep(0.1)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["message"]["parts"][0]["text"] == "echo: after"
+
+
+async def test_quiet_agent_ends_a_rest_stream_with_an_error_event_in_rest_form(
+        gateway_path, echo_agent_factory, register_agent, caller, settings):
+    """A stream whose agent goes quiet past ``A2A_SSE_IDLE_TIMEOUT_SECONDS`` ends with a
+    terminal ``event: error`` whose data is the binding's error (a google.rpc.Status), which
+    the SDK's REST client raises."""
+    settings.A2A_SSE_IDLE_TIMEOUT_SECONDS = 1
+    agent = rest_agent(echo_agent_factory)
+    target = register_agent(agent)
+    hold = {"message": {"messageId": "q1", "role": "ROLE_USER", "parts": [{"text": "wait"}]}}
+    async with httpx.AsyncClient(timeout=30) as http:
+        async with http.stream("POST", f"{target.gateway_base}message:stream", json=hold,
+                               headers={**caller.auth, **V10}) as response:
+            assert response.status_code == 200
+            body = b"".join([piece async for piece in response.aiter_bytes()])
+    last = body.replace(b"\r\n", b"\n").strip().split(b"\n\n")[-1]
+    assert last.startswith(b"event: error\ndata: "), body[-500:]
+    error = json.loads(last.split(b"data: ", 1)[1])["error"]
+    assert (error["code"], error["status"]) == (504, "DEADLINE_EXCEEDED")
+    assert error["details"][0]["metadata"] == {
+        "kind": "timeout", "executed": "true", "retryable": "true",
+        "agent_id": target.agent_id}
+    with pytest.raises(A2AClientError, match="DEADLINE_EXCEEDED"):
+        async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING],
+                              headers=caller.auth) as client:
+            await send_and_collect(client, "wait again")
