@@ -198,14 +198,12 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     # checks, same answers); the rate limit is charged once either way.
     caller = None
     route = node.table.get(agent_id)
-    if route is not None and not route.credential_passthrough \
-            and AGENT_ID_RE.match(agent_id) is not None:
-        actor = node.tokens.fresh_client(headers.authorization)
-        if actor is not None and actor.may_call(agent_id):
-            if not node.limiter.allow(actor.client_id):
-                await _rate_limited(scope, send, rpc_id, agent_id, actor.client_id, method)
-                return
-            caller = actor.client_id
+    actor = _fresh_caller(node, route, headers, agent_id)
+    if actor is not None:
+        if not node.limiter.allow(actor.client_id):
+            await _rate_limited(scope, send, rpc_id, agent_id, actor.client_id, method)
+            return
+        caller = actor.client_id
     if caller is None:
         admitted = await _admit_to_agent(node, scope, send, headers, rpc_id, agent_id,
                                          method)
@@ -312,10 +310,18 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
             await _error(send, errors.INVALID_REQUEST, REST, agent_id,
                          "the request body must be a JSON object")
             return
-    admitted = await _admit_to_agent(node, scope, send, headers, REST, agent_id, method)
-    if admitted is None:
-        return
-    caller, route = admitted
+    route = node.table.get(agent_id)
+    actor = _fresh_caller(node, route, headers, agent_id)
+    if actor is not None:  # the common case, as for JSON-RPC
+        if not node.limiter.allow(actor.client_id):
+            await _rate_limited(scope, send, REST, agent_id, actor.client_id, method)
+            return
+        caller = actor.client_id
+    else:
+        admitted = await _admit_to_agent(node, scope, send, headers, REST, agent_id, method)
+        if admitted is None:
+            return
+        caller, route = admitted
     if not route.http_json_endpoint:
         _refused(scope, agent_id, caller, method, errors.BINDING_UNAVAILABLE)
         await _error(send, errors.BINDING_UNAVAILABLE, REST, agent_id,
@@ -508,6 +514,19 @@ def _last_event_id(scope: dict[str, Any]) -> str | None:
 
 
 # --- shared steps -----------------------------------------------------------------------------
+
+
+def _fresh_caller(node: GatewayNode, route, headers: RequestHeaders, agent_id: str):
+    """The common case of admission without a coroutine: a known agent (without credential
+    passthrough), a client verified within the token cache's lifetime, allowed to call it --
+    its actor; else None, and the caller takes :func:`_admit_to_agent` (same checks, same
+    answers). The rate limit is the caller's to charge, once either way."""
+    if route is None or route.credential_passthrough or AGENT_ID_RE.match(agent_id) is None:
+        return None
+    actor = node.tokens.fresh_client(headers.authorization)
+    if actor is not None and actor.may_call(agent_id):
+        return actor
+    return None
 
 async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeaders, rpc_id,
                           agent_id, method: str = ""):

@@ -3,8 +3,9 @@
 A well-kept library behind the same small interface as :mod:`gateway.outbound`'s own client
 (``post`` / ``request`` -> a response with ``status``, ``headers``, ``content_length``,
 ``header()``, ``read(cap)``, ``read_chunk()``, ``finish()``), built by the shared outbound
-layer (TLS, proxy, connect-time address check, header bounds). The gateway's proxy tests run against both, so a
-defect of the hand-written client shows as a difference; operators can switch to it too.
+layer (TLS, proxy, connect-time address check, header bounds). The gateway's proxy tests run
+against both, so a defect of the hand-written client shows as a difference; operators can
+switch to it too.
 aiohttp adds no headers of its own here (no User-Agent, Accept, Accept-Encoding or
 Content-Type), never follows redirects and never decompresses, like the own client.
 """
