@@ -378,3 +378,48 @@ async def test_quiet_agent_ends_a_rest_stream_with_an_error_event_in_rest_form(
         async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING],
                               headers=caller.auth) as client:
             await send_and_collect(client, "wait again")
+
+
+async def test_timeout_metrics_and_audit_as_for_json_rpc(gateway_path, echo_agent_factory,
+                                                         register_agent, caller,
+                                                         live_server_url, settings):
+    """The body's ``configuration.timeout`` bounds a sync call (the agent had the request:
+    executed true); every call counts under its A2A method name and outcome in /metrics, and
+    the failed one is in the console's call audit log."""
+    from console import recorder
+    from console.models import CallRecord
+    from tests.console.test_stats_and_audit import wait_for
+    from tests.gateway.test_proxy import _metric
+
+    settings.A2A_STATS_FLUSH_SECONDS = 0.2
+    recorder.reset()
+
+    agent = rest_agent(echo_agent_factory)
+    target = register_agent(agent)
+    headers = {**caller.auth, **V10}
+    slow = {"message": {"messageId": "t1", "role": "ROLE_USER", "parts": [{"text": "wait"}]},
+            "configuration": {"timeout": 1}}
+    async with httpx.AsyncClient(timeout=30) as http:
+        before = (await http.get(f"{live_server_url}/metrics")).text
+        timed_out = await http.post(f"{target.gateway_base}message:send", json=slow,
+                                    headers=headers)
+        listed = await http.get(f"{target.gateway_base}tasks", headers=headers)
+        after = (await http.get(f"{live_server_url}/metrics")).text
+    assert rest_error(timed_out) == (504, "DEADLINE_EXCEEDED", "timeout")
+    assert timed_out.headers["x-a2a-executed"] == "true"
+    assert listed.status_code == 200 and listed.headers["x-a2a-executed"] == "true"
+
+    def delta(name: str, **labels: str) -> float:
+        return _metric(after, name, **labels) - _metric(before, name, **labels)
+
+    total, seconds = "kubemq_a2a_requests_total", "kubemq_a2a_request_duration_seconds_count"
+    assert delta(total, agent_id=target.agent_id, method="SendMessage") == 1
+    assert delta(total, agent_id=target.agent_id, method="ListTasks") == 1
+    assert delta(seconds, agent_id=target.agent_id, outcome="timeout") == 1
+    assert delta(seconds, agent_id=target.agent_id, outcome="ok") == 1
+
+    rows = wait_for(lambda: list(CallRecord.objects.filter(agent_id=target.agent_id).values(
+        "caller", "method", "outcome", "http_status")))
+    recorder.reset()
+    assert rows == [{"caller": caller.client_id, "method": "SendMessage", "outcome": "timeout",
+                     "http_status": 504}]
