@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 
 import httpx
 import pytest
@@ -423,3 +425,58 @@ async def test_timeout_metrics_and_audit_as_for_json_rpc(gateway_path, echo_agen
     recorder.reset()
     assert rows == [{"caller": caller.client_id, "method": "SendMessage", "outcome": "timeout",
                      "http_status": 504}]
+
+
+# --- a caller that never reads a REST stream ----------------------------------------------------
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "daphne"])
+def test_stalled_rest_caller_is_bounded_and_gets_a_terminal_error(server):
+    """The same backpressure as JSON-RPC streams (tests/gateway/test_backpressure.py): an agent
+    streaming 64 KiB events as fast as it can to a REST caller that never reads writes only what
+    the node's bounded relay and the kernel's buffers hold, and the caller gets a terminal
+    ``stream_stalled`` error event in the binding's form; the agent's stream is closed."""
+    from tests.gateway import test_backpressure as bp
+    from tests.servers import read_body, serve_agent
+
+    class RestFlood(bp.FloodAgent):
+        """The flood agent's endless stream on its HTTP+JSON ``message:stream`` route."""
+
+        async def __call__(self, scope, receive, send) -> None:
+            if scope["type"] == "http" and scope["path"].endswith("/message:stream"):
+                await read_body(receive)
+                pending = [{"type": "http.request", "body": b'{"method": "message/stream"}'}]
+
+                async def as_stream(pending=pending):
+                    return pending.pop() if pending else await receive()
+
+                await super().__call__(scope, as_stream, send)
+                return
+            await super().__call__(scope, receive, send)
+
+    with serve_agent(RestFlood()) as flood, bp.running_node(server) as node:
+        card = {"name": "flood", "url": flood.url,
+                "additionalInterfaces": [{"transport": "HTTP+JSON", "url": f"{flood.url}/v"}]}
+        r = httpx.post(f"{node.url}/api/v1/agents", json={
+            "agent_id": "rest-flood", "url": flood.url, "card": card},
+            headers={"Authorization": f"Bearer {node.token}"})
+        assert r.status_code == 201, r.text
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", node.port))
+        body = b'{"message": {"messageId": "f", "role": "ROLE_USER", "parts": [{"text": "x"}]}}'
+        sock.sendall(
+            f"POST /a2a/rest-flood/message:stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {node.token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        try:
+            time.sleep(bp.STALL_SECONDS + 1.5)  # past the stall deadline
+            data = bp.read_to_end(sock, timeout=20)
+        finally:
+            sock.close()
+    assert data.startswith(b"HTTP/1.1 200")
+    tail = data[-4096:]
+    assert b"event: error" in tail, tail[-600:]
+    assert b'"code":408' in tail and b'"reason":"STREAM_STALLED"' in tail, tail[-600:]
+    assert flood.open == 0
+    assert 0 < flood.sent[0] < bp.NOT_READ_ON_BYTES
