@@ -151,7 +151,8 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     # Authenticate before reading a large (or chunked) body: an unknown caller never gets to
     # upload one. A small body is read first so a refusal can carry the caller's id.
     if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
-            and not await _authenticated(node, scope, headers.authorization, send, agent_id):
+            and not await _authenticated(node, scope, _gateway_credential(node, agent_id, headers),
+                                         send, agent_id):
         return
     # One receive() holds the whole of a small body: read it here, without a reader coroutine.
     message = await receive()
@@ -287,8 +288,8 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
                      f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
         return
     if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
-            and not await _authenticated(node, scope, headers.authorization, send, agent_id,
-                                         REST):
+            and not await _authenticated(node, scope, _gateway_credential(node, agent_id, headers),
+                                         send, agent_id, REST):
         return
     try:
         body = await _read_rest(await receive(), receive, cap)
@@ -554,6 +555,16 @@ async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeader
                      errors.expired_detail(expired) if expired is not None else "")
         return None
     return caller, route
+
+
+def _gateway_credential(node: GatewayNode, agent_id: str, headers: RequestHeaders):
+    """The credential the caller authenticates to the gateway with: ``Authorization``, or
+    ``X-Gateway-Authorization`` for an agent with credential passthrough (whose
+    ``Authorization`` is the agent's)."""
+    route = node.table.get(agent_id)
+    if route is not None and route.credential_passthrough:
+        return headers.gateway_authorization
+    return headers.authorization
 
 
 async def _authenticated(node: GatewayNode, scope, authorization, send, agent_id: str,
