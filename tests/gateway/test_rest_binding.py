@@ -480,3 +480,28 @@ def test_stalled_rest_caller_is_bounded_and_gets_a_terminal_error(server):
     assert b'"code":408' in tail and b'"reason":"STREAM_STALLED"' in tail, tail[-600:]
     assert flood.open == 0
     assert 0 < flood.sent[0] < bp.NOT_READ_ON_BYTES
+
+
+async def test_credential_passthrough_and_the_kubemq_profile(echo_agent_factory, register_agent,
+                                                             caller, settings):
+    """An agent with credential passthrough gets the caller's own Authorization on its REST
+    routes too (the caller authenticates with X-Gateway-Authorization); the ``kubemq`` error
+    profile changes JSON-RPC codes only: REST errors keep the binding's form, and the agent's
+    own error statuses are relayed as they are."""
+    settings.A2A_ERROR_PROFILE = "kubemq"
+    agent = rest_agent(echo_agent_factory)
+    target = register_agent(agent, credential_passthrough=True)
+    gateway_auth = {"X-Gateway-Authorization": caller.auth["Authorization"]}
+    async with httpx.AsyncClient(timeout=30) as http:
+        got = await http.get(f"{target.gateway_base}tasks/nope", headers={
+            **gateway_auth, **V10, "Authorization": "Bearer agents-own"})
+        assert got.status_code == 404 and got.json()["error"]["status"] == "NOT_FOUND"
+        assert got.headers["x-a2a-executed"] == "true"
+        assert agent.requests[-1].header("authorization") == "Bearer agents-own"
+        assert agent.requests[-1].header("x-gateway-authorization") is None
+        # Without the gateway header, the gateway refuses it (its token is not the agent's).
+        refused = await http.get(f"{target.gateway_base}tasks/nope", headers=caller.auth)
+        assert rest_error(refused) == (401, "UNAUTHENTICATED", "unauthenticated")
+        missing = await http.get(f"{target.gateway_base[:-len(target.agent_id) - 1]}nobody/tasks",
+                                 headers=caller.auth)
+        assert rest_error(missing) == (404, "NOT_FOUND", "agent_not_found")
