@@ -18,6 +18,11 @@ envelope and hands it to the agent's virtual subscriber: directly when it lives 
 comes: one JSON body, or SSE events as they arrive. Every reply carries ``X-A2A-Executed``; no
 database query, no Django.
 
+Every other path under ``/a2a/{agent_id}/`` is a route of the A2A HTTP+JSON binding
+(:mod:`gateway.rest`, :func:`handle_rest`): the same checks and the same way to the subscriber,
+with the caller's HTTP method and path in the Query's tags, and the gateway's errors in that
+binding's form.
+
 Before any of that, a body announced above ``A2A_MAX_REQUEST_BYTES`` is answered 413 unread,
 and a large (above 64 KiB) or chunked body is read only once the caller authenticates (else
 401); both close the connection, so the server stops reading the unread rest.
@@ -528,6 +533,7 @@ def _fresh_caller(node: GatewayNode, route, headers: RequestHeaders, agent_id: s
     if actor is not None and actor.may_call(agent_id):
         return actor
     return None
+
 
 async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeaders, rpc_id,
                           agent_id, method: str = ""):
