@@ -505,3 +505,51 @@ async def test_credential_passthrough_and_the_kubemq_profile(echo_agent_factory,
         missing = await http.get(f"{target.gateway_base[:-len(target.agent_id) - 1]}nobody/tasks",
                                  headers=caller.auth)
         assert rest_error(missing) == (404, "NOT_FOUND", "agent_not_found")
+
+
+async def test_a_new_card_moves_or_ends_the_http_json_interface(echo_agent_factory,
+                                                                register_agent, caller, api):
+    """The agent's HTTP+JSON interface follows its card: stored at registration, replaced by a
+    card update (routing tables learn it from the update event), gone with a card without one
+    (the REST routes then answer binding_unavailable and the served card stops listing it)."""
+    from registry.models import Agent
+
+    first, second = rest_agent(echo_agent_factory), rest_agent(echo_agent_factory)
+    target = register_agent(first)
+    stored = await Agent.objects.filter(agent_id=target.agent_id).values_list(
+        "http_json_url", flat=True).aget()
+    assert stored == first.rest_url
+    send = {"message": {"messageId": "n1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+    headers = {**caller.auth, **V10}
+
+    async def answered_by(url_agent) -> bool:
+        async with httpx.AsyncClient(timeout=30) as http:
+            seen = len(url_agent.requests)
+            response = await http.post(f"{target.gateway_base}message:send", json=send,
+                                        headers=headers)
+            return response.status_code == 200 and len(url_agent.requests) > seen
+
+    assert await answered_by(first)
+    r = api.patch(f"/api/v1/agents/{target.agent_id}", json={"card": second.card_document})
+    assert r.status_code == 200, r.text
+    for _ in range(50):  # bounded: 5 s
+        if await answered_by(second):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the new HTTP+JSON interface was never used")
+
+    json_rpc_only = echo_agent_factory()
+    r = api.patch(f"/api/v1/agents/{target.agent_id}",
+                  json={"card": json_rpc_only.card_document})
+    assert r.status_code == 200, r.text
+    async with httpx.AsyncClient(timeout=30) as http:
+        for _ in range(50):
+            response = await http.post(f"{target.gateway_base}message:send", json=send,
+                                       headers=headers)
+            if response.status_code != 200:
+                break
+            await asyncio.sleep(0.1)
+        assert rest_error(response) == (501, "UNIMPLEMENTED", "binding_unavailable")
+        card = (await http.get(f"{target.gateway_base}.well-known/agent-card.json")).json()
+    assert {i["protocolBinding"] for i in card["supportedInterfaces"]} == {JSONRPC_BINDING}
