@@ -352,7 +352,7 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
         trace = tracing.start_call(send, agent_id=agent_id, method=method,
                                    payload={"params": payload} if payload else None,
                                    request_bytes=len(body), tags=tags, caller=caller,
-                                   node_id=settings.NODE_ID)
+                                   node_id=settings.NODE_ID, binding="HTTP+JSON")
         send = trace.send
     exchange = Exchange(send, REST, agent_id, settings.A2A_ERROR_PROFILE)
     await _forward(node, route, env.query(body, tags), exchange, receive,

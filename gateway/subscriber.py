@@ -398,8 +398,11 @@ class VirtualSubscriber:
         if not local and self._cancelled_early.pop(request_id, None) is not None:
             return  # its caller left (stream_cancel came first): nobody wants the answer
         if tracing.ENABLED:  # a child span of the entry node's; the agent gets its context
+            path = tags.get(env.TAG_HTTP_PATH)
+            endpoint = self.route.endpoint if path is None \
+                else self.route.http_json_endpoint.rstrip("/") + path.split("?", 1)[0]
             sink = tracing.subscriber_sink(query, sink, agent_id=self.agent_id,
-                                           endpoint=self.route.endpoint, local=local,
+                                           endpoint=endpoint, local=local,
                                            node_id=self.settings.NODE_ID)
         if self._stopping:
             await self._refuse(sink, env.error(request_id, errors.UNREACHABLE,
