@@ -408,26 +408,32 @@ async def test_timeout_metrics_and_audit_as_for_json_rpc(gateway_path, echo_agen
         before = (await http.get(f"{live_server_url}/metrics")).text
         timed_out = await http.post(f"{target.gateway_base}message:send", json=slow,
                                     headers=headers)
+        # A body above 16 KiB (validated, but built only as far as its timeout) alike.
+        slow["message"]["parts"].append({"text": "x" * 20_000})
+        large = await http.post(f"{target.gateway_base}message:send", json=slow,
+                                headers=headers)
         listed = await http.get(f"{target.gateway_base}tasks", headers=headers)
         after = (await http.get(f"{live_server_url}/metrics")).text
-    assert rest_error(timed_out) == (504, "DEADLINE_EXCEEDED", "timeout")
-    assert timed_out.headers["x-a2a-executed"] == "true"
+    for answer in (timed_out, large):
+        assert rest_error(answer) == (504, "DEADLINE_EXCEEDED", "timeout")
+        assert answer.headers["x-a2a-executed"] == "true"
     assert listed.status_code == 200 and listed.headers["x-a2a-executed"] == "true"
 
     def delta(name: str, **labels: str) -> float:
         return _metric(after, name, **labels) - _metric(before, name, **labels)
 
     total, seconds = "kubemq_a2a_requests_total", "kubemq_a2a_request_duration_seconds_count"
-    assert delta(total, agent_id=target.agent_id, method="SendMessage") == 1
+    assert delta(total, agent_id=target.agent_id, method="SendMessage") == 2
     assert delta(total, agent_id=target.agent_id, method="ListTasks") == 1
-    assert delta(seconds, agent_id=target.agent_id, outcome="timeout") == 1
+    assert delta(seconds, agent_id=target.agent_id, outcome="timeout") == 2
     assert delta(seconds, agent_id=target.agent_id, outcome="ok") == 1
 
-    rows = wait_for(lambda: list(CallRecord.objects.filter(agent_id=target.agent_id).values(
-        "caller", "method", "outcome", "http_status")))
+    rows = wait_for(lambda: len(CallRecord.objects.filter(agent_id=target.agent_id)) == 2
+                    and list(CallRecord.objects.filter(agent_id=target.agent_id).values(
+                        "caller", "method", "outcome", "http_status")))
     recorder.reset()
     assert rows == [{"caller": caller.client_id, "method": "SendMessage", "outcome": "timeout",
-                     "http_status": 504}]
+                     "http_status": 504}] * 2
 
 
 # --- a caller that never reads a REST stream ----------------------------------------------------
