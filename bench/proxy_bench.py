@@ -21,6 +21,10 @@ SSE) on core 1, a fast local agent answering a fixed JSON-RPC result. Arms:
   gateway-stats-on / gateway-stats-off (``--stats``): two more uvicorn gateways, one with
                    per-agent statistics on and A2A_AUDIT=errors (the defaults), one with
                    A2A_STATS=false and A2A_AUDIT=off: the console's cost on the hot path
+  gateway-uvicorn-rest / gateway-daphne-rest (``--rest``): the same two nodes called on the
+                   A2A HTTP+JSON binding (``POST /a2a/{id}/message:send``, forwarded to the
+                   agent's HTTP+JSON interface) instead of JSON-RPC: the binding's cost, same
+                   process, same run (the agent answers every POST alike)
 
 Figures: req/s, p50/p99 for 1 KiB ``message/send`` at c=1 and c=64 and 256 KiB at c=64; server
 CPU per request (all server-side processes of the arm); ratios; SSE first-event latency; how
@@ -31,7 +35,7 @@ are migrated, get API clients, and the agent is registered through the API) and 
 end. ``--quick`` takes about a minute; the default run a few minutes. Loopback only.
 
     .venv/bin/python bench/proxy_bench.py [--quick] [--rounds N] [--duration S] [--streams N]
-        [--tracing] [--baseline-ref REF] [--variant-env K=V[,K=V...]]
+        [--tracing] [--baseline-ref REF] [--variant-env K=V[,K=V...]] [--rest]
 """
 
 from __future__ import annotations
@@ -197,7 +201,10 @@ def start_gateway(server: str, tmp: Path, upstream_url: str, procs: list[Proc],
         admin, _registrar, caller = node.prepare()
         proc = node.serve(server)
         procs.append(proc)
-        card = {**json.loads(CARD), "url": f"{upstream_url}/"}
+        # An HTTP+JSON interface too (the --rest arms call it; JSON-RPC arms never do).
+        card = {**json.loads(CARD), "url": f"{upstream_url}/",
+                "additionalInterfaces": [{"transport": "HTTP+JSON",
+                                          "url": f"{upstream_url}/rest"}]}
         response = httpx.post(f"{node.url}/api/v1/agents", timeout=30,
                               headers={"Authorization": f"Bearer {admin}"},
                               json={"agent_id": AGENT_ID, "url": f"{upstream_url}/",
@@ -348,6 +355,12 @@ def start_arms(tmp: Path, args, database_url: str | None = None
             arms.extend(pool.map(
                 lambda v: start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
                                         name=v[0], extra_env=v[1]), variants))
+    if args.rest:
+        # The HTTP+JSON binding on the same nodes: a twin arm per gateway, another route.
+        for arm in list(arms):
+            if arm.name in ("gateway-uvicorn", "gateway-daphne") and arm.available:
+                arms.append(Arm(f"{arm.name}-rest", f"{arm.url}/message:send", arm.pids,
+                                headers=arm.headers, server_pid=arm.server_pid, gateway=True))
     if database_url:
         arms.extend(start_distributed(tmp, args, upstream_url, procs, upstream, database_url))
     for arm in arms:
@@ -626,6 +639,17 @@ def ratios(summary: dict) -> list[dict]:
     if "gateway-untraced" in summary.get("1KiB c=64", {}):
         each_scenario("gateway-uvicorn", "gateway-untraced", "gateway-uvicorn / gateway-untraced",
                       ">= 0.97 (tracing compiled in but off / compiled out)")
+    for server in ("uvicorn", "daphne"):
+        each_scenario(f"gateway-{server}-rest", f"gateway-{server}",
+                      f"HTTP+JSON / JSON-RPC, gateway-{server}", ">= 0.9")
+        if f"gateway-{server}-rest" in summary.get("1KiB c=64", {}):
+            for scenario in summary:
+                cpu_rest = get(scenario, f"gateway-{server}-rest", "cpu_us_per_req")
+                cpu_rpc = get(scenario, f"gateway-{server}", "cpu_us_per_req")
+                rows.append({"figure": f"{scenario}: HTTP+JSON - JSON-RPC, gateway-{server} "
+                                       "(server CPU us/req)",
+                             "value": round(cpu_rest - cpu_rpc, 1) if cpu_rest and cpu_rpc
+                             else None, "target": "reported"})
     if "gateway-variant" in summary.get("1KiB c=64", {}):
         each_scenario("gateway-uvicorn", "gateway-variant", "gateway-uvicorn / gateway-variant",
                       "reported (this tree's settings / --variant-env's)")
@@ -732,6 +756,8 @@ def main() -> int:
     parser.add_argument("--tracing-compiled-out", action="store_true",
                         help="also the uvicorn gateway of this commit with the tracing hooks "
                              "compiled out (gateway-untraced)")
+    parser.add_argument("--rest", action="store_true",
+                        help="also call the gateways on the HTTP+JSON binding (REST arms)")
     parser.add_argument("--skip-sse", action="store_true",
                         help="skip the SSE first-event and held-streams phases")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
@@ -790,7 +816,8 @@ def main() -> int:
                               flush=True)
             phases["warmup+rounds"] = time.monotonic() - mark
             mark = time.monotonic()
-            sse_arms = [a for a in live if a.name != "daphne-ceiling" and not args.skip_sse]
+            sse_arms = [a for a in live if a.name != "daphne-ceiling" and not args.skip_sse
+                        and not a.name.endswith("-rest")]
             sse_latency = (asyncio.run(sse_first_event(sse_arms, sse_samples, rounds))
                            if sse_arms else {})
             phases["sse_latency"] = time.monotonic() - mark

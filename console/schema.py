@@ -198,7 +198,81 @@ def _gateway_paths() -> dict[str, Any]:
         "/a2a/{agent_id}/stream": {"get": stream},
         "/a2a/{agent_id}/stream/{stream_id}": {"get": resume},
         "/a2a/{agent_id}/.well-known/agent-card.json": {"get": card},
+        **_rest_paths(security),
     }
+
+
+#: The A2A HTTP+JSON binding's routes (gateway.rest): (path after the agent base, method,
+#: A2A method, streams).
+_REST_ROUTES = [
+    ("message:send", "post", "SendMessage", False),
+    ("message:stream", "post", "SendStreamingMessage", True),
+    ("tasks", "get", "ListTasks", False),
+    ("tasks/{id}", "get", "GetTask", False),
+    ("tasks/{id}:cancel", "post", "CancelTask", False),
+    ("tasks/{id}:subscribe", "get", "SubscribeToTask", True),
+    ("tasks/{id}/pushNotificationConfigs", "post", "CreateTaskPushNotificationConfig", False),
+    ("tasks/{id}/pushNotificationConfigs", "get", "ListTaskPushNotificationConfigs", False),
+    ("tasks/{id}/pushNotificationConfigs/{config_id}", "get",
+     "GetTaskPushNotificationConfig", False),
+    ("tasks/{id}/pushNotificationConfigs/{config_id}", "delete",
+     "DeleteTaskPushNotificationConfig", False),
+    ("extendedAgentCard", "get", "GetExtendedAgentCard", False),
+]
+
+
+def _rest_paths(security: list) -> dict[str, Any]:
+    """The HTTP+JSON binding's 1.0 routes under ``/a2a/{agent_id}/`` (the 0.3 ones under
+    ``v1/`` and a ``{tenant}/`` prefix are the same operations, not listed again)."""
+    status = {
+        "type": "object",
+        "properties": {"error": {"type": "object", "properties": {
+            "code": {"type": "integer"},
+            "status": {"type": "string"},
+            "message": {"type": "string"},
+            "details": {"type": "array", "items": {"type": "object"}},
+        }}},
+    }
+    error = {"content": {"application/json": {"schema": status}}}
+    gateway_errors = {
+        "400": {"description": "Not a JSON object body, or an invalid agent id", **error},
+        "401": {"description": "No or bad token", **error},
+        "403": {"description": "This client may not call the agent", **error},
+        "404": {"description": "No such agent (or the agent's own 404)", **error},
+        "413": {"description": "Request too large", **error},
+        "429": {"description": "Busy (the agent's concurrency cap) or rate limited", **error},
+        "501": {"description": "The agent offers no HTTP+JSON interface", **error},
+        "502": {"description": "The agent is unreachable or unavailable", **error},
+        "504": {"description": "The agent timed out", **error},
+    }
+    paths: dict[str, Any] = {}
+    for route, method, a2a_method, streams in _REST_ROUTES:
+        params = [_AGENT_ID] + [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"},
+             "description": "A task id" if name == "id" else "A push notification config id"}
+            for name in ("id", "config_id") if f"{{{name}}}" in route
+        ]
+        content: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
+        if streams:
+            content = {"text/event-stream": {"schema": {"type": "string"}}, **content}
+        operation: dict[str, Any] = {
+            "operationId": f"gateway_rest_{a2a_method}",
+            "tags": ["gateway"],
+            "summary": f"A2A HTTP+JSON {a2a_method}, forwarded to the agent's HTTP+JSON "
+                       "interface (docs/gateway.md)",
+            "parameters": params,
+            "security": security,
+            "responses": {
+                "200": {"description": "The agent's answer, relayed unchanged (any of its "
+                                       "statuses)", "headers": _EXECUTED, "content": content},
+                **gateway_errors,
+            },
+        }
+        if method == "post":
+            operation["requestBody"] = {"required": False, "content": {
+                "application/json": {"schema": {"type": "object"}}}}
+        paths.setdefault(f"/a2a/{{agent_id}}/{route}", {})[method] = operation
+    return paths
 
 
 def _kubemq_paths(paths: dict[str, Any]) -> None:
@@ -281,5 +355,6 @@ def add_gateway_paths(result: dict[str, Any], generator, request, public) -> dic
         "bearerAuth", {"type": "http", "scheme": "bearer"}
     )
     tags = result.setdefault("tags", [])
-    tags.append({"name": "gateway", "description": "The /a2a JSON-RPC gateway (raw ASGI)."})
+    tags.append({"name": "gateway", "description": "The /a2a gateway (raw ASGI): JSON-RPC, and "
+                 "the HTTP+JSON binding for agents that offer it."})
     return result

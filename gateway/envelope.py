@@ -6,7 +6,8 @@ on the local fast path) as a plain dict, so both Channels layers carry it unchan
     {"type": "a2a.query", "body": <request bytes>, "tags": {
         "a2a_method": "message/send", "a2a_hdr_<name>": "<value>", ...,
         "a2a_timeout": "300", "a2a_caller_id": "<client id>",
-        "a2a_reply_channel": "<gateway reply channel>", "a2a_request_id": "<uuid>"}}
+        "a2a_reply_channel": "<gateway reply channel>", "a2a_request_id": "<uuid>",
+        "a2a_http_method": "GET", "a2a_http_path": "/tasks/t-1"}}  (HTTP+JSON calls only)
 
 Replies go to the reply channel, each naming the request (``i``). ``k`` is the message kind:
 
@@ -34,6 +35,11 @@ TAG_REPLY_CHANNEL = "a2a_reply_channel"
 TAG_REQUEST_ID = "a2a_request_id"
 TAG_RPC_ID = "a2a_rpc_id"  # the caller's JSON-RPC id (for stream_cancel towards the agent)
 TAG_STREAM_ID = "a2a_stream_id"  # stream_cancel: the request id of the stream to cancel
+# The HTTP+JSON binding (gateway.rest): the request's HTTP method, and its path and query after
+# the agent's gateway base, which the subscriber appends to the agent's HTTP+JSON interface URL.
+# Absent: a JSON-RPC call, POSTed to the agent's endpoint.
+TAG_HTTP_METHOD = "a2a_http_method"
+TAG_HTTP_PATH = "a2a_http_path"
 # W3C trace context of the entry node's span (gateway.tracing; only when tracing is on)
 TAG_TRACEPARENT = "a2a_traceparent"
 TAG_TRACESTATE = "a2a_tracestate"

@@ -59,6 +59,13 @@ BAD_AGENT_STATUS = "bad_agent_status"
 # been published). The owner may be alive: ``owner_lost`` is only for a dead owner.
 BROKER_LOST = "broker_lost"
 
+# The HTTP+JSON binding (gateway.rest): the agent offers no HTTP+JSON interface (the gateway
+# does not translate between bindings), no A2A route has that path, or the path's route takes
+# another HTTP method.
+BINDING_UNAVAILABLE = "binding_unavailable"
+ROUTE_NOT_FOUND = "route_not_found"
+METHOD_NOT_ALLOWED = "method_not_allowed"
+
 # kind: (code in profile "a2a", code in profile "kubemq", retryable, HTTP status)
 # The a2a profile keeps gateway codes outside A2A's own -32001..-32009 (TaskNotFound, ...);
 # the kubemq profile reproduces the KubeMQ connector's codes for drop-in compatibility.
@@ -83,7 +90,46 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     NODE_STOPPING: (-32064, -32603, True, 200),
     BAD_AGENT_STATUS: (-32065, -32603, False, 200),
     BROKER_LOST: (-32066, -32603, True, 200),
+    BINDING_UNAVAILABLE: (-32070, -32601, False, 501),
+    ROUTE_NOT_FOUND: (-32071, -32601, False, 404),
+    METHOD_NOT_ALLOWED: (-32072, -32601, False, 405),
 }
+
+#: The HTTP+JSON binding's form of each kind: (HTTP status, google.rpc status name), the
+#: ``google.rpc.Status`` shape the A2A HTTP+JSON binding (and the a2a-sdk's REST server) uses
+#: for errors. Statuses follow the canonical gRPC-to-HTTP mapping, except that failures of the
+#: agent behind the gateway answer as a gateway does: 502 (unreachable, unavailable, broken or
+#: oversize answer, owner lost) and 504 (timeout).
+_REST: dict[str, tuple[int, str]] = {
+    PARSE_ERROR: (400, "INVALID_ARGUMENT"),
+    INVALID_REQUEST: (400, "INVALID_ARGUMENT"),
+    AGENT_NOT_FOUND: (404, "NOT_FOUND"),
+    BUSY: (429, "RESOURCE_EXHAUSTED"),
+    UNREACHABLE: (502, "UNAVAILABLE"),
+    TIMEOUT: (504, "DEADLINE_EXCEEDED"),
+    UPSTREAM_UNAVAILABLE: (502, "UNAVAILABLE"),
+    RESPONSE_TOO_LARGE: (502, "RESOURCE_EXHAUSTED"),
+    STREAM_STALLED: (408, "DEADLINE_EXCEEDED"),
+    STREAM_NOT_FOUND: (404, "NOT_FOUND"),
+    AGENT_ERROR: (502, "INTERNAL"),
+    UNAUTHENTICATED: (401, "UNAUTHENTICATED"),
+    FORBIDDEN: (403, "PERMISSION_DENIED"),
+    RATE_LIMITED: (429, "RESOURCE_EXHAUSTED"),
+    REQUEST_TOO_LARGE: (413, "RESOURCE_EXHAUSTED"),
+    AUTH_UNAVAILABLE: (503, "UNAVAILABLE"),
+    OWNER_LOST: (502, "UNAVAILABLE"),
+    NODE_STOPPING: (503, "UNAVAILABLE"),
+    BAD_AGENT_STATUS: (502, "INTERNAL"),
+    BROKER_LOST: (502, "UNAVAILABLE"),
+    BINDING_UNAVAILABLE: (501, "UNIMPLEMENTED"),
+    ROUTE_NOT_FOUND: (404, "NOT_FOUND"),
+    METHOD_NOT_ALLOWED: (405, "UNIMPLEMENTED"),
+}
+#: ``google.rpc.ErrorInfo`` of a gateway error in the HTTP+JSON binding: ``reason`` is the kind
+#: upper-cased, ``metadata`` carries what ``error.data`` carries in JSON-RPC (as strings, the
+#: type ErrorInfo's metadata has).
+ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
+ERROR_DOMAIN = "gateway.a2a"
 
 _PREFIX = {
     PARSE_ERROR: "parse error: ",
@@ -115,6 +161,9 @@ def message_for(
         return "response too large"
     if kind == BAD_AGENT_STATUS:
         return f"bad agent status: HTTP {status}"
+    if kind == BINDING_UNAVAILABLE:
+        return f"agent {agent_id} offers no HTTP+JSON interface" + (
+            f": {detail}" if detail else "")
     return detail or kind.replace("_", " ")
 
 
@@ -171,3 +220,49 @@ def error_body(
             kind, agent_id=agent_id, detail=detail, status=status, executed=executed
         ),
     })
+
+
+def rest_status_for(kind: str) -> int:
+    """The HTTP status of a gateway error in the HTTP+JSON binding."""
+    return _REST[kind][0]
+
+
+def rest_error_object(
+    kind: str,
+    *,
+    agent_id: str | None,
+    detail: str = "",
+    status: int | None = None,
+    executed: bool = False,
+) -> dict[str, Any]:
+    """A gateway error in the HTTP+JSON binding's form (``{"error": google.rpc.Status}``)."""
+    http, name = _REST[kind]
+    return {"error": {
+        "code": http,
+        "status": name,
+        "message": message_for(kind, agent_id, detail, status),
+        "details": [{
+            "@type": ERROR_INFO_TYPE,
+            "reason": kind.upper(),
+            "domain": ERROR_DOMAIN,
+            "metadata": {
+                "kind": kind,
+                "executed": "true" if executed else "false",
+                "retryable": "true" if _TABLE[kind][2] else "false",
+                "agent_id": agent_id or "",
+            },
+        }],
+    }}
+
+
+def rest_error_body(
+    kind: str,
+    *,
+    agent_id: str | None,
+    detail: str = "",
+    status: int | None = None,
+    executed: bool = False,
+) -> bytes:
+    """:func:`rest_error_object`, serialized."""
+    return orjson.dumps(rest_error_object(kind, agent_id=agent_id, detail=detail, status=status,
+                                          executed=executed))

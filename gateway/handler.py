@@ -18,6 +18,11 @@ envelope and hands it to the agent's virtual subscriber: directly when it lives 
 comes: one JSON body, or SSE events as they arrive. Every reply carries ``X-A2A-Executed``; no
 database query, no Django.
 
+Every other path under ``/a2a/{agent_id}/`` is a route of the A2A HTTP+JSON binding
+(:mod:`gateway.rest`, :func:`handle_rest`): the same checks and the same way to the subscriber,
+with the caller's HTTP method and path in the Query's tags, and the gateway's errors in that
+binding's form.
+
 Before any of that, a body announced above ``A2A_MAX_REQUEST_BYTES`` is answered 413 unread,
 and a large (above 64 KiB) or chunked body is read only once the caller authenticates (else
 401); both close the connection, so the server stops reading the unread rest.
@@ -38,7 +43,7 @@ import orjson
 from config import node as node_config
 from console import recorder
 from gateway import envelope as env
-from gateway import errors, metrics, tracing
+from gateway import errors, metrics, rest, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
@@ -83,6 +88,19 @@ _ORIGIN = ORIGIN[:12]  # request ids are unique per process and across nodes
 _NOWHERE: Any = object()
 
 
+class _Rest:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "REST"
+
+
+#: The "request id" of an HTTP+JSON call, which has none: where a JSON-RPC call's id goes
+#: (admission, :class:`Exchange`, :func:`_error`), it makes the gateway's errors take the
+#: binding's form.
+REST: Any = _Rest()
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
@@ -92,8 +110,7 @@ def a2a_app(node: GatewayNode, scope: dict[str, Any], receive, send) -> Awaitabl
     A plain function returning the handler's coroutine: one coroutine level fewer on every
     suspension of the hot path.
     """
-    rest = scope["path"][5:]  # after "/a2a/"
-    agent_id, _, tail = rest.partition("/")
+    agent_id, _, tail = scope["path"][5:].partition("/")  # after "/a2a/"
     method = scope["method"]
     if tail == "":
         if method == "POST":
@@ -115,7 +132,17 @@ def a2a_app(node: GatewayNode, scope: dict[str, Any], receive, send) -> Awaitabl
             return serve_card(node, scope, receive, send, agent_id)
         return _plain(send, 405, b'{"error": "method not allowed: use GET"}',
                       [(b"allow", b"GET, HEAD")])
-    return _plain(send, 404, b'{"error": "not found"}')
+    # Everything else under the agent's base is the A2A HTTP+JSON binding (gateway.rest).
+    route = rest.route_of(tail)
+    if route is None:
+        return _error(send, errors.ROUTE_NOT_FOUND, REST, agent_id,
+                      f"no A2A HTTP+JSON route at {scope['path']}")
+    a2a_method = route.method(method)
+    if a2a_method is None:
+        return _error(send, errors.METHOD_NOT_ALLOWED, REST, agent_id,
+                      f"{method} {scope['path']}: use {route.allow}",
+                      extra=[(b"allow", route.allow.encode())])
+    return handle_rest(node, scope, receive, send, agent_id, tail, a2a_method)
 
 
 # --- POST /a2a/{agent_id} ----------------------------------------------------------------------
@@ -134,7 +161,8 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     # Authenticate before reading a large (or chunked) body: an unknown caller never gets to
     # upload one. A small body is read first so a refusal can carry the caller's id.
     if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
-            and not await _authenticated(node, scope, headers.authorization, send, agent_id):
+            and not await _authenticated(node, scope, _gateway_credential(node, agent_id, headers),
+                                         send, agent_id):
         return
     # One receive() holds the whole of a small body: read it here, without a reader coroutine.
     message = await receive()
@@ -181,14 +209,12 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     # checks, same answers); the rate limit is charged once either way.
     caller = None
     route = node.table.get(agent_id)
-    if route is not None and not route.credential_passthrough \
-            and AGENT_ID_RE.match(agent_id) is not None:
-        actor = node.tokens.fresh_client(headers.authorization)
-        if actor is not None and actor.may_call(agent_id):
-            if not node.limiter.allow(actor.client_id):
-                await _rate_limited(scope, send, rpc_id, agent_id, actor.client_id, method)
-                return
-            caller = actor.client_id
+    actor = _fresh_caller(node, route, headers, agent_id)
+    if actor is not None:
+        if not node.limiter.allow(actor.client_id):
+            await _rate_limited(scope, send, rpc_id, agent_id, actor.client_id, method)
+            return
+        caller = actor.client_id
     if caller is None:
         admitted = await _admit_to_agent(node, scope, send, headers, rpc_id, agent_id,
                                          method)
@@ -209,13 +235,27 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
                                    node_id=settings.NODE_ID)
         send = trace.send
     exchange = Exchange(send, rpc_id, agent_id, settings.A2A_ERROR_PROFILE)
-    query = env.query(body, tags)
+    await _forward(node, route, env.query(body, tags), exchange, receive,
+                   method in env.STREAMING_METHODS, timeout)
+    seconds = time.perf_counter() - started
+    metrics.observe_latency(agent_id, exchange.outcome, seconds)
+    recorder.record(agent_id, caller, method, exchange, len(body), seconds)
+    if trace is not None:
+        trace.end(exchange.outcome)
+
+
+async def _forward(node: GatewayNode, route, query: dict[str, Any], exchange: Exchange,
+                   receive, streaming: bool, timeout: float) -> None:
+    """Hand an admitted call to the agent's subscriber and answer the caller from its replies:
+    a stream relay, the local fast path inline, or a Query through the broker. Every binding's
+    calls take this one way."""
+    settings = node.settings
     subscriber = _subscriber_of(node, route)
     try:
         if subscriber is _NOWHERE:
             await exchange.fail(errors.UNREACHABLE, "no live subscriber for this agent")
-        elif method in env.STREAMING_METHODS:
-            await _relay_stream(node, subscriber, query, exchange, receive, route.node_id)  # type: ignore[union-attr]  # admitted: set
+        elif streaming:
+            await _relay_stream(node, subscriber, query, exchange, receive, route.node_id)
         elif subscriber is not None and settings.A2A_LOCAL_FAST_PATH:
             # The local fast path, inline: the subscriber's own outbound timeout (the
             # caller's, shorter than the gateway's wait) always ends the call first, so no
@@ -230,10 +270,102 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         else:
             await _remote_sync(node, query, exchange,
                                timeout + settings.A2A_GATEWAY_TIMEOUT_BUFFER_SECONDS,
-                               route.node_id)  # type: ignore[union-attr]  # admitted: set
+                               route.node_id)
     except asyncio.CancelledError:
         if not await _answer_stopping(exchange):
             raise
+
+
+# --- the HTTP+JSON binding: /a2a/{agent_id}/<route> (gateway.rest) ---------------------------
+
+
+async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, agent_id: str,
+                      tail: str, method: str) -> None:
+    """One call of the A2A HTTP+JSON binding (``method``: its A2A method name), forwarded to
+    the agent's HTTP+JSON interface with the caller's HTTP method, path and query, through the
+    same admission, subscriber and replies as a JSON-RPC call; the gateway's own errors in the
+    binding's form (``google.rpc.Status`` JSON, the HTTP status of docs/gateway.md's table).
+
+    A body, when there is one, must be a JSON object (the binding's requests are); it is
+    forwarded unchanged, and its ``configuration.timeout`` is the call's timeout, read as
+    JSON-RPC's ``params.configuration.timeout``."""
+    started = time.perf_counter()
+    settings = node.settings
+    headers = scan_request_headers(scope["headers"])
+    cap = settings.A2A_MAX_REQUEST_BYTES
+    if headers.content_length is not None and headers.content_length > cap:
+        await _error(send, errors.REQUEST_TOO_LARGE, REST, agent_id,
+                     f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
+        return
+    if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
+            and not await _authenticated(node, scope, _gateway_credential(node, agent_id, headers),
+                                         send, agent_id, REST):
+        return
+    try:
+        body = await _read_rest(await receive(), receive, cap)
+    except Disconnected:
+        return
+    except BodyTooLarge:
+        await _error(send, errors.REQUEST_TOO_LARGE, REST, agent_id,
+                     f"request body larger than {cap} bytes", extra=[(b"connection", b"close")])
+        return
+    payload: Any = None
+    if body:
+        try:
+            # Above 16 KiB validated whole but built only as far as the timeout (as JSON-RPC
+            # bodies are); tracing reads the ids, so it takes the whole parse.
+            payload = orjson.loads(body) if len(body) <= LAZY_ABOVE_BYTES \
+                else parse_request(body, whole=tracing.ENABLED, rest=True)
+        except orjson.JSONDecodeError:
+            await _error(send, errors.PARSE_ERROR, REST, agent_id,
+                         _invalid_json_detail(headers.content_type))
+            return
+        if not isinstance(payload, dict):
+            await _error(send, errors.INVALID_REQUEST, REST, agent_id,
+                         "the request body must be a JSON object")
+            return
+    route = node.table.get(agent_id)
+    actor = _fresh_caller(node, route, headers, agent_id)
+    if actor is not None:  # the common case, as for JSON-RPC
+        if not node.limiter.allow(actor.client_id):
+            await _rate_limited(scope, send, REST, agent_id, actor.client_id, method)
+            return
+        caller = actor.client_id
+    else:
+        admitted = await _admit_to_agent(node, scope, send, headers, REST, agent_id, method)
+        if admitted is None:
+            return
+        caller, route = admitted
+    assert route is not None  # a caller is admitted only to a routed agent (_fresh_caller too)
+    if not route.http_json_endpoint:
+        _refused(scope, agent_id, caller, method, errors.BINDING_UNAVAILABLE)
+        await _error(send, errors.BINDING_UNAVAILABLE, REST, agent_id,
+                     f"call it with JSON-RPC at /a2a/{agent_id}/")
+        return
+    path = rest.forwarded_path(scope, agent_id, tail)
+    if path is None:
+        await _error(send, errors.INVALID_REQUEST, REST, agent_id,
+                     "the path or query holds characters an HTTP request line cannot carry")
+        return
+    metrics.count_request(agent_id, method)
+    timeout = request_timeout({"params": payload} if payload else {}, settings)
+    tags = headers.tags
+    tags[env.TAG_METHOD] = method
+    tags[env.TAG_TIMEOUT] = repr(timeout)
+    tags[env.TAG_CALLER] = caller
+    tags[env.TAG_REQUEST_ID] = f"{_ORIGIN}.{next(_request_ids)}"
+    tags[env.TAG_HTTP_METHOD] = scope["method"]
+    tags[env.TAG_HTTP_PATH] = path
+    trace = None
+    if tracing.ENABLED:
+        trace = tracing.start_call(send, agent_id=agent_id, method=method,
+                                   payload={"params": payload} if payload else None,
+                                   request_bytes=len(body), tags=tags, caller=caller,
+                                   node_id=settings.NODE_ID, binding="HTTP+JSON")
+        send = trace.send
+    exchange = Exchange(send, REST, agent_id, settings.A2A_ERROR_PROFILE)
+    await _forward(node, route, env.query(body, tags), exchange, receive,
+                   method in rest.STREAMING, timeout)
     seconds = time.perf_counter() - started
     metrics.observe_latency(agent_id, exchange.outcome, seconds)
     recorder.record(agent_id, caller, method, exchange, len(body), seconds)
@@ -398,6 +530,20 @@ def _last_event_id(scope: dict[str, Any]) -> str | None:
 
 # --- shared steps -----------------------------------------------------------------------------
 
+
+def _fresh_caller(node: GatewayNode, route, headers: RequestHeaders, agent_id: str):
+    """The common case of admission without a coroutine: a known agent (without credential
+    passthrough), a client verified within the token cache's lifetime, allowed to call it --
+    its actor; else None, and the caller takes :func:`_admit_to_agent` (same checks, same
+    answers). The rate limit is the caller's to charge, once either way."""
+    if route is None or route.credential_passthrough or AGENT_ID_RE.match(agent_id) is None:
+        return None
+    actor = node.tokens.fresh_client(headers.authorization)
+    if actor is not None and actor.may_call(agent_id):
+        return actor
+    return None
+
+
 async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeaders, rpc_id,
                           agent_id, method: str = ""):
     """Check the agent id, the caller and the route: ``(caller id, route)``, or None once the
@@ -426,7 +572,18 @@ async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeader
     return caller, route
 
 
-async def _authenticated(node: GatewayNode, scope, authorization, send, agent_id: str) -> bool:
+def _gateway_credential(node: GatewayNode, agent_id: str, headers: RequestHeaders):
+    """The credential the caller authenticates to the gateway with: ``Authorization``, or
+    ``X-Gateway-Authorization`` for an agent with credential passthrough (whose
+    ``Authorization`` is the agent's)."""
+    route = node.table.get(agent_id)
+    if route is not None and route.credential_passthrough:
+        return headers.gateway_authorization
+    return headers.authorization
+
+
+async def _authenticated(node: GatewayNode, scope, authorization, send, agent_id: str,
+                         rpc_id: Any = None) -> bool:
     """Whether the caller authenticates (answered 401 if not), checked before the body is
     read; ``_admit`` repeats it from the token cache with the request's id."""
     try:
@@ -439,7 +596,7 @@ async def _authenticated(node: GatewayNode, scope, authorization, send, agent_id
         detail = UNAUTHENTICATED_MESSAGE
     _refused(scope, agent_id, None, "", errors.UNAUTHENTICATED)
     # Connection: close, so the server stops reading (and discarding) the unread body.
-    await _error(send, errors.UNAUTHENTICATED, None, agent_id, detail,
+    await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, detail,
                  extra=[(b"www-authenticate", b'Bearer realm="a2a"'), (b"connection", b"close")])
     return False
 
@@ -901,7 +1058,7 @@ class Exchange:
         if kind == env.START:
             status = message["status"]
             if status >= 400 and self.profile == "kubemq" and not message["sse"] \
-                    and not _is_jsonrpc_answer(message):
+                    and self.rpc_id is not REST and not _is_jsonrpc_answer(message):
                 await self._agent_status_error(status, message["more"])
                 return
             body = message["body"]
@@ -987,15 +1144,20 @@ class Exchange:
         if self.outcome in ("unknown", "ok", "agent_error"):
             self.outcome = kind
         if not self.started:
-            self.status = errors.http_status_for(kind)
+            self.status = errors.rest_status_for(kind) if self.rpc_id is REST \
+                else errors.http_status_for(kind)
             extra = [(b"x-a2a-agent-status", str(status).encode())] if status else []
             await _error(self.send, kind, self.rpc_id, self.agent_id, detail, extra=extra,
                          status=status, executed=executed)
             return
         if self.sse:
-            error = errors.error_object(kind, agent_id=self.agent_id, detail=detail,
-                                        status=status, executed=True)
-            event = error_event({"jsonrpc": "2.0", "id": self.rpc_id, "error": error})
+            if self.rpc_id is REST:  # the binding's stream error: data is a google.rpc.Status
+                event = error_event(errors.rest_error_object(
+                    kind, agent_id=self.agent_id, detail=detail, status=status, executed=True))
+            else:
+                error = errors.error_object(kind, agent_id=self.agent_id, detail=detail,
+                                            status=status, executed=True)
+                event = error_event({"jsonrpc": "2.0", "id": self.rpc_id, "error": error})
             await self.send({"type": "http.response.body", "body": event, "more_body": False})
             return
         # A plain body cut short cannot be answered any more: returning without completing the
@@ -1034,8 +1196,16 @@ def _is_jsonrpc_answer(message: dict[str, Any]) -> bool:
 async def _error(send, kind: str, rpc_id: Any, agent_id: str | None, detail: str = "", *,
                  extra: list | None = None, status: int | None = None,
                  executed: bool = False) -> None:
-    body = errors.error_body(kind, rpc_id=rpc_id, agent_id=agent_id, detail=detail,
-                             status=status, executed=executed)
+    """Answer a gateway error: a JSON-RPC error with the caller's id, or, for an HTTP+JSON call
+    (``rpc_id`` is :data:`REST`), the binding's ``google.rpc.Status`` form and HTTP status."""
+    if rpc_id is REST:
+        body = errors.rest_error_body(kind, agent_id=agent_id, detail=detail, status=status,
+                                      executed=executed)
+        http_status = errors.rest_status_for(kind)
+    else:
+        body = errors.error_body(kind, rpc_id=rpc_id, agent_id=agent_id, detail=detail,
+                                 status=status, executed=executed)
+        http_status = errors.http_status_for(kind)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -1043,8 +1213,7 @@ async def _error(send, kind: str, rpc_id: Any, agent_id: str | None, detail: str
     ]
     if extra:
         headers.extend(extra)
-    await send({"type": "http.response.start", "status": errors.http_status_for(kind),
-                "headers": headers})
+    await send({"type": "http.response.start", "status": http_status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -1,6 +1,7 @@
 """Reading a JSON-RPC request body on the hot path: whether it is one valid JSON document, and
 of it only what the gateway reads -- ``jsonrpc``, ``id``, ``method`` and
-``params.configuration.timeout``. The body itself is forwarded unchanged.
+``params.configuration.timeout`` (of an HTTP+JSON binding's body: ``configuration.timeout``).
+The body itself is forwarded unchanged.
 
 Up to :data:`LAZY_ABOVE_BYTES` a body is parsed whole by orjson (about 1 µs for 1 KiB). Above
 it, materialising the whole request costs far more than the gateway needs of it (orjson: about
@@ -38,22 +39,32 @@ class _Whole(Exception):
     """The lazy parse declines: the whole parse decides."""
 
 
-def parse_request(body: bytes, *, whole: bool = False) -> Any:
+#: Where the caller's timeout is: JSON-RPC ``params.configuration.timeout``; the HTTP+JSON
+#: binding's request bodies are the params themselves (``configuration.timeout``).
+_JSONRPC_TIMEOUT = ("params", "configuration", "timeout")
+_REST_TIMEOUT = ("configuration", "timeout")
+
+
+def parse_request(body: bytes, *, whole: bool = False, rest: bool = False) -> Any:
     """The request body as the gateway reads it: for a JSON object a dict holding at least
     ``jsonrpc``, ``id``, ``method`` and ``params.configuration.timeout`` where the body has
     them (a small body, or ``whole``, gives the whole request); for any other JSON value that
-    value. Raises :class:`orjson.JSONDecodeError` when the body is not valid JSON."""
+    value. Raises :class:`orjson.JSONDecodeError` when the body is not valid JSON. ``rest``: a
+    body of the HTTP+JSON binding, of which only ``configuration.timeout`` is read."""
     if whole or len(body) <= LAZY_ABOVE_BYTES or body.startswith(_BOM):
         return orjson.loads(body)
     try:
-        return _skeleton(body)
+        if rest:
+            return _skeleton(body, (), _REST_TIMEOUT)
+        return _skeleton(body, _TOP_LEVEL, _JSONRPC_TIMEOUT)
     # declined, or refused by simdjson (ValueError: invalid JSON; RuntimeError: big integers,
     # depth): the whole parse decides
     except (_Whole, ValueError, RuntimeError):
         return orjson.loads(body)
 
 
-def _skeleton(body: bytes) -> dict[str, Any]:
+def _skeleton(body: bytes, top: tuple[str, ...], timeout_at: tuple[str, ...]
+              ) -> dict[str, Any]:
     if len(body) > REUSE_PARSER_UP_TO_BYTES:
         parser = simdjson.Parser()
     else:
@@ -66,14 +77,21 @@ def _skeleton(body: bytes) -> dict[str, Any]:
     # Members are looked up only by names known to be there: simdjson signals a missing key
     # with a C++ exception, which costs more than the lookup.
     keys = _unique_keys(document)
-    skeleton = {key: _value(document[key]) for key in _TOP_LEVEL if key in keys}
-    params = document["params"] if "params" in keys else None
-    if isinstance(params, simdjson.Object) and "configuration" in _unique_keys(params):
-        configuration = params["configuration"]
-        if isinstance(configuration, simdjson.Object) \
-                and "timeout" in _unique_keys(configuration):
-            skeleton["params"] = {"configuration": {
-                "timeout": _value(configuration["timeout"])}}
+    skeleton = {key: _value(document[key]) for key in top if key in keys}
+    *parents, leaf = timeout_at
+    level: Any = document
+    for name in parents:  # down to the object holding the timeout, if the body has it
+        if name not in keys:
+            return skeleton
+        level = level[name]
+        if not isinstance(level, simdjson.Object):
+            return skeleton
+        keys = _unique_keys(level)
+    if leaf in keys:
+        holder = skeleton
+        for name in parents:
+            holder = holder.setdefault(name, {})
+        holder[leaf] = _value(level[leaf])
     # Nothing of the parser's document may outlive this call: the next parse reuses it.
     return skeleton
 

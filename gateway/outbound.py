@@ -72,12 +72,14 @@ __all__ = ["CONNECTION_ERRORS", "OutboundError", "Response", "client", "close_cl
 #: own bounded buffer (``A2A_SSE_BUFFER_BYTES``), so it is kept small (aiohttp's reader pauses
 #: at 128 KiB).
 HIGH_WATER_BYTES = 64 * 1024
+#: Methods whose empty request body is sent without a Content-Length header.
+_NO_BODY_METHODS = frozenset({"GET", "DELETE", "HEAD", "OPTIONS"})
 
 
 class Target:
     """A parsed agent URL: where to connect and what to put on the request line."""
 
-    __slots__ = ("key", "host", "port", "tls", "request_head")
+    __slots__ = ("key", "host", "port", "tls", "request_head", "_path", "_tail", "_query")
 
     def __init__(self, endpoint: str) -> None:
         parts = urlsplit(endpoint)
@@ -94,7 +96,22 @@ class Target:
         host_header = self.host if ":" not in self.host else f"[{self.host}]"
         if not default_port:
             host_header += f":{self.port}"
-        self.request_head = f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
+        self._path = (parts.path or "/").rstrip("/")
+        self._query = parts.query
+        self._tail = f" HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
+        self.request_head = f"POST {path}".encode("latin-1") + self._tail
+
+    def head(self, method: str, suffix: str = "") -> bytes:
+        """The request line and Host header for ``method``; ``suffix`` (a path starting with
+        ``/``, and its query) goes after the URL's path (an HTTP+JSON route under the agent's
+        interface URL), replacing the URL's own query."""
+        if not suffix:
+            if method == "POST":
+                return self.request_head
+            path = (self._path or "/") + (f"?{self._query}" if self._query else "")
+        else:
+            path = self._path + suffix
+        return f"{method} {path}".encode("latin-1") + self._tail
 
 
 _targets: dict[str, Target] = {}
@@ -445,13 +462,24 @@ class Client:
         """POST ``body`` with exactly ``headers`` (plus Host and Content-Length); answers once
         the status and headers arrived. ``timeout`` bounds the whole exchange, body included
         (None: no bound; the caller enforces its own, e.g. a stream's idle timeout)."""
+        return await self.request("POST", endpoint, body, headers, timeout)
+
+    async def request(self, method: str, endpoint: str, body: bytes, headers: dict[str, str],
+                      timeout: float | None, *, suffix: str = "") -> Response:
+        """:meth:`post` with another request method (GET, DELETE: an empty body is sent
+        without Content-Length, as clients send them) and ``suffix``, a path (and query) after
+        the endpoint's path: the endpoint's parsed form stays cached per agent, whatever the
+        suffix."""
         where = target(endpoint)
-        parts = [where.request_head]
+        parts = [where.head(method, suffix)]
         for name, value in headers.items():
             if "\r" in value or "\n" in value:
                 continue  # never let a value split the request
             parts.append(f"{name}: {value}\r\n".encode("latin-1", "replace"))
-        parts.append(b"Content-Length: %d\r\n\r\n" % len(body))
+        if body or method not in _NO_BODY_METHODS:
+            parts.append(b"Content-Length: %d\r\n\r\n" % len(body))
+        else:
+            parts.append(b"\r\n")
         head = b"".join(parts)
         conn = await self._acquire(where)
         conn.begin()

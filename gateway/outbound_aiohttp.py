@@ -1,10 +1,11 @@
 """The hot-path client's interface over aiohttp (``A2A_OUTBOUND_CLIENT=aiohttp``).
 
 A well-kept library behind the same small interface as :mod:`gateway.outbound`'s own client
-(``post`` -> a response with ``status``, ``headers``, ``content_length``, ``header()``,
-``read(cap)``, ``read_chunk()``, ``finish()``), built by the shared outbound layer (TLS, proxy,
-connect-time address check, header bounds). The gateway's proxy tests run against both, so a
-defect of the hand-written client shows as a difference; operators can switch to it too.
+(``post`` / ``request`` -> a response with ``status``, ``headers``, ``content_length``,
+``header()``, ``read(cap)``, ``read_chunk()``, ``finish()``), built by the shared outbound
+layer (TLS, proxy, connect-time address check, header bounds). The gateway's proxy tests run
+against both, so a defect of the hand-written client shows as a difference; operators can
+switch to it too.
 aiohttp adds no headers of its own here (no User-Agent, Accept, Accept-Encoding or
 Content-Type), never follows redirects and never decompresses, like the own client.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import yarl
 
 from outbound.clients import aiohttp_session
 from outbound.errors import ConnectFailed, OutboundError, ProtocolError
@@ -102,11 +104,21 @@ class AiohttpClient:
     async def post(
         self, endpoint: str, body: bytes, headers: dict[str, str], timeout: float | None
     ) -> AiohttpResponse:
+        return await self.request("POST", endpoint, body, headers, timeout)
+
+    async def request(
+        self, method: str, endpoint: str, body: bytes, headers: dict[str, str],
+        timeout: float | None, *, suffix: str = "",
+    ) -> AiohttpResponse:
+        url: Any = endpoint
+        if suffix:  # the caller's encoding kept as it is (yarl would normalize it)
+            url = yarl.URL(endpoint.split("?", 1)[0].rstrip("/") + suffix, encoded=True)
         clean = {k: v for k, v in headers.items() if "\r" not in v and "\n" not in v}
         timeouts = aiohttp.ClientTimeout(total=timeout, connect=self.policy.connect_timeout)
         try:
-            response = await self._session.post(
-                endpoint, data=body, headers=clean, allow_redirects=False, timeout=timeouts
+            response = await self._session.request(
+                method, url, data=body if body or method == "POST" else None,
+                headers=clean, allow_redirects=False, timeout=timeouts,
             )
         except (aiohttp.ClientError, ValueError) as exc:
             raise _wrap(exc) from exc

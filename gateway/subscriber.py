@@ -10,6 +10,10 @@ dispatches on the ``a2a_method`` tag:
 - ``stream_cancel`` -> the cancel handler: stops a relayed stream (the caller went away);
 - everything else -> the sync handler: POSTs the body unchanged and relays the answer.
 
+An HTTP+JSON call (tags ``a2a_http_method``/``a2a_http_path``, gateway.rest) goes the same way
+to the agent's HTTP+JSON interface URL with that method and path; its streaming methods
+(``SendStreamingMessage``, ``SubscribeToTask``) take the SSE handler.
+
 Replies are reply messages (gateway.envelope) written to a *sink*: the broker reply channel, or
 the receiving gateway itself on the local fast path. The same handlers serve both.
 
@@ -394,8 +398,11 @@ class VirtualSubscriber:
         if not local and self._cancelled_early.pop(request_id, None) is not None:
             return  # its caller left (stream_cancel came first): nobody wants the answer
         if tracing.ENABLED:  # a child span of the entry node's; the agent gets its context
+            path = tags.get(env.TAG_HTTP_PATH)
+            endpoint = self.route.endpoint if path is None \
+                else self.route.http_json_endpoint.rstrip("/") + path.split("?", 1)[0]
             sink = tracing.subscriber_sink(query, sink, agent_id=self.agent_id,
-                                           endpoint=self.route.endpoint, local=local,
+                                           endpoint=endpoint, local=local,
                                            node_id=self.settings.NODE_ID)
         if self._stopping:
             await self._refuse(sink, env.error(request_id, errors.UNREACHABLE,
@@ -585,8 +592,18 @@ class VirtualSubscriber:
             if client is None or client.closed:
                 client = self._client = outbound.client()
             try:
-                response = await client.post(self.route.endpoint, query["body"], headers,
-                                             seconds)
+                path = tags.get(env.TAG_HTTP_PATH)
+                if path is None:
+                    response = await client.post(self.route.endpoint, query["body"], headers,
+                                                 seconds)
+                else:
+                    rest = self.route.http_json_endpoint
+                    if not rest:
+                        await sink(env.error(request_id, errors.BINDING_UNAVAILABLE))
+                        return
+                    response = await client.request(
+                        tags.get(env.TAG_HTTP_METHOD) or "POST", rest, query["body"], headers,
+                        seconds, suffix=path)
                 try:
                     status = response.status
                     length = response.content_length
@@ -630,7 +647,8 @@ class VirtualSubscriber:
         except asyncio.CancelledError:
             if request_id in self._cancel_requested:
                 self._cancel_requested.pop(request_id)
-                if self.settings.A2A_ERROR_PROFILE == "kubemq":
+                if self.settings.A2A_ERROR_PROFILE == "kubemq" \
+                        and env.TAG_HTTP_PATH not in tags:  # a JSON-RPC notice, to JSON-RPC
                     _spawn(self._tasks, self._notify_cancel(tags, query["body"]))
             elif self._stopping:
                 await sink(env.error(request_id, errors.UNREACHABLE, "agent deregistered"))
@@ -652,7 +670,18 @@ class VirtualSubscriber:
             # No overall timeout for streams; waiting for the agent's first bytes is bounded
             # by the idle timeout, like every later silence.
             async with asyncio.timeout(self.settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
-                response = await outbound.client().post(self.route.endpoint, body, headers, None)
+                path = tags.get(env.TAG_HTTP_PATH)
+                if path is None:
+                    response = await outbound.client().post(self.route.endpoint, body, headers,
+                                                            None)
+                else:
+                    rest = self.route.http_json_endpoint
+                    if not rest:
+                        await sink(env.error(request_id, errors.BINDING_UNAVAILABLE))
+                        return
+                    response = await outbound.client().request(
+                        tags.get(env.TAG_HTTP_METHOD) or "POST", rest, body, headers, None,
+                        suffix=path)
         except TRANSPORT_ERRORS as exc:
             await sink(transport_error(request_id, exc))
             return

@@ -153,18 +153,23 @@ def start_call(
     tags: dict[str, str],
     caller: str,
     node_id: str,
+    binding: str = "JSONRPC",
 ) -> CallTrace:
-    """Open the entry span (continuing the caller's trace) and put its context in ``tags``."""
+    """Open the entry span (continuing the caller's trace) and put its context in ``tags``.
+    ``binding``: the A2A protocol binding of the call (``a2a.binding``; a JSON-RPC call is
+    also ``rpc.system=jsonrpc``)."""
     parent = _context_of(tags.get(_HDR_TRACEPARENT), tags.get(_HDR_TRACESTATE))
     task_id, context_id = _ids(payload.get("params") if payload else None)
     attributes = {
         "a2a.agent_id": agent_id,
-        "rpc.system": "jsonrpc",
+        "a2a.binding": binding,
         "rpc.method": method,
         "a2a.request_bytes": request_bytes,
         "a2a.node": node_id,
         "a2a.caller_id": caller,
     }
+    if binding == "JSONRPC":
+        attributes["rpc.system"] = "jsonrpc"
     if task_id:
         attributes["a2a.task_id"] = task_id
     if context_id:
@@ -260,15 +265,18 @@ def subscriber_sink(
     tags = query["tags"]
     parent = _context_of(tags.get(env.TAG_TRACEPARENT), tags.get(env.TAG_TRACESTATE))
     method = tags.get(env.TAG_METHOD, "")
+    rest = env.TAG_HTTP_PATH in tags
     attributes = {
         "a2a.agent_id": agent_id,
-        "rpc.system": "jsonrpc",
+        "a2a.binding": "HTTP+JSON" if rest else "JSONRPC",
         "rpc.method": method,
         "a2a.node": node_id,
         "a2a.local": local,
         "server.address": endpoint,
         "a2a.request_bytes": len(query.get("body") or b""),
     }
+    if not rest:
+        attributes["rpc.system"] = "jsonrpc"
     span = _tracer.start_span(
         f"a2a.agent {method}", context=parent, kind=_kinds.CLIENT, attributes=attributes
     )

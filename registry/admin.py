@@ -255,13 +255,14 @@ class AgentAdmin(admin.ModelAdmin):
     actions = ("extend_ttl", "deregister")
     inlines = (CardVersionInline,)
     readonly_fields = (
-        "agent_id", "name", "description", "url", "status_display", "source", "owner_display",
-        "node_id", "registered_at", "seen", "expires", "skill_tags", "card_shape",
+        "agent_id", "name", "description", "url", "http_json_url", "status_display", "source",
+        "owner_display", "node_id", "registered_at", "seen", "expires", "skill_tags", "card_shape",
         "card_sha256", "raw_card_link", "card_pretty",
     )
     fieldsets = (
         (None, {"fields": (
-            "agent_id", "name", "description", "url", "source", "owner_display", "public",
+            "agent_id", "name", "description", "url", "http_json_url", "source",
+            "owner_display", "public",
         )}),
         ("Lease", {"fields": (
             "status_display", "ttl_seconds", "max_concurrency", "node_id", "registered_at",

@@ -50,17 +50,50 @@ def interface_binding(value: object) -> str:
     return _NAMES.get(name, name)
 
 
+def http_json_endpoint(card: dict[str, Any]) -> str:
+    """The card's own HTTP+JSON (REST) interface URL, where the gateway forwards the A2A
+    HTTP+JSON binding's calls; ``""`` when the card lists none.
+
+    ``url`` when the card's main interface is HTTP+JSON (``preferredTransport``), else the first
+    HTTP+JSON entry of ``additionalInterfaces`` (0.3), then of ``supportedInterfaces`` (1.0). An
+    SDK agent serves both protocol versions from one base (1.0 routes at the base, 0.3 under
+    ``/v1/``), so an agent has one such URL. The registry stores it with the agent
+    (``Agent.http_json_url``) and routing tables carry it, so the gateway never reads a card
+    on a call.
+    """
+    url = card.get("url")
+    if isinstance(url, str) and url and \
+            interface_binding(card.get("preferredTransport")) == HTTP_JSON:
+        return url
+    for key in ("additionalInterfaces", "supportedInterfaces"):
+        entries = card.get(key)
+        if not isinstance(entries, list):
+            continue
+        for iface in entries:
+            if not isinstance(iface, dict):
+                continue
+            binding = interface_binding(iface.get("protocolBinding") or iface.get("transport"))
+            if binding == HTTP_JSON and isinstance(iface.get("url"), str) and iface["url"]:
+                return iface["url"]
+    return ""
+
+
 def gateway_bindings(card: dict[str, Any], gateway_url: str) -> dict[str, dict[str, str]]:
     """The bindings the gateway answers for the agent of ``card``, each with the interface
     fields (``url``) that say where it answers.
 
     The gateway answers A2A JSON-RPC at ``gateway_url`` (``/a2a/{agent_id}/``) for every agent,
     whatever protocol version the agent speaks (1.0 and 0.3 method names are forwarded alike),
-    and no other binding yet. A binding the gateway learns to answer is added here, and every
+    and the HTTP+JSON binding at the same base (1.0 routes, 0.3 routes under ``/v1/``) for an
+    agent whose card lists an HTTP+JSON interface (:func:`http_json_endpoint`): it forwards
+    those calls there and does not translate between bindings, so an agent without one is not
+    offered HTTP+JSON. A binding the gateway learns to answer is added here, and every
     rewritten card lists the agent's interfaces of that binding from then on.
     """
-    del card  # the same for every agent today
-    return {JSONRPC: {"url": gateway_url}}
+    served = {JSONRPC: {"url": gateway_url}}
+    if http_json_endpoint(card):
+        served[HTTP_JSON] = {"url": gateway_url}
+    return served
 
 
 def _served(entries: list[Any], served: dict[str, dict[str, str]], *, binding_key: str,

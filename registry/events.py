@@ -32,6 +32,7 @@ class AgentRoute:
     owner_client_id: str | None
     card_sha256: str
     credential_passthrough: bool = False  # the caller's Authorization goes to the agent
+    http_json_endpoint: str = ""  # the agent's HTTP+JSON interface ("": it offers none)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -37,6 +37,11 @@ class Agent(models.Model):
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
     url = models.URLField(max_length=2048, help_text="The endpoint the gateway POSTs to.")
+    http_json_url = models.CharField(
+        max_length=2048, blank=True, default="",
+        help_text="The card's HTTP+JSON (REST) interface, where the gateway forwards that "
+        "binding's calls (blank: the agent offers none).",
+    )
     card = models.JSONField()
     card_raw = models.TextField(help_text="The card exactly as registered (signatures intact).")
     card_sha256 = models.CharField(max_length=64)

@@ -122,12 +122,13 @@ def agent_route(agent: Agent, *, owner_client_id: Any = _READ_OWNER) -> AgentRou
         owner_client_id=owner,
         card_sha256=agent.card_sha256,
         credential_passthrough=agent.credential_passthrough,
+        http_json_endpoint=agent.http_json_url,
     )
 
 
 _ROUTE_COLUMNS = (
     "agent_id", "url", "node_id", "max_concurrency", "expires_at", "owner__client_id",
-    "card_sha256", "credential_passthrough",
+    "card_sha256", "credential_passthrough", "http_json_url",
 )
 
 
@@ -137,14 +138,14 @@ def _routes(rows, *, pause_every: int = 0) -> list[AgentRoute]:
     routes: list[AgentRoute] = []
     append = routes.append
     for count, (
-        agent_id, url, node_id, max_concurrency, expires_at, owner, sha, passthrough
+        agent_id, url, node_id, max_concurrency, expires_at, owner, sha, passthrough, rest
     ) in enumerate(rows, 1):
         append(
             AgentRoute(
                 agent_id=agent_id, endpoint=url, node_id=intern(node_id),
                 max_concurrency=max_concurrency, expires_at=expires_at.timestamp(),
                 owner_client_id=intern(owner) if owner else owner, card_sha256=sha,
-                credential_passthrough=passthrough,
+                credential_passthrough=passthrough, http_json_endpoint=rest,
             )
         )
         if pause_every and count % pause_every == 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from config import tracing
+from registry.bindings import http_json_endpoint
 from registry.card_fetch import CardFetchError, fetch_card_bytes, names_a_card
 from registry.cards import CardError, ParsedCard, card_signature_check, parse_card
 from registry.models import Agent, CardVersion
@@ -44,6 +45,14 @@ def _resolve_card(
             check_agent_url(parsed.endpoint)
         except UnsafeUrl as exc:
             raise InvalidInput(f"card endpoint: {exc}") from None
+    rest = http_json_endpoint(parsed.card)
+    if rest:
+        # Without a lookup here (the registration's own URLs were resolved ahead of the
+        # batch); every outbound connection checks the resolved address again.
+        try:
+            check_agent_url(rest, resolve=False)
+        except UnsafeUrl as exc:
+            raise InvalidInput(f"card HTTP+JSON interface: {exc}") from None
     return parsed
 
 
@@ -51,6 +60,7 @@ def _apply_card(agent: Agent, parsed: ParsedCard) -> None:
     agent.name = parsed.name
     agent.description = parsed.description
     agent.url = parsed.endpoint or ""
+    agent.http_json_url = http_json_endpoint(parsed.card)[:2048]
     agent.card = parsed.card
     agent._card_parsed_from_raw = parsed.card  # type: ignore[attr-defined]  # its key order is card_raw's (stored_card)
     agent.card_raw = parsed.raw.decode("utf-8", errors="replace")

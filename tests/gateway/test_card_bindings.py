@@ -2,11 +2,11 @@
 
 The agent is the SDK's own server (tests/a2a_agents.py) listing all three A2A bindings, gRPC
 first: it serves JSON-RPC and HTTP+JSON for real and lists a gRPC address nothing serves. The
-gateway answers JSON-RPC only, so its card must list the agent's JSON-RPC interfaces alone, at
-the gateway: a stock SDK client that accepts every binding and follows the card then works
-through the gateway (directly, the same client picks gRPC), and a client that speaks only
-HTTP+JSON is told by its SDK that there is no compatible transport, instead of being sent to a
-URL that answers 404.
+gateway answers JSON-RPC, and HTTP+JSON for an agent that offers it, but not gRPC, so its card
+must list the agent's JSON-RPC and HTTP+JSON interfaces alone, at the gateway: a stock SDK
+client that accepts every binding and follows the card then works through the gateway
+(directly, the same client picks gRPC), and a client that speaks only HTTP+JSON works through
+the gateway too (tests/gateway/test_rest_binding.py covers that binding).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ def gateway_card(target) -> httpx.Response:
     return response
 
 
-def test_served_card_lists_only_json_rpc_at_the_gateway(echo_agent_factory, register_agent,
-                                                        live_server_url, caller):
+def test_served_card_lists_only_the_bindings_the_gateway_answers(echo_agent_factory,
+                                                                 register_agent,
+                                                                 live_server_url, caller):
     agent = echo_agent_factory(interfaces=SHAPES["both"][0])
     target = register_agent(agent)
     gw = target.gateway_base
@@ -61,11 +62,14 @@ def test_served_card_lists_only_json_rpc_at_the_gateway(echo_agent_factory, regi
     card = response.json()
     assert card["supportedInterfaces"] == [
         {"url": gw, "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+        {"url": gw, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
         {"url": gw, "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
+        {"url": gw, "protocolBinding": "HTTP+JSON", "protocolVersion": "0.3"},
     ]
     # The 0.3 view agrees with it: JSON-RPC at the gateway, not the agent's gRPC address.
     assert (card["url"], card["preferredTransport"]) == (gw, "JSONRPC")
-    assert card["additionalInterfaces"] == [{"transport": "JSONRPC", "url": gw}]
+    assert card["additionalInterfaces"] == [{"transport": "JSONRPC", "url": gw},
+                                            {"transport": "HTTP+JSON", "url": gw}]
     assert agent.grpc_address not in response.text and agent.base_url not in response.text
     # ETag over the bytes served.
     digest = hashlib.sha256(response.content).hexdigest()[:32]
@@ -97,7 +101,7 @@ async def test_client_accepting_every_binding_follows_the_card_through_the_gatew
     if client_factory_module.GrpcTransport is None:
         assert agent.grpc_address in str(direct.value)
 
-    # Through the gateway the card offers JSON-RPC only, and the same client works.
+    # Through the gateway the card drops gRPC (JSON-RPC comes first), and the same client works.
     async with sdk_client(target.gateway_base, bindings=ALL_BINDINGS, headers=caller.auth,
                           streaming=False) as client:
         assert transport_name(client) == transport
@@ -113,7 +117,7 @@ async def test_client_accepting_every_binding_follows_the_card_through_the_gatew
     assert [r.rpc_method for r in agent.recorder.rpc()] == methods
 
 
-async def test_rest_only_client_gets_no_compatible_transport_not_a_404(
+async def test_rest_only_client_works_through_the_gateway(
         echo_agent_factory, register_agent, caller):
     agent = echo_agent_factory(interfaces=SHAPES["both"][0])
     target = register_agent(agent)
@@ -127,16 +131,19 @@ async def test_rest_only_client_gets_no_compatible_transport_not_a_404(
     assert [r.path for r in agent.requests if r.http_method == "POST"] == [
         "/rest/message:send"]
 
-    # The gateway does not answer HTTP+JSON, and its card says so.
-    with pytest.raises(ValueError, match="no compatible transports"):
-        async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING],
-                              headers=caller.auth):
-            pass
-    # A client preferring HTTP+JSON but able to fall back takes the gateway's JSON-RPC.
-    async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING, JSONRPC_BINDING],
+    # Through the gateway, the same client finds HTTP+JSON in the gateway's card and works.
+    async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING],
+                          headers=caller.auth, streaming=False) as client:
+        assert transport_name(client) == "RestTransport"
+        [reply] = await send_and_collect(client, "again")
+    assert get_message_text(reply.event.message) == "echo: again"
+    assert [r.path for r in agent.requests if r.http_method == "POST"][-1] == \
+        "/rest/message:send"
+    # A client preferring JSON-RPC but able to take HTTP+JSON takes the gateway's JSON-RPC.
+    async with sdk_client(target.gateway_base, bindings=[JSONRPC_BINDING, HTTP_JSON_BINDING],
                           client_preference=True, headers=caller.auth,
                           streaming=False) as client:
         assert transport_name(client) == "JsonRpcTransport"
-        [reply] = await send_and_collect(client, "again")
-    assert get_message_text(reply.event.message) == "echo: again"
+        [reply] = await send_and_collect(client, "once more")
+    assert get_message_text(reply.event.message) == "echo: once more"
     assert [r.path for r in agent.requests if r.http_method == "POST"][-1] == "/"

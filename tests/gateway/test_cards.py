@@ -49,13 +49,14 @@ def test_every_endpoint_rewritten_with_etag(live_server_url):
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     card = r.json()
     urls = all_urls(card)
-    assert len(urls) == 3  # url, and the JSON-RPC entries: the gateway answers no other binding
+    # url, the JSON-RPC entries and the HTTP+JSON one: the gateway answers no other binding
+    assert len(urls) == 4
     assert set(urls) == {f"{live_server_url}/a2a/card-agent/"}
     assert "127.0.0.1:9" not in r.text
     # nothing but the interfaces changed
     for key in ("name", "skills", "signatures", "capabilities", "protocolVersion"):
         assert card[key] == CARD_10[key]
-    assert [i["protocolBinding"] for i in card["supportedInterfaces"]] == ["JSONRPC"]
+    assert [i["protocolBinding"] for i in card["supportedInterfaces"]] == ["JSONRPC", "HTTP+JSON"]
     assert [i["transport"] for i in card["additionalInterfaces"]] == ["JSONRPC"]
     assert card["preferredTransport"] == "JSONRPC"
     etag = r.headers["etag"]

@@ -190,3 +190,42 @@ def test_owner_node_stopped_hands_its_agents_over(live_server_url, node_b, agent
 def _routed(base: str, agent_id: str, auth: dict) -> bool:
     r = httpx.post(f"{base}/a2a/{agent_id}", headers=auth, json=rpc())
     return "result" in r.json()
+
+
+async def test_cross_node_rest_binding(live_server_url, node_b, echo_agent_factory, caller,
+                                       admin_token):
+    """The HTTP+JSON binding across nodes: an agent owned by node B (registered there), called
+    through node A by a REST client -- its route carries the agent's HTTP+JSON interface, node
+    A sends the Query (method and path in its tags) through Redis to node B's subscriber."""
+    from a2a.helpers import get_message_text
+    from a2a.types import GetTaskRequest, TaskState
+
+    from tests.a2a_agents import sdk_client, send_and_collect
+
+    agent = echo_agent_factory(interfaces=[("HTTP+JSON", "1.0"), ("JSONRPC", "1.0")])
+    node_a = runtime.current_node()
+    auth = caller.auth
+    r = httpx.post(f"{node_b.url}/api/v1/agents",
+                   headers={"Authorization": f"Bearer {admin_token}"},
+                   json={"agent_id": "rest-on-b", "url": agent.url, "card": agent.card_document})
+    assert r.status_code == 201, r.text
+    wait_until(lambda: node_a.table.get("rest-on-b") is not None, timeout=3)
+    route = node_a.table.get("rest-on-b")
+    assert (route.node_id, route.http_json_endpoint) == (node_b.node_id, agent.rest_url)
+    assert "rest-on-b" not in node_a.manager.subscribers
+
+    base = f"{live_server_url}/a2a/rest-on-b/"
+    async with sdk_client(base, bindings=["HTTP+JSON"], streaming=False, polling=True,
+                          headers=auth) as client:
+        [reply] = await send_and_collect(client, "across")
+        [first] = await send_and_collect(client, "task polled")
+        got = await client.get_task(GetTaskRequest(id=first.event.task.id))
+    async with sdk_client(base, bindings=["HTTP+JSON"], headers=auth) as client:
+        events = await send_and_collect(client, "task streamed")
+    assert get_message_text(reply.event.message) == "echo: across"
+    assert got.id == first.event.task.id
+    assert events[-1].event.status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert len([a for a in events if a.kind == "artifact_update"]) == 4
+    assert [(r.http_method, r.path) for r in agent.requests if r.path.startswith("/rest")] == [
+        ("POST", "/rest/message:send"), ("POST", "/rest/message:send"),
+        ("GET", f"/rest/tasks/{got.id}"), ("POST", "/rest/message:stream")]

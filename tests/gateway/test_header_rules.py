@@ -348,6 +348,16 @@ def test_credential_passthrough(live_server_url, hagent, api, path_mode):
     assert r.text.count("data: ") == 2
     assert hagent.last("authorization") == ["Basic YWdlbnQ6cGFzcw=="]
 
+    # A chunked body (authenticated before it is read) too.
+    def chunks():
+        yield orjson.dumps(rpc(rpc_id="chunked"))
+
+    r = httpx.post(url, content=chunks(), headers={
+        "Authorization": "Bearer agent-own-secret", "Content-Type": "application/json",
+        "X-Gateway-Authorization": f"Bearer {caller_token}"})
+    assert r.status_code == 200 and r.json()["id"] == "chunked", r.text
+    assert hagent.last("authorization") == ["Bearer agent-own-secret"]
+
     # Turned off by PATCH: the ordinary rules again.
     r = api.patch(f"/api/v1/agents/{agent_id}", json={"credential_passthrough": False})
     assert r.status_code == 200 and r.json()["credential_passthrough"] is False

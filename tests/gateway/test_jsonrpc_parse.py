@@ -150,3 +150,47 @@ def test_bodies_above_the_reuse_bound_get_a_parser_of_their_own(monkeypatch):
                + b'"}')
     assert parse_request(huge)["id"] == "huge" and made == [1]
     assert parse_request(request(id="after"))["id"] == "after" and made == [1]
+
+
+def rest_answers(body: bytes, parse) -> tuple:
+    """What the gateway reads of an HTTP+JSON binding's body: validity, shape, its timeout."""
+    try:
+        value = parse(body)
+    except orjson.JSONDecodeError:
+        return ("invalid",)
+    if not isinstance(value, dict):
+        return ("not an object", value)
+    configuration = value.get("configuration")
+    return ("object", configuration.get("timeout", "absent")
+            if isinstance(configuration, dict) else "absent")
+
+
+def test_rest_bodies_answer_as_the_whole_parse():
+    """The HTTP+JSON binding's bodies (the params themselves): the lazy parse builds only
+    ``configuration.timeout`` and answers as orjson does, mutations included."""
+    body = orjson.dumps({"message": {"parts": [{"text": PAD}]}, "configuration": {"timeout": 3}})
+    assert parse_request(body, rest=True) == {"configuration": {"timeout": 3}}
+    assert parse_request(body, rest=True, whole=True) == orjson.loads(body)
+    rng = random.Random(20261203)
+    seeds = [body, big(b'{"configuration":{"timeout":"x","blocking":true}'),
+             big(b'{"configuration":7'), big(b'{"configuration":{"timeout":1},'
+                                            b'"configuration":{"timeout":2}')]
+    alphabet = b'{}[]",:\\ 0123456789.eE+-truefalsnul\x00\xff\xc3\xa9'
+    for seed in seeds:
+        assert rest_answers(seed, lambda b: parse_request(b, rest=True)) == \
+            rest_answers(seed, orjson.loads)
+    for _ in range(2000):
+        mutated = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 3)):
+            where = rng.randrange(min(len(mutated), 120))
+            roll = rng.random()
+            if roll < 0.4:
+                mutated[where] = rng.choice(alphabet)
+            elif roll < 0.7:
+                mutated.insert(where, rng.choice(alphabet))
+            else:
+                del mutated[where]
+        if len(mutated) > LAZY_ABOVE_BYTES:
+            data = bytes(mutated)
+            assert rest_answers(data, lambda b: parse_request(b, rest=True)) == \
+                rest_answers(data, orjson.loads), data[:200]

@@ -122,6 +122,35 @@ def test_call_continues_the_callers_trace_to_the_agent(
     assert out["a2a.task_id"] == task["id"] and out["a2a.context_id"] == task["contextId"]
 
 
+def test_rest_calls_are_traced_like_json_rpc_calls(spans, echo_agent_factory, register_agent,
+                                                   make_caller, live_server_url):
+    """An HTTP+JSON call: the same entry and subscriber spans, named by the A2A method, with
+    its binding; the agent's HTTP+JSON interface gets the subscriber span's context."""
+    agent = echo_agent_factory(interfaces=[("HTTP+JSON", "1.0"), ("JSONRPC", "1.0")])
+    registered = register_agent(agent)
+    caller = make_caller()
+    r = httpx.post(
+        f"{live_server_url}/a2a/{registered.agent_id}/message:send", timeout=30,
+        json={"message": {"messageId": "m-rest", "role": "ROLE_USER",
+                          "parts": [{"text": "traced"}]}},
+        headers={**caller.auth, "A2A-Version": "1.0", "traceparent": TRACEPARENT})
+    assert r.status_code == 200 and r.headers["x-a2a-executed"] == "true", r.text
+    wait_until(lambda: by_name(spans, "a2a SendMessage"), timeout=5)
+    (entry,) = by_name(spans, "a2a SendMessage")
+    (outbound,) = by_name(spans, "a2a.agent SendMessage")
+    assert _hex(entry.context.trace_id, 32) == TRACE_ID
+    assert outbound.parent.span_id == entry.context.span_id
+    attrs = dict(entry.attributes)
+    assert attrs["a2a.binding"] == "HTTP+JSON" and "rpc.system" not in attrs
+    assert attrs["a2a.outcome"] == "ok" and attrs["http.response.status_code"] == 200
+    out = dict(outbound.attributes)
+    assert out["server.address"] == f"{agent.rest_url}/message:send"
+    assert out["a2a.binding"] == "HTTP+JSON" and "rpc.system" not in out
+    [arrived] = [q for q in agent.requests if q.path == "/rest/message:send"]
+    trace_id, parent_id = _traceparent_parts(arrived.header("traceparent"))
+    assert trace_id == TRACE_ID and parent_id == _hex(outbound.context.span_id, 16)
+
+
 def test_streams_are_traced_to_their_end(
     spans, echo_agent, register_agent, make_caller, live_server_url
 ):

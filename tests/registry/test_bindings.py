@@ -14,6 +14,7 @@ from registry.bindings import (
     HTTP_JSON,
     JSONRPC,
     gateway_bindings,
+    http_json_endpoint,
     interface_binding,
     rewrite_card_endpoints,
 )
@@ -50,11 +51,31 @@ def test_binding_names():
     assert interface_binding("custom") == "CUSTOM" and interface_binding(5) == ""
 
 
-def test_gateway_answers_json_rpc_at_its_own_url():
-    assert gateway_bindings(card_10(), GW) == {JSONRPC: {"url": GW}}
+def test_gateway_answers_json_rpc_and_the_agents_http_json_at_its_own_url():
+    # JSON-RPC for every agent; HTTP+JSON only for an agent whose card lists it.
+    assert gateway_bindings(card_10(), GW) == {JSONRPC: {"url": GW}, HTTP_JSON: {"url": GW}}
+    assert gateway_bindings(card_03(AGENT), GW) == {JSONRPC: {"url": GW}}
+    assert gateway_bindings(card_kubemq(), GW) == {JSONRPC: {"url": GW}}
 
 
-def test_all_three_bindings_grpc_first_keeps_only_json_rpc_in_the_agents_order():
+def test_http_json_endpoint_of_each_card_shape():
+    assert http_json_endpoint(card_10()) == "http://127.0.0.1:9/rest"
+    assert http_json_endpoint(card_03(AGENT)) == ""
+    main = {**card_03(AGENT + "rest"), "preferredTransport": "HTTP+JSON"}
+    assert http_json_endpoint(main) == AGENT + "rest"
+    additional = {**card_03(AGENT), "additionalInterfaces": [
+        {"url": AGENT + "g", "transport": "GRPC"}, {"url": AGENT + "r", "transport": "REST"}]}
+    assert http_json_endpoint(additional) == AGENT + "r"
+    # 0.3 fields first (the main interface, then additionalInterfaces), then 1.0 entries.
+    both = {**additional, "supportedInterfaces": [iface(HTTP_JSON, "1.0", AGENT + "one")]}
+    assert http_json_endpoint(both) == AGENT + "r"
+    broken = {"name": "x", "supportedInterfaces": ["junk", {"protocolBinding": "HTTP+JSON"},
+                                                   {"url": 5, "protocolBinding": "HTTP+JSON"}],
+              "additionalInterfaces": "junk"}
+    assert http_json_endpoint(broken) == ""
+
+
+def test_all_three_bindings_grpc_first_keeps_json_rpc_and_http_json_in_the_agents_order():
     card = sdk_card(
         iface(GRPC, "1.0", "agent.example:50051"), iface(JSONRPC, "1.0"),
         iface(HTTP_JSON, "1.0", AGENT + "rest"),
@@ -63,10 +84,13 @@ def test_all_three_bindings_grpc_first_keeps_only_json_rpc_in_the_agents_order()
     )
     original = copy.deepcopy(card)
     out = rewrite_card_endpoints(card, GW)
-    assert out["supportedInterfaces"] == [iface(JSONRPC, "1.0", GW), iface(JSONRPC, "0.3", GW)]
-    # The 0.3 view agrees: its main interface was gRPC, the gateway answers JSON-RPC.
+    assert out["supportedInterfaces"] == [
+        iface(JSONRPC, "1.0", GW), iface(HTTP_JSON, "1.0", GW), iface(JSONRPC, "0.3", GW),
+        iface(HTTP_JSON, "0.3", GW)]
+    # The 0.3 view agrees: its main interface was gRPC, the gateway answers JSON-RPC first.
     assert (out["url"], out["preferredTransport"]) == (GW, JSONRPC)
-    assert out["additionalInterfaces"] == [{"transport": JSONRPC, "url": GW}]
+    assert out["additionalInterfaces"] == [{"transport": JSONRPC, "url": GW},
+                                           {"transport": HTTP_JSON, "url": GW}]
     assert out["protocolVersion"] == "0.3"
     assert list(out) == list(card)  # key order kept
     assert card == original  # the stored card is untouched
@@ -87,8 +111,11 @@ def test_one_entry_per_protocol_version_and_tenant():
 
 
 def test_a_card_without_a_served_interface_offers_none():
-    card = {"name": "rest only", "supportedInterfaces": [iface(HTTP_JSON, "1.0")]}
+    card = {"name": "grpc only", "supportedInterfaces": [iface(GRPC, "1.0", "agent:1")]}
     assert rewrite_card_endpoints(card, GW)["supportedInterfaces"] == []
+    rest = {"name": "rest only", "supportedInterfaces": [iface(HTTP_JSON, "1.0")]}
+    assert rewrite_card_endpoints(rest, GW)["supportedInterfaces"] == [
+        iface(HTTP_JSON, "1.0", GW)]
     grpc03 = {**card_03(), "preferredTransport": "GRPC", "url": "agent.example:50051"}
     out = rewrite_card_endpoints(grpc03, GW)
     assert "url" not in out and "preferredTransport" not in out
@@ -101,8 +128,12 @@ def test_03_card_main_binding_not_served_takes_the_first_served_additional():
                                      {"url": AGENT + "rpc2", "transport": "JSONRPC"},
                                      {"url": AGENT + "rest", "transport": "HTTP+JSON"}]}
     out = rewrite_card_endpoints(card, GW)
-    assert (out["url"], out["preferredTransport"]) == (GW, JSONRPC)
-    assert out["additionalInterfaces"] == [{"url": GW, "transport": "JSONRPC"}]
+    # The agent's main interface is HTTP+JSON, which the gateway answers for it.
+    assert (out["url"], out["preferredTransport"]) == (GW, HTTP_JSON)
+    assert out["additionalInterfaces"] == [{"url": GW, "transport": "JSONRPC"},
+                                           {"url": GW, "transport": "HTTP+JSON"}]
+    no_rest = {**card, "additionalInterfaces": card["additionalInterfaces"][:3]}
+    assert http_json_endpoint(no_rest) == AGENT  # its main url, named HTTP+JSON
 
 
 def test_03_and_kubemq_cards_point_at_the_gateway():

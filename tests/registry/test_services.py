@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from registry import services
+from registry import selectors, services
 from registry.models import Agent, CardVersion
 from registry.permissions import SYSTEM, Actor, PermissionDenied
 from tests.conftest import make_client
@@ -70,6 +70,22 @@ def test_card_endpoint_checked_when_no_url():
         services.agent_register(
             actor=SYSTEM, agent_id="meta", card=card_03("http://169.254.169.254/")
         )
+
+
+@pytest.mark.django_db
+def test_http_json_interface_stored_and_checked():
+    agent, _ = services.agent_register(actor=SYSTEM, agent_id="rest-ok", card=card_10())
+    assert agent.http_json_url == "http://127.0.0.1:9/rest"
+    [route] = [r for r in selectors.agent_routes() if r.agent_id == "rest-ok"]
+    assert route.http_json_endpoint == "http://127.0.0.1:9/rest"
+    assert selectors.agent_route(agent).http_json_endpoint == "http://127.0.0.1:9/rest"
+    other, _ = services.agent_register(actor=SYSTEM, agent_id="no-rest", card=card_03())
+    assert other.http_json_url == ""
+    card = card_10()
+    card["supportedInterfaces"][1]["url"] = "http://169.254.169.254/rest"
+    with pytest.raises(services.InvalidInput, match="card HTTP\\+JSON interface"):
+        services.agent_register(actor=SYSTEM, agent_id="rest-meta", card=card)
+    assert not Agent.objects.filter(agent_id="rest-meta").exists()
 
 
 @pytest.mark.django_db
