@@ -99,10 +99,14 @@ def postgres_url() -> str:
 @pytest.fixture
 def live_server_url(transactional_db) -> str:
     """The whole platform (config.asgi.application, lifespan on) served by a real uvicorn."""
+    from ard import indexer
     from config.asgi import application
 
     with serve_app(application) as server:
         yield server.url
+    # The node's search-index writer thread writes what it still holds before the test's
+    # database is flushed: a document written later would land in the next test's database.
+    indexer.settle_deferred()
 
 
 def make_client(scopes: list[str], agents: list[str] | None = None, name: str | None = None):

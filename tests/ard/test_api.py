@@ -8,6 +8,7 @@ import time
 import httpx
 import pytest
 
+from ard import indexer
 from ard.documents import A2A_CARD_TYPE, REGISTRY_TYPE
 from tests.ard import conformance
 from tests.ard.corpus import CARDS
@@ -40,6 +41,8 @@ def node(api):
         ("hotels", False),
     ):
         _register(api, agent_id, public=public)
+    # Searches wait for the documents the node deferred; the manifest answers at once.
+    indexer.settle_deferred()
     return api
 
 
