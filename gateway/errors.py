@@ -58,6 +58,10 @@ BAD_AGENT_STATUS = "bad_agent_status"
 # replies published meanwhile are gone, so the call ends at once; executed true (the Query had
 # been published). The owner may be alive: ``owner_lost`` is only for a dead owner.
 BROKER_LOST = "broker_lost"
+# A reply message between the owning node and the entry node went missing (the numbers the
+# owner puts on them skipped one: a publish lost while the broker restarted, a connection
+# dropped mid-publish): the call ends instead of relaying around the gap; executed true.
+STREAM_GAP = "stream_gap"
 
 # kind: (code in profile "a2a", code in profile "kubemq", retryable, HTTP status)
 # The a2a profile keeps gateway codes outside A2A's own -32001..-32009 (TaskNotFound, ...);
@@ -83,6 +87,7 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     NODE_STOPPING: (-32064, -32603, True, 200),
     BAD_AGENT_STATUS: (-32065, -32603, False, 200),
     BROKER_LOST: (-32066, -32603, True, 200),
+    STREAM_GAP: (-32067, -32603, True, 200),
 }
 
 _PREFIX = {
@@ -94,6 +99,7 @@ _PREFIX = {
     OWNER_LOST: "owning node lost: ",
     NODE_STOPPING: "node stopping: ",
     BROKER_LOST: "broker lost: ",
+    STREAM_GAP: "stream gap: ",
 }
 
 

@@ -42,6 +42,7 @@ from gateway import errors, metrics, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
+from gateway.inbox import STREAM_GAP, Reassembly
 from gateway.jsonrpc import (
     LAZY_ABOVE_BYTES,
     events_have_error,
@@ -75,6 +76,8 @@ ACK_TIMEOUT_SECONDS = 3.0
 #: Bodies above this (or chunked) wait for authentication before they are read (the same
 #: threshold as Daphne's, config.servers.AUTH_FIRST_ABOVE_BYTES).
 AUTH_FIRST_ABOVE_BYTES = 64 * 1024
+#: The ``stream_gap`` error's message (after its prefix).
+GAP_DETAIL = "reply messages between the nodes were lost; events may be missing"
 _CARD_PATHS = (".well-known/agent-card.json", ".well-known/agent.json")
 _request_ids = itertools.count(1)
 _ORIGIN = ORIGIN[:12]  # request ids are unique per process and across nodes
@@ -558,6 +561,9 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float, owner: str)
             if message is BROKER_LOST:  # the reply may be lost with the connection
                 await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
                 return
+            if message is STREAM_GAP:  # part of the reply was lost between the nodes
+                await exchange.fail(errors.STREAM_GAP, GAP_DETAIL, executed=True)
+                return
             acked = True
             await exchange.deliver(message)
     finally:
@@ -573,7 +579,11 @@ def _forget_call(node, owner: str, request_id: str) -> None:
             del node.inflight[owner]
 
 
-async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> bool | None:
+_PIECES = str(env.PIECE_BYTES)
+
+
+async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange,
+                      credit: _Credit | None = None) -> bool | None:
     """Publish the Query on the agent's channel. None: refused and answered (no broker, or
     nobody listens); True: a subscriber received it (a checked send); False: sent, and
     whether anyone received it is unknown (channels-redis's layers) until an ack comes."""
@@ -582,7 +592,14 @@ async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> b
         await exchange.fail(errors.UNREACHABLE, "broker unavailable")
         return None
     tags[env.TAG_REPLY_CHANNEL] = node.inbox.channel
-    node.inbox.pending[tags[env.TAG_REQUEST_ID]] = queue.put_nowait
+    # Numbered, large bodies in pieces (gateway.envelope): joined in order here, and a lost
+    # message ends the call.
+    tags[env.TAG_PIECES] = _PIECES
+    reassembly = Reassembly(queue.put_nowait, queue.push,
+                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
+    if credit is not None:
+        reassembly.on_piece = credit.received
+    node.inbox.pending[tags[env.TAG_REQUEST_ID]] = reassembly
     try:
         listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
     except Exception as exc:  # broker down: answer at once, never queue
@@ -634,10 +651,10 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     received: bool | None = None
     if remote:
         tags[env.TAG_WINDOW] = str(window)
-        received = await _send_query(node, query, buffer, exchange)
+        credit = _Credit(node, query, exchange.agent_id, window)
+        received = await _send_query(node, query, buffer, exchange, credit)
         if received is None:
             return
-        credit = _Credit(node, query, exchange.agent_id, window)
         calls = node.inflight.get(owner)
         if calls is None:
             calls = node.inflight[owner] = {}
@@ -720,6 +737,12 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
                 await stop()
                 return
+            if message is STREAM_GAP:
+                # A message from the owner went missing (its number skipped): never relay
+                # around it; say events may be missing, and cancel the owner's stream.
+                await exchange.fail(errors.STREAM_GAP, GAP_DETAIL, executed=True)
+                await stop()
+                return
             if message is _REVOKED:
                 await stop()
                 try:  # a terminal error event, if the caller's connection takes one
@@ -796,7 +819,8 @@ class _Credit:
     layer's publishes queue up (the Redis pub/sub layer publishes one message at a time per
     connection)."""
 
-    __slots__ = ("node", "tags", "agent_id", "step", "total", "reported", "_sending")
+    __slots__ = ("node", "tags", "agent_id", "step", "total", "reported", "got",
+                 "got_reported", "_sending")
 
     def __init__(self, node, query, agent_id: str, window: int) -> None:
         self.node = node
@@ -805,29 +829,45 @@ class _Credit:
         self.step = max(window // 4, 1)
         self.total = 0
         self.reported = 0
+        # bytes of pieced messages taken from the broker (gateway.inbox.Reassembly)
+        self.got = 0
+        self.got_reported = 0
         self._sending = False
 
     def delivered(self, size: int) -> None:
         self.total += size
-        if self._sending or self.total - self.reported < self.step:
+        self._maybe_send()
+
+    def received(self, size: int) -> None:
+        self.got += size
+        self._maybe_send()
+
+    def _due(self) -> bool:
+        return (self.total - self.reported >= self.step
+                or self.got - self.got_reported >= self.step)
+
+    def _maybe_send(self) -> None:
+        if self._sending or not self._due():
             return
         self._sending = True
         _background(asyncio.get_running_loop(), self._send())
 
     async def _send(self) -> None:
         try:
-            while self.total - self.reported >= self.step:
+            while self._due():
                 self.reported = self.total
-                await self._publish(self.total)
+                self.got_reported = self.got
+                await self._publish(self.total, self.got)
         finally:
             self._sending = False
 
-    async def _publish(self, total: int) -> None:
+    async def _publish(self, total: int, got: int) -> None:
         tags = self.tags
         message = env.query(b"", {
             env.TAG_METHOD: env.CREDIT_METHOD,
             env.TAG_STREAM_ID: tags[env.TAG_REQUEST_ID],
             env.TAG_CREDIT: str(total),
+            env.TAG_RECEIVED: str(got),
             env.TAG_REQUEST_ID: tags[env.TAG_REQUEST_ID] + ".credit",
             env.TAG_REPLY_CHANNEL: tags.get(env.TAG_REPLY_CHANNEL, ""),
         })
