@@ -213,6 +213,7 @@ def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens
         owner, entry, agent_id, auth = _cluster(
             start_node, tokens, server.url + "/", A2A_MAX_RESPONSE_BYTES=str(64 * 1024 * 1024))
         subscribers = {c["id"] for c in admin.client_list() if "P" in c["flags"]}
+        sent_before = admin.info("stats")["total_net_output_bytes"]
         callers = []
         token = tokens["caller"]
         for k in range(23):
@@ -245,11 +246,13 @@ def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens
                         failures.append(repr(exc))
                     calls += 1
             after = {c["id"] for c in admin.client_list() if "P" in c["flags"]}
+            sent = admin.info("stats")["total_net_output_bytes"] - sent_before
         finally:
             for sock in callers:
                 sock.close()
     assert calls > 50 and failures == [], (calls, failures[:5])
     assert after == subscribers, "a node's Redis subscription was closed and reopened"
+    assert sent > 3 * big + 20 * 1024 * 1024, sent  # the large events did cross, in pieces
     for node in (owner, entry):
         log = node.log_path.read_text(errors="replace")
         assert "Redis subscriber connection lost" not in log, log[-3000:]
