@@ -52,7 +52,7 @@ from gateway.jsonrpc import (
 from gateway.limits import request_timeout
 from gateway.liveness import BROKER_LOST, OWNER_LOST
 from gateway.replicator import ORIGIN
-from gateway.resume import parse_last_event_id
+from gateway.resume import STREAM_ID_HEADER, parse_last_event_id
 from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
@@ -694,6 +694,10 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     # A2A_SSE_KEEPALIVE_SECONDS from its owner: two missed ones mean the owner is gone.
     missed = 2 * settings.A2A_SSE_KEEPALIVE_SECONDS + buffer_seconds
     acked = not remote
+    # Resumable streams through the broker: what a re-attach after a gap needs.
+    reattach = _Reattach(tags) if remote and settings.A2A_SSE_RESUME_SECONDS > 0 \
+        and tags.get(env.TAG_METHOD) != env.RESUME_METHOD else None
+    resuming = False  # re-attached: the owner's start is not relayed again
     try:
         while not exchange.done:
             if not acked:
@@ -737,12 +741,37 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
                 await stop()
                 return
-            if message is STREAM_GAP:
+            if message is STREAM_GAP or (resuming and message.get("k") == env.ERROR):
                 # A message from the owner went missing (its number skipped): never relay
-                # around it; say events may be missing, and cancel the owner's stream.
-                await exchange.fail(errors.STREAM_GAP, GAP_DETAIL, executed=True)
+                # around it. A resumable stream is re-attached after the last event relayed
+                # (the owner's replay buffer has the rest); else, or if that fails, the stream
+                # ends saying events may be missing, and the owner's stream is cancelled.
                 await stop()
+                if message is STREAM_GAP and reattach is not None and reattach.last \
+                        and reattach.tries < REATTACH_TRIES:
+                    reattach.tries += 1
+                    query = reattach.query(query)
+                    tags = query["tags"]
+                    node.inbox.pending.pop(request_id, None)
+                    _forget_call(node, owner, request_id)
+                    request_id = tags[env.TAG_REQUEST_ID]
+                    buffer = StreamBuffer(window)
+                    credit = _Credit(node, query, exchange.agent_id, window)
+                    if await _reattach(node, query, buffer, credit, exchange):
+                        stopped = False
+                        resuming = True
+                        acked = False
+                        calls = node.inflight.get(owner)
+                        if calls is None:
+                            calls = node.inflight[owner] = {}
+                        calls[request_id] = buffer.push
+                        continue
+                await exchange.fail(errors.STREAM_GAP, GAP_DETAIL, executed=True)
                 return
+            if resuming:
+                if message.get("k") == env.START:
+                    continue  # the caller has the response's start already
+                resuming = False
             if message is _REVOKED:
                 await stop()
                 try:  # a terminal error event, if the caller's connection takes one
@@ -763,6 +792,10 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 body = message.get("body")
                 if body:
                     credit.delivered(len(body))
+                    if reattach is not None:
+                        reattach.relayed(body)
+                elif reattach is not None and message.get("k") == env.START and exchange.sse:
+                    reattach.started(message)
         if exchange.mapped:  # answered already; the rest of the agent's body is not wanted
             await stop()
     finally:
@@ -782,6 +815,77 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
         if remote:
             node.inbox.pending.pop(request_id, None)
             _forget_call(node, owner, request_id)
+
+
+#: How many times one stream is re-attached after gaps before it ends with ``stream_gap``.
+REATTACH_TRIES = 3
+
+
+class _Reattach:
+    """A resumable stream relayed through the broker: its stream id (from the owner's start)
+    and the id of the last event relayed, so that after a gap the entry node can resume it
+    from the owner's replay buffer (a ``stream_resume`` Query, as a reconnecting caller's)."""
+
+    __slots__ = ("caller", "stream_id", "last", "tries")
+
+    def __init__(self, tags: dict[str, str]) -> None:
+        self.caller = tags.get(env.TAG_CALLER, "")
+        self.stream_id = ""
+        self.last = 0
+        self.tries = 0
+
+    def started(self, message: dict[str, Any]) -> None:
+        for name, value in message["headers"]:
+            if name == STREAM_ID_HEADER:
+                self.stream_id = value.decode("latin-1")
+
+    def relayed(self, body: bytes) -> None:
+        """The owner appends ``id: <stream id>:<n>`` to each whole event (gateway.resume)."""
+        if not self.stream_id:
+            return
+        at = body.rfind(b"\nid: ")
+        if at < 0:
+            return
+        line = body[at + 5:body.find(b"\n", at + 5)]
+        _, _, number = line.partition(b":")
+        if line.startswith(self.stream_id.encode()) and number.isdigit():
+            self.last = int(number)
+
+    def query(self, previous: dict[str, Any]) -> dict[str, Any]:
+        return env.query(b"", {
+            env.TAG_METHOD: env.RESUME_METHOD,
+            env.TAG_STREAM_ID: self.stream_id,
+            env.TAG_LAST_EVENT: str(self.last),
+            env.TAG_CALLER: self.caller,
+            env.TAG_REQUEST_ID: f"{_ORIGIN}.{next(_request_ids)}",
+            env.TAG_WINDOW: previous["tags"].get(env.TAG_WINDOW, ""),
+        })
+
+
+async def _reattach(node, query, buffer: StreamBuffer, credit: _Credit,
+                    exchange: Exchange) -> bool:
+    """Send a re-attach Query (after the previous request's stream_cancel, on the same
+    connection, so the owner detaches first). False: it could not be sent."""
+    tags = query["tags"]
+    if not node.inbox.ready:
+        return False
+    tags[env.TAG_REPLY_CHANNEL] = node.inbox.channel
+    tags[env.TAG_PIECES] = _PIECES
+    reassembly = Reassembly(buffer.put_nowait, buffer.push,
+                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
+    reassembly.on_piece = credit.received
+    node.inbox.pending[tags[env.TAG_REQUEST_ID]] = reassembly
+    try:
+        listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
+    except Exception as exc:
+        logger.warning("re-attaching a stream after a gap failed: %s", exc)
+        listeners = 0
+    if listeners == 0:
+        node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
+        return False
+    logger.warning("stream to %s re-attached after event %s: messages were lost between "
+                   "the nodes", exchange.agent_id, tags[env.TAG_LAST_EVENT])
+    return True
 
 
 _background_tasks: set[asyncio.Task] = set()

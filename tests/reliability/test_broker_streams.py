@@ -169,6 +169,43 @@ def test_a_reply_lost_by_the_owner_ends_the_stream_with_stream_gap(services, tok
     assert "Redis subscriber connection lost" not in entry.log_path.read_text(errors="replace")
 
 
+def test_a_resumable_stream_is_reattached_after_a_lost_reply(services, tokens, start_node):
+    """Resumable streams on: the same lost reply, and the entry node re-attaches to the
+    owner's replay buffer after the last event it relayed -- the caller gets every event
+    exactly once, in order, and the stream's normal end."""
+    agent = NumberedAgent()
+    admin = redis.Redis.from_url(services["redis_url"])
+    with serve_app(agent, lifespan="off") as server:
+        owner, entry, agent_id, auth = _cluster(start_node, tokens, server.url + "/",
+                                                A2A_SSE_RESUME_SECONDS="30")
+        results: list = []
+        seen = threading.Event()
+        count = 60
+        reader = threading.Thread(target=_read_stream, args=(
+            f"{entry.url}/a2a/{agent_id}", auth,
+            _stream_body("gap-2", count=count, delay=0.05), results,
+            lambda n: n == 10 and seen.set()))
+        reader.start()
+        assert seen.wait(30)
+        admin.client_pause(3000, all=False)
+        try:
+            time.sleep(0.5)
+            killed = 0
+            for client in admin.client_list():
+                if client["cmd"] == "publish" and "P" not in client["flags"]:
+                    admin.client_kill_filter(_id=client["id"])
+                    killed += 1
+            assert killed >= 1
+        finally:
+            admin.client_unpause()
+        reader.join(60)
+        assert not reader.is_alive()
+    numbers, error = results[0]
+    assert error is None, error
+    assert numbers == list(range(count))
+    assert "re-attached after event" in entry.log_path.read_text(errors="replace")
+
+
 def test_streams_through_a_redis_restart_never_end_normally_with_events_missing(
         services, tokens, start_node):
     """Redis killed and started again ~4 s later while cross-node streams run: each stream
