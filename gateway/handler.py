@@ -638,7 +638,9 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
 
     Through the broker, the owning node dying ends the stream with ``owner_lost`` as soon as
     its liveness key expires, or once an event stream misses two keepalives, whichever first;
-    this node losing its connection to the broker ends it at once with ``broker_lost``.
+    this node losing its connection to the broker ends it at once with ``broker_lost``; a reply
+    message lost between the nodes (gateway.inbox.Reassembly) ends it with ``stream_gap``, or,
+    for a resumable stream, re-attaches it after the last event relayed (:class:`_Reattach`).
     """
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
