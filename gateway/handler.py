@@ -917,8 +917,9 @@ async def _end_stalled(exchange: Exchange, stall: float, detail: str) -> None:
 
 class _Credit:
     """The caller's side of a stream's flow control through the broker: tells the owning
-    subscriber how many body bytes the caller has taken (cumulative, so a lost credit is made
-    good by the next one), every quarter window.
+    subscriber how many body bytes the caller has taken, and how many bytes of pieced messages
+    this node has taken from the broker (both cumulative, so a lost credit is made good by the
+    next one), every quarter window of either.
 
     Sent from a task of its own, one at a time (a later total replaces an unsent one): the
     relay never waits on a publish, so a caller leaving is acted on at once even while the
