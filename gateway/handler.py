@@ -700,6 +700,45 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     reattach = _Reattach(tags) if remote and settings.A2A_SSE_RESUME_SECONDS > 0 \
         and tags.get(env.TAG_METHOD) != env.RESUME_METHOD else None
     resuming = False  # re-attached: the owner's start is not relayed again
+
+    async def resume_stream(*, outage: bool) -> bool:
+        """Re-attach a resumable stream after the last event relayed (docs/streams.md):
+        a ``stream_resume`` of a new request replaces the current one. ``outage``: the broker
+        was lost; wait (at most REATTACH_SECONDS) until this node is subscribed again and the
+        owner listens. False: not resumable here, or it could not be sent."""
+        nonlocal query, tags, request_id, buffer, credit, stopped, resuming, acked
+        if reattach is None or not reattach.last or reattach.tries >= REATTACH_TRIES \
+                or not exchange.started:
+            return False
+        reattach.tries += 1
+        node.inbox.pending.pop(request_id, None)
+        _forget_call(node, owner, request_id)
+        deadline = loop.time() + REATTACH_SECONDS
+        while True:
+            if gone:
+                return False
+            if not outage or _subscribed(node):
+                query = reattach.query(query)
+                tags = query["tags"]
+                request_id = tags[env.TAG_REQUEST_ID]
+                buffer = StreamBuffer(window)
+                credit = _Credit(node, query, exchange.agent_id, window)
+                if await _reattach(node, query, buffer, credit, exchange):
+                    break
+                if not outage:
+                    return False
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.25)
+        stopped = False
+        resuming = True
+        acked = False
+        calls = node.inflight.get(owner)
+        if calls is None:
+            calls = node.inflight[owner] = {}
+        calls[request_id] = buffer.push
+        return True
+
     try:
         while not exchange.done:
             if not acked:
@@ -712,6 +751,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 async with asyncio.timeout(limit):
                     message = await buffer.get()
             except TimeoutError:
+                if resuming and not acked and await resume_stream(outage=True):
+                    continue  # the re-attach's answer was lost too (the broker was not back)
                 if remote and exchange.sse and limit < guard:
                     await exchange.fail(errors.OWNER_LOST, "two keepalives missed",
                                         executed=True)
@@ -738,8 +779,12 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                                     executed=True)
                 return
             if message is BROKER_LOST:
-                # Events published while the connection was down are gone: end it now rather
-                # than relay around a gap; then the owner is told to cancel (if Redis is back).
+                # Events published while the connection was down are gone: never relay around
+                # that gap. A resumable stream is re-attached once the broker is back (within
+                # REATTACH_SECONDS); else it ends now, and the owner is told to cancel (if
+                # Redis is back by then).
+                if await resume_stream(outage=True):
+                    continue
                 await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
                 await stop()
                 return
@@ -749,25 +794,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 # (the owner's replay buffer has the rest); else, or if that fails, the stream
                 # ends saying events may be missing, and the owner's stream is cancelled.
                 await stop()
-                if message is STREAM_GAP and reattach is not None and reattach.last \
-                        and reattach.tries < REATTACH_TRIES:
-                    reattach.tries += 1
-                    query = reattach.query(query)
-                    tags = query["tags"]
-                    node.inbox.pending.pop(request_id, None)
-                    _forget_call(node, owner, request_id)
-                    request_id = tags[env.TAG_REQUEST_ID]
-                    buffer = StreamBuffer(window)
-                    credit = _Credit(node, query, exchange.agent_id, window)
-                    if await _reattach(node, query, buffer, credit, exchange):
-                        stopped = False
-                        resuming = True
-                        acked = False
-                        calls = node.inflight.get(owner)
-                        if calls is None:
-                            calls = node.inflight[owner] = {}
-                        calls[request_id] = buffer.push
-                        continue
+                if message is STREAM_GAP and await resume_stream(outage=False):
+                    continue
                 await exchange.fail(errors.STREAM_GAP, GAP_DETAIL, executed=True)
                 return
             if resuming:
@@ -821,6 +849,15 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
 
 #: How many times one stream is re-attached after gaps before it ends with ``stream_gap``.
 REATTACH_TRIES = 3
+#: After the broker was lost, how long a resumable stream waits for it to be back before it
+#: ends with ``broker_lost`` (within the keepalive window the other endings keep).
+REATTACH_SECONDS = 12.0
+
+
+def _subscribed(node) -> bool:
+    """Whether this node's subscription to the broker is up (layers that cannot tell: yes)."""
+    check = getattr(node.layer, "subscribed", None)
+    return True if check is None else bool(check())
 
 
 class _Reattach:

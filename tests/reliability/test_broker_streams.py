@@ -236,6 +236,40 @@ def test_streams_through_a_redis_restart_never_end_normally_with_events_missing(
         _complete_or_explicit(numbers, error, count)
 
 
+def test_resumable_streams_through_a_redis_restart_lose_nothing(services, tokens, start_node):
+    """Resumable streams on: Redis killed and started again ~3 s later while cross-node
+    streams run; the entry node re-attaches each to the owner's replay buffer once the broker
+    is back, and every caller gets every event exactly once, in order, and the normal end."""
+    agent = NumberedAgent()
+    with serve_app(agent, lifespan="off") as server:
+        owner, entry, agent_id, auth = _cluster(start_node, tokens, server.url + "/",
+                                                A2A_SSE_RESUME_SECONDS="60")
+        results: list = []
+        count = 80
+        started = threading.Barrier(4)
+        readers = [threading.Thread(target=_read_stream, args=(
+            f"{entry.url}/a2a/{agent_id}", auth,
+            _stream_body(f"resume-restart-{k}", count=count, delay=0.1), results,
+            lambda n: n == 5 and started.wait(30))) for k in range(3)]
+        for reader in readers:
+            reader.start()
+        started.wait(30)
+        services["redis"].kill()
+        try:
+            time.sleep(3)
+        finally:
+            services["redis"].start()
+        for reader in readers:
+            reader.join(90)
+        assert not any(reader.is_alive() for reader in readers)
+        log = entry.log_path.read_text(errors="replace")
+    assert len(results) == 3
+    for numbers, error in results:
+        assert error is None, (error, len(numbers), log[-3000:])
+        assert numbers == list(range(count))
+    assert "re-attached after event" in log
+
+
 def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens, start_node):
     """20 callers stop reading cross-node streams of 64 KiB events, and 3 more stop reading
     streams whose first event is 34 MiB (one message above Redis's 32 MiB hard limit, were it
