@@ -713,7 +713,9 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
         reattach.tries += 1
         node.inbox.pending.pop(request_id, None)
         _forget_call(node, owner, request_id)
-        deadline = loop.time() + REATTACH_SECONDS
+        if not outage or not reattach.until:  # one wait per outage, whatever the tries
+            reattach.until = loop.time() + REATTACH_SECONDS
+        deadline = reattach.until
         while True:
             if gone:
                 return False
@@ -783,6 +785,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 # that gap. A resumable stream is re-attached once the broker is back (within
                 # REATTACH_SECONDS); else it ends now, and the owner is told to cancel (if
                 # Redis is back by then).
+                if reattach is not None:
+                    reattach.until = 0.0  # a new outage: a new wait
                 if await resume_stream(outage=True):
                     continue
                 await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
@@ -865,13 +869,14 @@ class _Reattach:
     and the id of the last event relayed, so that after a gap the entry node can resume it
     from the owner's replay buffer (a ``stream_resume`` Query, as a reconnecting caller's)."""
 
-    __slots__ = ("caller", "stream_id", "last", "tries")
+    __slots__ = ("caller", "stream_id", "last", "tries", "until")
 
     def __init__(self, tags: dict[str, str]) -> None:
         self.caller = tags.get(env.TAG_CALLER, "")
         self.stream_id = ""
         self.last = 0
         self.tries = 0
+        self.until = 0.0  # after a broker loss: the re-attach's deadline
 
     def started(self, message: dict[str, Any]) -> None:
         for name, value in message["headers"]:
