@@ -19,6 +19,15 @@ Replies go to the reply channel, each naming the request (``i``). ``k`` is the m
   before a start it is the whole reply, after one it ends the stream
 - ``a`` ack: the subscriber has the request and is still working (sent only for slow requests
   through the broker, so the gateway can tell "no live subscriber" from "slow agent")
+- ``p`` piece: the next part of the previous message's ``body`` (below)
+
+Through the broker (gateway.subscriber.BrokerSink) every reply but an ack is **numbered**: ``n``
+counts a request's messages from 1, so the entry node detects a lost one (a gap) instead of
+relaying around it; and a message whose ``body`` is larger than :data:`PIECE_BYTES` crosses in
+pieces: the message itself with the first ``PIECE_BYTES`` of its body and ``pc`` (how many
+pieces follow), then ``pc`` piece messages (each numbered too), which the entry node joins back
+into the one message before it is relayed (gateway.inbox.Reassembly). Pieces are sent only to
+an entry node that asked for them (the ``a2a_pieces`` tag below).
 """
 
 from __future__ import annotations
@@ -48,6 +57,12 @@ START = "s"
 CHUNK = "c"
 ERROR = "e"
 ACK = "a"
+PIECE = "p"
+
+#: The largest body one reply message carries through the broker (larger ones cross in pieces):
+#: a message queued by Redis for a subscriber stays far below its pub/sub output-buffer limits
+#: (``client-output-buffer-limit pubsub 32mb 8mb 60`` by default).
+PIECE_BYTES = 64 * 1024
 
 #: Methods the SSE handler serves (A2A 0.3 and 1.0 names).
 STREAMING_METHODS = frozenset(
@@ -60,6 +75,12 @@ CANCEL_METHOD = "stream_cancel"
 CREDIT_METHOD = "stream_credit"
 TAG_WINDOW = "a2a_window"
 TAG_CREDIT = "a2a_credit"
+#: Pieces (above): a Query's ``a2a_pieces`` tag says the entry node joins pieces of at most that
+#: many bytes (an entry node without it gets whole messages); a ``stream_credit``'s
+#: ``a2a_received`` is how many bytes of pieced messages it has taken from the broker so far,
+#: so the pieces of one large message too cross at most a window at a time.
+TAG_PIECES = "a2a_pieces"
+TAG_RECEIVED = "a2a_received"
 #: Resumable streams (gateway.resume): ``stream_resume`` reattaches a caller to the stream named
 #: by ``a2a_stream_id`` (its public stream id), replaying the events after ``a2a_last_event``.
 RESUME_METHOD = "stream_resume"
@@ -96,3 +117,7 @@ def error(
 
 def ack(request_id: str) -> dict[str, Any]:
     return {"type": REPLY, "i": request_id, "k": ACK}
+
+
+def piece(request_id: str, body: bytes) -> dict[str, Any]:
+    return {"type": REPLY, "i": request_id, "k": PIECE, "body": body}

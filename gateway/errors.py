@@ -58,6 +58,10 @@ BAD_AGENT_STATUS = "bad_agent_status"
 # replies published meanwhile are gone, so the call ends at once; executed true (the Query had
 # been published). The owner may be alive: ``owner_lost`` is only for a dead owner.
 BROKER_LOST = "broker_lost"
+# A reply message between the owning node and the entry node went missing (the numbers the
+# owner puts on them skipped one: a publish lost while the broker restarted, a connection
+# dropped mid-publish): the call ends instead of relaying around the gap; executed true.
+STREAM_GAP = "stream_gap"
 
 # The HTTP+JSON binding (gateway.rest): the agent offers no HTTP+JSON interface (the gateway
 # does not translate between bindings), no A2A route has that path, or the path's route takes
@@ -90,6 +94,7 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     NODE_STOPPING: (-32064, -32603, True, 200),
     BAD_AGENT_STATUS: (-32065, -32603, False, 200),
     BROKER_LOST: (-32066, -32603, True, 200),
+    STREAM_GAP: (-32067, -32603, True, 200),
     BINDING_UNAVAILABLE: (-32070, -32601, False, 501),
     ROUTE_NOT_FOUND: (-32071, -32601, False, 404),
     METHOD_NOT_ALLOWED: (-32072, -32601, False, 405),
@@ -121,6 +126,7 @@ _REST: dict[str, tuple[int, str]] = {
     NODE_STOPPING: (503, "UNAVAILABLE"),
     BAD_AGENT_STATUS: (502, "INTERNAL"),
     BROKER_LOST: (502, "UNAVAILABLE"),
+    STREAM_GAP: (502, "DATA_LOSS"),
     BINDING_UNAVAILABLE: (501, "UNIMPLEMENTED"),
     ROUTE_NOT_FOUND: (404, "NOT_FOUND"),
     METHOD_NOT_ALLOWED: (405, "UNIMPLEMENTED"),
@@ -140,6 +146,7 @@ _PREFIX = {
     OWNER_LOST: "owning node lost: ",
     NODE_STOPPING: "node stopping: ",
     BROKER_LOST: "broker lost: ",
+    STREAM_GAP: "stream gap: ",
 }
 
 

@@ -47,6 +47,7 @@ from gateway import errors, metrics, rest, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
+from gateway.inbox import STREAM_GAP, Reassembly
 from gateway.jsonrpc import (
     LAZY_ABOVE_BYTES,
     events_have_error,
@@ -56,7 +57,7 @@ from gateway.jsonrpc import (
 from gateway.limits import request_timeout
 from gateway.liveness import BROKER_LOST, OWNER_LOST
 from gateway.replicator import ORIGIN
-from gateway.resume import parse_last_event_id
+from gateway.resume import STREAM_ID_HEADER, parse_last_event_id
 from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
@@ -80,6 +81,8 @@ ACK_TIMEOUT_SECONDS = 3.0
 #: Bodies above this (or chunked) wait for authentication before they are read (the same
 #: threshold as Daphne's, config.servers.AUTH_FIRST_ABOVE_BYTES).
 AUTH_FIRST_ABOVE_BYTES = 64 * 1024
+#: The ``stream_gap`` error's message (after its prefix).
+GAP_DETAIL = "reply messages between the nodes were lost; events may be missing"
 _CARD_PATHS = (".well-known/agent-card.json", ".well-known/agent.json")
 _request_ids = itertools.count(1)
 _ORIGIN = ORIGIN[:12]  # request ids are unique per process and across nodes
@@ -715,6 +718,9 @@ async def _remote_sync(node, query, exchange: Exchange, wait: float, owner: str)
             if message is BROKER_LOST:  # the reply may be lost with the connection
                 await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
                 return
+            if message is STREAM_GAP:  # part of the reply was lost between the nodes
+                await exchange.fail(errors.STREAM_GAP, GAP_DETAIL, executed=True)
+                return
             acked = True
             await exchange.deliver(message)
     finally:
@@ -730,7 +736,11 @@ def _forget_call(node, owner: str, request_id: str) -> None:
             del node.inflight[owner]
 
 
-async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> bool | None:
+_PIECES = str(env.PIECE_BYTES)
+
+
+async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange,
+                      credit: _Credit | None = None) -> bool | None:
     """Publish the Query on the agent's channel. None: refused and answered (no broker, or
     nobody listens); True: a subscriber received it (a checked send); False: sent, and
     whether anyone received it is unknown (channels-redis's layers) until an ack comes."""
@@ -739,7 +749,14 @@ async def _send_query(node, query, queue: StreamBuffer, exchange: Exchange) -> b
         await exchange.fail(errors.UNREACHABLE, "broker unavailable")
         return None
     tags[env.TAG_REPLY_CHANNEL] = node.inbox.channel
-    node.inbox.pending[tags[env.TAG_REQUEST_ID]] = queue.put_nowait
+    # Numbered, large bodies in pieces (gateway.envelope): joined in order here, and a lost
+    # message ends the call.
+    tags[env.TAG_PIECES] = _PIECES
+    reassembly = Reassembly(queue.put_nowait, queue.push,
+                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
+    if credit is not None:
+        reassembly.on_piece = credit.received
+    node.inbox.pending[tags[env.TAG_REQUEST_ID]] = reassembly
     try:
         listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
     except Exception as exc:  # broker down: answer at once, never queue
@@ -778,7 +795,9 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
 
     Through the broker, the owning node dying ends the stream with ``owner_lost`` as soon as
     its liveness key expires, or once an event stream misses two keepalives, whichever first;
-    this node losing its connection to the broker ends it at once with ``broker_lost``.
+    this node losing its connection to the broker ends it at once with ``broker_lost``; a reply
+    message lost between the nodes (gateway.inbox.Reassembly) ends it with ``stream_gap``, or,
+    for a resumable stream, re-attaches it after the last event relayed (:class:`_Reattach`).
     """
     tags = query["tags"]
     request_id = tags[env.TAG_REQUEST_ID]
@@ -791,10 +810,10 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     received: bool | None = None
     if remote:
         tags[env.TAG_WINDOW] = str(window)
-        received = await _send_query(node, query, buffer, exchange)
+        credit = _Credit(node, query, exchange.agent_id, window)
+        received = await _send_query(node, query, buffer, exchange, credit)
         if received is None:
             return
-        credit = _Credit(node, query, exchange.agent_id, window)
         calls = node.inflight.get(owner)
         if calls is None:
             calls = node.inflight[owner] = {}
@@ -834,6 +853,51 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
     # A2A_SSE_KEEPALIVE_SECONDS from its owner: two missed ones mean the owner is gone.
     missed = 2 * settings.A2A_SSE_KEEPALIVE_SECONDS + buffer_seconds
     acked = not remote
+    # Resumable streams through the broker: what a re-attach after a gap needs.
+    reattach = _Reattach(tags) if remote and settings.A2A_SSE_RESUME_SECONDS > 0 \
+        and tags.get(env.TAG_METHOD) != env.RESUME_METHOD else None
+    resuming = False  # re-attached: the owner's start is not relayed again
+
+    async def resume_stream(*, outage: bool) -> bool:
+        """Re-attach a resumable stream after the last event relayed (docs/streams.md):
+        a ``stream_resume`` of a new request replaces the current one. ``outage``: the broker
+        was lost; wait (at most REATTACH_SECONDS) until this node is subscribed again and the
+        owner listens. False: not resumable here, or it could not be sent."""
+        nonlocal query, tags, request_id, buffer, credit, stopped, resuming, acked
+        if reattach is None or not reattach.last or reattach.tries >= REATTACH_TRIES \
+                or not exchange.started:
+            return False
+        reattach.tries += 1
+        node.inbox.pending.pop(request_id, None)
+        _forget_call(node, owner, request_id)
+        if not outage or not reattach.until:  # one wait per outage, whatever the tries
+            reattach.until = loop.time() + REATTACH_SECONDS
+        deadline = reattach.until
+        while True:
+            if gone:
+                return False
+            if not outage or _subscribed(node):
+                query = reattach.query(query)
+                tags = query["tags"]
+                request_id = tags[env.TAG_REQUEST_ID]
+                buffer = StreamBuffer(window)
+                credit = _Credit(node, query, exchange.agent_id, window)
+                if await _reattach(node, query, buffer, credit, exchange):
+                    break
+                if not outage:
+                    return False
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.25)
+        stopped = False
+        resuming = True
+        acked = False
+        calls = node.inflight.get(owner)
+        if calls is None:
+            calls = node.inflight[owner] = {}
+        calls[request_id] = buffer.push
+        return True
+
     try:
         while not exchange.done:
             if not acked:
@@ -846,6 +910,8 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 async with asyncio.timeout(limit):
                     message = await buffer.get()
             except TimeoutError:
+                if resuming and not acked and await resume_stream(outage=True):
+                    continue  # the re-attach's answer was lost too (the broker was not back)
                 if remote and exchange.sse and limit < guard:
                     await exchange.fail(errors.OWNER_LOST, "two keepalives missed",
                                         executed=True)
@@ -872,11 +938,31 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                                     executed=True)
                 return
             if message is BROKER_LOST:
-                # Events published while the connection was down are gone: end it now rather
-                # than relay around a gap; then the owner is told to cancel (if Redis is back).
+                # Events published while the connection was down are gone: never relay around
+                # that gap. A resumable stream is re-attached once the broker is back (within
+                # REATTACH_SECONDS); else it ends now, and the owner is told to cancel (if
+                # Redis is back by then).
+                if reattach is not None:
+                    reattach.until = 0.0  # a new outage: a new wait
+                if await resume_stream(outage=True):
+                    continue
                 await exchange.fail(errors.BROKER_LOST, node.broker_lost_detail, executed=True)
                 await stop()
                 return
+            if message is STREAM_GAP or (resuming and message.get("k") == env.ERROR):
+                # A message from the owner went missing (its number skipped): never relay
+                # around it. A resumable stream is re-attached after the last event relayed
+                # (the owner's replay buffer has the rest); else, or if that fails, the stream
+                # ends saying events may be missing, and the owner's stream is cancelled.
+                await stop()
+                if message is STREAM_GAP and await resume_stream(outage=False):
+                    continue
+                await exchange.fail(errors.STREAM_GAP, GAP_DETAIL, executed=True)
+                return
+            if resuming:
+                if message.get("k") == env.START:
+                    continue  # the caller has the response's start already
+                resuming = False
             if message is _REVOKED:
                 await stop()
                 try:  # a terminal error event, if the caller's connection takes one
@@ -897,6 +983,10 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
                 body = message.get("body")
                 if body:
                     credit.delivered(len(body))
+                    if reattach is not None:
+                        reattach.relayed(body)
+                elif reattach is not None and message.get("k") == env.START and exchange.sse:
+                    reattach.started(message)
         if exchange.mapped:  # answered already; the rest of the agent's body is not wanted
             await stop()
     finally:
@@ -916,6 +1006,87 @@ async def _relay_stream(node, subscriber, query, exchange: Exchange, receive,
         if remote:
             node.inbox.pending.pop(request_id, None)
             _forget_call(node, owner, request_id)
+
+
+#: How many times one stream is re-attached after gaps before it ends with ``stream_gap``.
+REATTACH_TRIES = 3
+#: After the broker was lost, how long a resumable stream waits for it to be back before it
+#: ends with ``broker_lost`` (within the keepalive window the other endings keep).
+REATTACH_SECONDS = 12.0
+
+
+def _subscribed(node) -> bool:
+    """Whether this node's subscription to the broker is up (layers that cannot tell: yes)."""
+    check = getattr(node.layer, "subscribed", None)
+    return True if check is None else bool(check())
+
+
+class _Reattach:
+    """A resumable stream relayed through the broker: its stream id (from the owner's start)
+    and the id of the last event relayed, so that after a gap the entry node can resume it
+    from the owner's replay buffer (a ``stream_resume`` Query, as a reconnecting caller's)."""
+
+    __slots__ = ("caller", "stream_id", "last", "tries", "until")
+
+    def __init__(self, tags: dict[str, str]) -> None:
+        self.caller = tags.get(env.TAG_CALLER, "")
+        self.stream_id = ""
+        self.last = 0
+        self.tries = 0
+        self.until = 0.0  # after a broker loss: the re-attach's deadline
+
+    def started(self, message: dict[str, Any]) -> None:
+        for name, value in message["headers"]:
+            if name == STREAM_ID_HEADER:
+                self.stream_id = value.decode("latin-1")
+
+    def relayed(self, body: bytes) -> None:
+        """The owner appends ``id: <stream id>:<n>`` to each whole event (gateway.resume)."""
+        if not self.stream_id:
+            return
+        at = body.rfind(b"\nid: ")
+        if at < 0:
+            return
+        line = body[at + 5:body.find(b"\n", at + 5)]
+        _, _, number = line.partition(b":")
+        if line.startswith(self.stream_id.encode()) and number.isdigit():
+            self.last = int(number)
+
+    def query(self, previous: dict[str, Any]) -> dict[str, Any]:
+        return env.query(b"", {
+            env.TAG_METHOD: env.RESUME_METHOD,
+            env.TAG_STREAM_ID: self.stream_id,
+            env.TAG_LAST_EVENT: str(self.last),
+            env.TAG_CALLER: self.caller,
+            env.TAG_REQUEST_ID: f"{_ORIGIN}.{next(_request_ids)}",
+            env.TAG_WINDOW: previous["tags"].get(env.TAG_WINDOW, ""),
+        })
+
+
+async def _reattach(node, query, buffer: StreamBuffer, credit: _Credit,
+                    exchange: Exchange) -> bool:
+    """Send a re-attach Query (after the previous request's stream_cancel, on the same
+    connection, so the owner detaches first). False: it could not be sent."""
+    tags = query["tags"]
+    if not node.inbox.ready:
+        return False
+    tags[env.TAG_REPLY_CHANNEL] = node.inbox.channel
+    tags[env.TAG_PIECES] = _PIECES
+    reassembly = Reassembly(buffer.put_nowait, buffer.push,
+                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
+    reassembly.on_piece = credit.received
+    node.inbox.pending[tags[env.TAG_REQUEST_ID]] = reassembly
+    try:
+        listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
+    except Exception as exc:
+        logger.warning("re-attaching a stream after a gap failed: %s", exc)
+        listeners = 0
+    if listeners == 0:
+        node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
+        return False
+    logger.warning("stream to %s re-attached after event %s: messages were lost between "
+                   "the nodes", exchange.agent_id, tags[env.TAG_LAST_EVENT])
+    return True
 
 
 _background_tasks: set[asyncio.Task] = set()
@@ -945,15 +1116,17 @@ async def _end_stalled(exchange: Exchange, stall: float, detail: str) -> None:
 
 class _Credit:
     """The caller's side of a stream's flow control through the broker: tells the owning
-    subscriber how many body bytes the caller has taken (cumulative, so a lost credit is made
-    good by the next one), every quarter window.
+    subscriber how many body bytes the caller has taken, and how many bytes of pieced messages
+    this node has taken from the broker (both cumulative, so a lost credit is made good by the
+    next one), every quarter window of either.
 
     Sent from a task of its own, one at a time (a later total replaces an unsent one): the
     relay never waits on a publish, so a caller leaving is acted on at once even while the
     layer's publishes queue up (the Redis pub/sub layer publishes one message at a time per
     connection)."""
 
-    __slots__ = ("node", "tags", "agent_id", "step", "total", "reported", "_sending")
+    __slots__ = ("node", "tags", "agent_id", "step", "total", "reported", "got",
+                 "got_reported", "_sending")
 
     def __init__(self, node, query, agent_id: str, window: int) -> None:
         self.node = node
@@ -962,29 +1135,45 @@ class _Credit:
         self.step = max(window // 4, 1)
         self.total = 0
         self.reported = 0
+        # bytes of pieced messages taken from the broker (gateway.inbox.Reassembly)
+        self.got = 0
+        self.got_reported = 0
         self._sending = False
 
     def delivered(self, size: int) -> None:
         self.total += size
-        if self._sending or self.total - self.reported < self.step:
+        self._maybe_send()
+
+    def received(self, size: int) -> None:
+        self.got += size
+        self._maybe_send()
+
+    def _due(self) -> bool:
+        return (self.total - self.reported >= self.step
+                or self.got - self.got_reported >= self.step)
+
+    def _maybe_send(self) -> None:
+        if self._sending or not self._due():
             return
         self._sending = True
         _background(asyncio.get_running_loop(), self._send())
 
     async def _send(self) -> None:
         try:
-            while self.total - self.reported >= self.step:
+            while self._due():
                 self.reported = self.total
-                await self._publish(self.total)
+                self.got_reported = self.got
+                await self._publish(self.total, self.got)
         finally:
             self._sending = False
 
-    async def _publish(self, total: int) -> None:
+    async def _publish(self, total: int, got: int) -> None:
         tags = self.tags
         message = env.query(b"", {
             env.TAG_METHOD: env.CREDIT_METHOD,
             env.TAG_STREAM_ID: tags[env.TAG_REQUEST_ID],
             env.TAG_CREDIT: str(total),
+            env.TAG_RECEIVED: str(got),
             env.TAG_REQUEST_ID: tags[env.TAG_REQUEST_ID] + ".credit",
             env.TAG_REPLY_CHANNEL: tags.get(env.TAG_REPLY_CHANNEL, ""),
         })

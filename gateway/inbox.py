@@ -12,6 +12,11 @@ the caller has read (it waits for ``stream_credit`` messages the gateway sends a
 reads), and a reply arriving while the buffer is full anyway (an owner ignoring the window)
 ends that one stream with a ``stream_stalled`` error event instead of being queued. A sync
 request's buffer holds at most the response cap.
+
+What the owning node publishes for a request is numbered and, above ``PIECE_BYTES``, split
+(gateway.envelope): each pending request's messages go through a :class:`Reassembly`, which
+joins the pieces back in order and turns a missing number into :data:`STREAM_GAP` -- the call
+then ends with the ``stream_gap`` error instead of relaying around the loss.
 """
 
 from __future__ import annotations
@@ -26,6 +31,88 @@ from gateway import envelope as env
 logger = logging.getLogger(__name__)
 
 RETRY_SECONDS = 1.0
+
+#: What a request's buffer gets once a reply message between the nodes went missing.
+STREAM_GAP: dict[str, str] = {"k": "stream_gap"}
+
+
+class Reassembly:
+    """One request's reply messages from the broker, checked and joined before they are
+    relayed: numbers must follow one another from 1 (a repeated one is dropped; a skipped one
+    is a gap: :data:`STREAM_GAP` goes to ``push`` and nothing more is taken), and a message
+    announcing pieces (``pc``) is held until they all came, then handed on whole. Messages
+    without a number (acks) pass as they are.
+
+    Bounded: a message announcing more than ``limit`` bytes of pieces is refused like a gap is
+    (the owner never sends one: its messages are capped by the response cap)."""
+
+    __slots__ = ("put", "push", "limit", "expected", "held", "parts", "missing", "broken",
+                 "on_piece")
+
+    def __init__(self, put: Callable[[dict[str, Any]], None],
+                 push: Callable[[dict[str, Any]], None], limit: int) -> None:
+        self.put = put  # the request's buffer, for messages it counts (bounded)
+        self.push = push  # the same buffer, for the ending (never refused)
+        self.limit = limit
+        self.expected = 1
+        self.held: dict[str, Any] | None = None
+        self.parts: list[bytes] = []
+        self.missing = 0
+        self.broken = False
+        #: Told the size of each piece taken (the stream's credit: the owner sends the pieces
+        #: of one large message at most a window ahead of this).
+        self.on_piece: Callable[[int], None] | None = None
+
+    def __call__(self, message: dict[str, Any]) -> None:
+        if self.broken:
+            return
+        number = message.get("n")
+        if number is not None:
+            if number != self.expected:
+                if number > self.expected:
+                    self._gap(f"reply {self.expected} of the call never arrived")
+                return  # a repeated message: already relayed
+            self.expected = number + 1
+        kind = message.get("k")
+        held = self.held
+        if kind == env.PIECE:
+            if held is None:
+                self._gap("a piece without its message")
+                return
+            body = message.get("body") or b""
+            self.parts.append(body)
+            self.missing -= 1
+            if self.on_piece is not None:
+                self.on_piece(len(body))
+            if self.missing <= 0:
+                held["body"] = b"".join(self.parts)
+                del held["pc"]
+                self.held = None
+                self.parts = []
+                self.put(held)
+            return
+        if held is not None:
+            self._gap(f"{self.missing} piece(s) of a reply never arrived")
+            return
+        pieces = message.get("pc")
+        if pieces:
+            if not isinstance(pieces, int) or pieces * env.PIECE_BYTES > self.limit:
+                self._gap("a reply larger than this node accepts")
+                return
+            self.held = message
+            self.parts = [message.get("body") or b""]
+            self.missing = pieces
+            if self.on_piece is not None:
+                self.on_piece(len(self.parts[0]))
+            return
+        self.put(message)
+
+    def _gap(self, detail: str) -> None:
+        self.broken = True
+        self.held = None
+        self.parts = []
+        logger.warning("reply messages lost between nodes: %s", detail)
+        self.push(STREAM_GAP)
 
 
 class Inbox:

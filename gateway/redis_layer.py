@@ -595,6 +595,13 @@ class RedisDirectChannelLayer:
     async def group_send(self, group: str, message: dict[str, Any]) -> int:
         return await self._layer().group_send(group, message)
 
+    def subscribed(self) -> bool:
+        """Whether this loop's subscribing connection is up, with every channel subscribed."""
+        layer = self._layers.get(asyncio.get_running_loop())
+        conn = layer._sub if layer is not None else None
+        return layer is not None and layer._sub_ready.is_set() and conn is not None \
+            and not conn.closed
+
     def on_subscriber_lost(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call ``listener(description)`` whenever this loop's subscribing connection is lost
         (from the event loop); returns the function that removes it."""

@@ -55,7 +55,7 @@ def _release(sink: Sink | None) -> None:
         return
     credit = getattr(sink, "credit", None)
     if credit is not None:
-        credit(_RELEASED)
+        credit(_RELEASED, _RELEASED)  # delivered, and (pieces) taken from the broker
     owner = getattr(sink, "__self__", None)
     if isinstance(owner, StreamBuffer):
         owner.close()

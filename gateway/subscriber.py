@@ -108,7 +108,8 @@ class BrokerSink:
     """
 
     __slots__ = ("layer", "channel", "request_id", "_ack_timer", "_tasks", "window", "sent",
-                 "credited", "credit_timeout", "_credit_waiter")
+                 "credited", "credit_timeout", "_credit_waiter", "number", "piece",
+                 "pieces_sent", "pieces_received")
 
     def __init__(self, layer, channel: str, request_id: str, tasks: set[asyncio.Task]) -> None:
         self.layer = layer
@@ -122,22 +123,33 @@ class BrokerSink:
         #: How long a flow-controlled stream waits for credit (set with ``window``).
         self.credit_timeout = 0.0
         self._credit_waiter: asyncio.Future | None = None
+        #: The number of the last reply message published (gateway.envelope: numbered, so the
+        #: entry node detects a lost one).
+        self.number = 0
+        #: The largest body sent in one message (0: whole messages; the entry node's
+        #: ``a2a_pieces``), and the bytes of pieced messages sent / taken by the entry node.
+        self.piece = 0
+        self.pieces_sent = 0
+        self.pieces_received = 0
 
-    def credit(self, total: int) -> None:
-        """The gateway has delivered ``total`` body bytes of this stream to its caller."""
-        if total > self.credited:
-            self.credited = total
+    def credit(self, total: int, received: int = 0) -> None:
+        """The gateway has delivered ``total`` body bytes of this stream to its caller, and
+        taken ``received`` bytes of pieced messages from the broker."""
+        if total > self.credited or received > self.pieces_received:
+            self.credited = max(total, self.credited)
+            self.pieces_received = max(received, self.pieces_received)
             waiter = self._credit_waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
 
-    async def _wait_credit(self) -> None:
+    async def _wait_credit(self, pieces: bool = False) -> None:
         # Bounded: a gateway that vanished, or credits lost in the broker, end the stream
         # after the gateway's own stall timeout would have (plus its buffer) - never a hang.
         limit = self.credit_timeout
         try:
             async with asyncio.timeout(limit):
-                while self.sent - self.credited >= self.window:
+                while (self.pieces_sent - self.pieces_received if pieces
+                       else self.sent - self.credited) >= self.window:
                     self._credit_waiter = asyncio.get_running_loop().create_future()
                     try:
                         await self._credit_waiter
@@ -157,13 +169,33 @@ class BrokerSink:
         if self._ack_timer is not None:
             self._ack_timer.cancel()
             self._ack_timer = None
-        if self.window:
-            body = message.get("body")
-            if body:
-                if self.sent - self.credited >= self.window:
-                    await self._wait_credit()
-                self.sent += len(body)
-        await self._send(message)
+        body = message.get("body")
+        window = self.window
+        if window and body:
+            if self.sent - self.credited >= window:
+                await self._wait_credit()
+            self.sent += len(body)
+        # Numbered (acks are not: they carry nothing for the caller), and a large body crosses
+        # in pieces, which the entry node joins back (gateway.envelope).
+        self.number += 1
+        size = self.piece
+        if not size or not body or len(body) <= size:
+            message["n"] = self.number
+            await self._send(message)
+            return
+        # A flow-controlled stream's pieces cross at most a window ahead of what the entry
+        # node has taken (its credits' a2a_received): Redis never queues more for it.
+        rest = range(size, len(body), size)
+        self.pieces_sent += size
+        await self._send({**message, "body": body[:size], "n": self.number, "pc": len(rest)})
+        for at in rest:
+            if window and self.pieces_sent - self.pieces_received >= window:
+                await self._wait_credit(pieces=True)
+            self.number += 1
+            part = env.piece(self.request_id, body[at:at + size])
+            part["n"] = self.number
+            self.pieces_sent += len(part["body"])
+            await self._send(part)
 
     async def _send(self, message: dict[str, Any]) -> None:
         try:
@@ -352,6 +384,12 @@ class VirtualSubscriber:
             if not isinstance(reply_channel, str) or not isinstance(request_id, str):
                 continue
             sink = BrokerSink(layer, reply_channel, request_id, self._tasks)
+            pieces = tags.get(env.TAG_PIECES)
+            if pieces:  # the entry node joins pieces: large bodies cross in pieces
+                try:
+                    sink.piece = max(int(pieces), 4096)
+                except ValueError:
+                    pass
             try:
                 await self.handle(message, sink, local=False)
             except Exception:
@@ -388,7 +426,8 @@ class VirtualSubscriber:
             stream_sink = self._stream_sinks.get(tags[env.TAG_STREAM_ID])
             if stream_sink is not None:
                 try:
-                    stream_sink.credit(int(tags.get(env.TAG_CREDIT) or 0))
+                    stream_sink.credit(int(tags.get(env.TAG_CREDIT) or 0),
+                                       int(tags.get(env.TAG_RECEIVED) or 0))
                 except ValueError:
                     pass
             return

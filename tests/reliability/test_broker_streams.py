@@ -1,0 +1,330 @@
+"""Fault matrix, cross-node streams through the broker (agent owned by node A, callers entering
+node B, private PostgreSQL and Redis): what crosses Redis is numbered, so a stream either
+delivers every event in order or ends with an explicit terminal error event -- never
+"normally" with events missing -- and large events cross in bounded pieces, so callers that
+stop reading never trip Redis's pub/sub output-buffer limit (its default,
+``client-output-buffer-limit pubsub 32mb 8mb 60``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from tests.reliability.conftest import register
+from tests.servers import answer_lifespan, read_body, serve_app, watch_disconnect
+
+pytestmark = pytest.mark.timeout(240)
+
+
+class NumberedAgent:
+    """``message/stream``: ``count`` events numbered from 0, ``delay`` s apart, each padded to
+    ``pad`` bytes (the first to ``first`` bytes when given), then the stream's end; any other
+    method: a small JSON-RPC result. Parameters come in the request's ``params``."""
+
+    def __init__(self) -> None:
+        self.open = 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        payload = orjson.loads(await read_body(receive))
+        rpc_id = payload.get("id")
+        if payload.get("method") != "message/stream":
+            body = orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "result": "ok"})
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        params = payload.get("params") or {}
+        count, delay = int(params.get("count", 10)), float(params.get("delay", 0.05))
+        pad, first = int(params.get("pad", 16)), int(params.get("first", 0))
+        closed, watcher = watch_disconnect(receive)
+        self.open += 1
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            for n in range(count):
+                if closed.is_set():
+                    return
+                size = first if n == 0 and first else pad
+                event = b"data: " + orjson.dumps(
+                    {"jsonrpc": "2.0", "id": rpc_id, "result": {"n": n, "pad": "x" * size}}
+                ) + b"\n\n"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                await asyncio.sleep(delay)
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            watcher.cancel()
+            self.open -= 1
+
+
+def _stream_body(rpc_id: str, **params) -> dict:
+    return {"jsonrpc": "2.0", "id": rpc_id, "method": "message/stream", "params": params}
+
+
+def _events(response: httpx.Response):
+    buffer = b""
+    for chunk in response.iter_raw():
+        buffer += chunk.replace(b"\r\n", b"\n")
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            data = [line[6:] for line in block.split(b"\n") if line.startswith(b"data: ")]
+            if data:
+                yield orjson.loads(data[0])
+
+
+def _read_stream(url: str, auth: dict, body: dict, results: list, on_event=None) -> None:
+    """Read one stream through to its end; append (numbers relayed, terminal error or None)."""
+    numbers: list[int] = []
+    error = None
+    try:
+        with httpx.stream("POST", url, json=body, headers=auth, timeout=90) as response:
+            assert response.status_code == 200, response.read()
+            for event in _events(response):
+                if "error" in event:
+                    error = event["error"]
+                    break
+                numbers.append(event["result"]["n"])
+                if on_event is not None:
+                    on_event(len(numbers))
+    except httpx.HTTPError as exc:  # a cut connection is not an explicit ending
+        error = {"cut": repr(exc)}
+    results.append((numbers, error))
+
+
+def _cluster(start_node, tokens, agent_url: str, **env):
+    """Node A owns the agent; node B has learned its route. (A, B, agent id, auth headers)."""
+    owner = start_node(**env)
+    entry = start_node(**env)
+    auth = {"Authorization": f"Bearer {tokens['caller']}"}
+    agent_id = register(owner.url, tokens["admin"], agent_url)
+    deadline = time.monotonic() + 20
+    while True:
+        ok = httpx.post(f"{entry.url}/a2a/{agent_id}", headers=auth, timeout=10,
+                        json={"jsonrpc": "2.0", "id": "probe", "method": "ping"})
+        if ok.status_code == 200 and ok.json().get("result") == "ok":
+            break
+        assert time.monotonic() < deadline, ok.text
+        time.sleep(0.2)
+    return owner, entry, agent_id, auth
+
+
+def _complete_or_explicit(numbers: list[int], error, count: int) -> None:
+    """The promise: the events relayed are 0, 1, 2, ... without a hole; a stream that
+    relayed fewer than ``count`` ended with an explicit terminal error event."""
+    assert numbers == list(range(len(numbers))), f"relayed around a gap: {numbers}"
+    if len(numbers) < count:
+        assert error is not None and "cut" not in error, (len(numbers), error)
+        assert error["data"]["executed"] is True, error
+
+
+def test_a_reply_lost_by_the_owner_ends_the_stream_with_stream_gap(services, tokens,
+                                                                    start_node):
+    """The owner's publishing connection is killed while a PUBLISH of the stream waits in
+    Redis (CLIENT PAUSE WRITE holds it there): that event is lost, the entry node's own
+    subscription never broke (so ``broker_lost`` cannot tell), and the next event crosses.
+    The entry node sees the missing number and ends the stream with ``stream_gap`` instead of
+    relaying around it."""
+    agent = NumberedAgent()
+    admin = redis.Redis.from_url(services["redis_url"])
+    with serve_app(agent, lifespan="off") as server:
+        owner, entry, agent_id, auth = _cluster(start_node, tokens, server.url + "/")
+        results: list = []
+        seen = threading.Event()
+        count = 60
+        reader = threading.Thread(target=_read_stream, args=(
+            f"{entry.url}/a2a/{agent_id}", auth,
+            _stream_body("gap-1", count=count, delay=0.05), results,
+            lambda n: n == 10 and seen.set()))
+        reader.start()
+        assert seen.wait(30)
+        admin.client_pause(3000, all=False)  # WRITE: PUBLISH waits in Redis
+        try:
+            time.sleep(0.5)  # the owner's next event is now waiting in Redis
+            killed = 0
+            for client in admin.client_list():
+                if client["cmd"] == "publish" and "P" not in client["flags"]:
+                    admin.client_kill_filter(_id=client["id"])
+                    killed += 1
+            assert killed >= 1
+        finally:
+            admin.client_unpause()
+        reader.join(60)
+        assert not reader.is_alive()
+    numbers, error = results[0]
+    _complete_or_explicit(numbers, error, count)
+    assert len(numbers) < count, "nothing was lost: the test did not lose a reply"
+    assert error["data"]["kind"] == "stream_gap", error
+    assert error["code"] == -32067 and error["data"]["retryable"] is True
+    assert error["message"].startswith("stream gap: "), error
+    assert "Redis subscriber connection lost" not in entry.log_path.read_text(errors="replace")
+
+
+def test_a_resumable_stream_is_reattached_after_a_lost_reply(services, tokens, start_node):
+    """Resumable streams on: the same lost reply, and the entry node re-attaches to the
+    owner's replay buffer after the last event it relayed -- the caller gets every event
+    exactly once, in order, and the stream's normal end."""
+    agent = NumberedAgent()
+    admin = redis.Redis.from_url(services["redis_url"])
+    with serve_app(agent, lifespan="off") as server:
+        owner, entry, agent_id, auth = _cluster(start_node, tokens, server.url + "/",
+                                                A2A_SSE_RESUME_SECONDS="30")
+        results: list = []
+        seen = threading.Event()
+        count = 60
+        reader = threading.Thread(target=_read_stream, args=(
+            f"{entry.url}/a2a/{agent_id}", auth,
+            _stream_body("gap-2", count=count, delay=0.05), results,
+            lambda n: n == 10 and seen.set()))
+        reader.start()
+        assert seen.wait(30)
+        admin.client_pause(3000, all=False)
+        try:
+            time.sleep(0.5)
+            killed = 0
+            for client in admin.client_list():
+                if client["cmd"] == "publish" and "P" not in client["flags"]:
+                    admin.client_kill_filter(_id=client["id"])
+                    killed += 1
+            assert killed >= 1
+        finally:
+            admin.client_unpause()
+        reader.join(60)
+        assert not reader.is_alive()
+    numbers, error = results[0]
+    assert error is None, error
+    assert numbers == list(range(count))
+    assert "re-attached after event" in entry.log_path.read_text(errors="replace")
+
+
+def test_streams_through_a_redis_restart_never_end_normally_with_events_missing(
+        services, tokens, start_node):
+    """Redis killed and started again ~4 s later while cross-node streams run: each stream
+    delivers every event in order, or ends with an explicit terminal error event."""
+    agent = NumberedAgent()
+    with serve_app(agent, lifespan="off") as server:
+        owner, entry, agent_id, auth = _cluster(start_node, tokens, server.url + "/")
+        results: list = []
+        count = 80
+        started = threading.Barrier(5)
+        readers = [threading.Thread(target=_read_stream, args=(
+            f"{entry.url}/a2a/{agent_id}", auth,
+            _stream_body(f"restart-{k}", count=count, delay=0.1), results,
+            lambda n: n == 5 and started.wait(30))) for k in range(4)]
+        for reader in readers:
+            reader.start()
+        started.wait(30)
+        services["redis"].kill()
+        try:
+            time.sleep(4)
+        finally:
+            services["redis"].start()
+        for reader in readers:
+            reader.join(90)
+        assert not any(reader.is_alive() for reader in readers)
+    assert len(results) == 4
+    for numbers, error in results:
+        _complete_or_explicit(numbers, error, count)
+
+
+def test_resumable_streams_through_a_redis_restart_lose_nothing(services, tokens, start_node):
+    """Resumable streams on: Redis killed and started again ~3 s later while cross-node
+    streams run; the entry node re-attaches each to the owner's replay buffer once the broker
+    is back, and every caller gets every event exactly once, in order, and the normal end."""
+    agent = NumberedAgent()
+    with serve_app(agent, lifespan="off") as server:
+        owner, entry, agent_id, auth = _cluster(start_node, tokens, server.url + "/",
+                                                A2A_SSE_RESUME_SECONDS="60")
+        results: list = []
+        count = 80
+        started = threading.Barrier(4)
+        readers = [threading.Thread(target=_read_stream, args=(
+            f"{entry.url}/a2a/{agent_id}", auth,
+            _stream_body(f"resume-restart-{k}", count=count, delay=0.1), results,
+            lambda n: n == 5 and started.wait(30))) for k in range(3)]
+        for reader in readers:
+            reader.start()
+        started.wait(30)
+        services["redis"].kill()
+        try:
+            time.sleep(3)
+        finally:
+            services["redis"].start()
+        for reader in readers:
+            reader.join(90)
+        assert not any(reader.is_alive() for reader in readers)
+        log = entry.log_path.read_text(errors="replace")
+    assert len(results) == 3
+    for numbers, error in results:
+        assert error is None, (error, len(numbers), log[-3000:])
+        assert numbers == list(range(count))
+    assert "re-attached after event" in log
+
+
+def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens, start_node):
+    """20 callers stop reading cross-node streams of 64 KiB events, and 3 more stop reading
+    streams whose first event is 34 MiB (one message above Redis's 32 MiB hard limit, were it
+    sent whole); meanwhile unrelated cross-node calls all succeed, and the entry node's
+    subscription to Redis is never closed (same client id, no reconnect logged)."""
+    agent = NumberedAgent()
+    admin = redis.Redis.from_url(services["redis_url"])
+    assert admin.config_get("client-output-buffer-limit")["client-output-buffer-limit"] \
+        .endswith("pubsub 33554432 8388608 60")  # Redis's default
+    big = 34 * 1024 * 1024
+    with serve_app(agent, lifespan="off") as server:
+        owner, entry, agent_id, auth = _cluster(
+            start_node, tokens, server.url + "/", A2A_MAX_RESPONSE_BYTES=str(64 * 1024 * 1024))
+        subscribers = {c["id"] for c in admin.client_list() if "P" in c["flags"]}
+        sent_before = admin.info("stats")["total_net_output_bytes"]
+        callers = []
+        token = tokens["caller"]
+        for k in range(23):
+            params = {"count": 100_000, "delay": 0, "pad": 64 * 1024}
+            if k >= 20:
+                params.update(first=big, count=3)
+            body = orjson.dumps(_stream_body(f"stalled-{k}", **params))
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", entry.port))
+            sock.sendall(
+                f"POST /a2a/{agent_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            callers.append(sock)
+        failures: list = []
+        calls = 0
+        try:
+            deadline = time.monotonic() + 25
+            with httpx.Client(headers=auth, timeout=15) as client:
+                while time.monotonic() < deadline:
+                    rpc_id = os.urandom(4).hex()
+                    try:
+                        r = client.post(f"{entry.url}/a2a/{agent_id}",
+                                        json={"jsonrpc": "2.0", "id": rpc_id, "method": "ping"})
+                        if r.status_code != 200 or r.json() != {
+                                "jsonrpc": "2.0", "id": rpc_id, "result": "ok"}:
+                            failures.append(r.text[:300])
+                    except httpx.HTTPError as exc:
+                        failures.append(repr(exc))
+                    calls += 1
+            after = {c["id"] for c in admin.client_list() if "P" in c["flags"]}
+            sent = admin.info("stats")["total_net_output_bytes"] - sent_before
+        finally:
+            for sock in callers:
+                sock.close()
+    assert calls > 50 and failures == [], (calls, failures[:5])
+    assert after == subscribers, "a node's Redis subscription was closed and reopened"
+    assert sent > 3 * big + 20 * 1024 * 1024, sent  # the large events did cross, in pieces
+    for node in (owner, entry):
+        log = node.log_path.read_text(errors="replace")
+        assert "Redis subscriber connection lost" not in log, log[-3000:]
+        assert "broker lost" not in log, log[-3000:]
