@@ -74,7 +74,8 @@ def test_tree_builds_without_network(card_server, configure, cache, clock):
 @pytest.mark.django_db
 def test_tree_cards_list_only_the_gateways_interfaces(card_server, configure, cache, clock):
     """An agent offering gRPC first, then JSON-RPC and HTTP+JSON: the tree's card offers the
-    gateway's JSON-RPC alone, so a remote agent built from it calls through the gateway."""
+    gateway's JSON-RPC and HTTP+JSON (in the agent's order) and no gRPC, so a remote agent built
+    from it calls through the gateway whichever binding it picks."""
     base = card_server.base("/a/one")
     card_server.set_card("/a/one", make_card(
         "One", base + "grpc", [skill("s", "x")], preferredTransport="GRPC",
@@ -87,7 +88,8 @@ def test_tree_cards_list_only_the_gateways_interfaces(card_server, configure, ca
     (agent,) = tree_factory.tree_for(pin.snapshot, base_url="https://gw.example").agents
     gw = "https://gw.example/a2a/agent-one/"
     assert (agent.card["url"], agent.card["preferredTransport"]) == (gw, "JSONRPC")
-    assert agent.card["additionalInterfaces"] == [{"url": gw, "transport": "JSONRPC"}]
+    assert agent.card["additionalInterfaces"] == [{"url": gw, "transport": "JSONRPC"},
+                                                  {"url": gw, "transport": "HTTP+JSON"}]
     # and the gateway forwards JSON-RPC to the agent's JSON-RPC interface, not its gRPC one
     assert Agent.objects.get(agent_id="agent-one").url == base
 
