@@ -297,6 +297,19 @@ class PrivateRedis(_Process):
         self.kill()
 
 
+def sse_events(response: httpx.Response) -> Iterator[dict]:
+    """The SSE events of a streamed response, each event's first ``data:`` line parsed, as they
+    arrive (CRLF line ends read as LF)."""
+    buffer = b""
+    for chunk in response.iter_raw():
+        buffer += chunk.replace(b"\r\n", b"\n")
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            data = [line[6:] for line in block.split(b"\n") if line.startswith(b"data: ")]
+            if data:
+                yield json.loads(data[0])
+
+
 # --- platform processes -------------------------------------------------------------------------
 
 

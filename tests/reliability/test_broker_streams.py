@@ -18,6 +18,7 @@ import orjson
 import pytest
 import redis
 
+from tests.faults import sse_events as _events
 from tests.reliability.conftest import register
 from tests.servers import answer_lifespan, read_body, serve_app, watch_disconnect
 
@@ -71,15 +72,6 @@ def _stream_body(rpc_id: str, **params) -> dict:
     return {"jsonrpc": "2.0", "id": rpc_id, "method": "message/stream", "params": params}
 
 
-def _events(response: httpx.Response):
-    buffer = b""
-    for chunk in response.iter_raw():
-        buffer += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in buffer:
-            block, buffer = buffer.split(b"\n\n", 1)
-            data = [line[6:] for line in block.split(b"\n") if line.startswith(b"data: ")]
-            if data:
-                yield orjson.loads(data[0])
 
 
 def _read_stream(url: str, auth: dict, body: dict, results: list, on_event=None) -> None:

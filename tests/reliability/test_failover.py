@@ -17,10 +17,10 @@ import time
 from collections import Counter
 
 import httpx
-import orjson
 import pytest
 
 from tests.a2a_agents import EchoAgent
+from tests.faults import sse_events as _events
 from tests.reliability.conftest import register, rpc_ids_received
 from tests.reliability.test_agent_faults import ScriptedAgent
 from tests.servers import serve_app
@@ -36,16 +36,6 @@ def _send(rpc_id, text: str = "hi", method: str = "message/send", timeout: float
     return {"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": params}
 
 
-def _events(response: httpx.Response):
-    """The SSE events of a streamed response, parsed, as they arrive."""
-    buffer = b""
-    for chunk in response.iter_raw():
-        buffer += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in buffer:
-            block, buffer = buffer.split(b"\n\n", 1)
-            data = [line[6:] for line in block.split(b"\n") if line.startswith(b"data: ")]
-            if data:
-                yield orjson.loads(data[0])
 
 
 def _owner(node, token: str, agent_id: str) -> str:

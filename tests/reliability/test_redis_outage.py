@@ -8,10 +8,10 @@ import os
 import time
 
 import httpx
-import orjson
 import pytest
 
 from tests.a2a_agents import EchoAgent
+from tests.faults import sse_events as _events
 from tests.reliability.conftest import register, rpc_ids_received
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,16 +66,6 @@ def test_same_node_calls_survive_a_redis_restart(services, tokens, start_node, a
     assert sorted(i for i in rpc_ids_received(agent) if i in ids) == sorted(ids)
 
 
-def _events(response: httpx.Response):
-    """The SSE events of a streamed response, parsed, as they arrive."""
-    buffer = b""
-    for chunk in response.iter_raw():
-        buffer += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in buffer:
-            block, buffer = buffer.split(b"\n\n", 1)
-            data = [line[6:] for line in block.split(b"\n") if line.startswith(b"data: ")]
-            if data:
-                yield orjson.loads(data[0])
 
 
 def test_cross_node_stream_ends_with_broker_lost_when_redis_goes(services, tokens, start_node):
