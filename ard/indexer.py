@@ -26,7 +26,7 @@ from django.utils import timezone
 from ard import embeddings, vectors
 from ard.documents import build_document
 from ard.models import AgentDoc
-from config import outage
+from core import outage
 from registry.events import AgentEvent
 from registry.models import Agent
 from registry.rows import insert_rows

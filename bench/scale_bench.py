@@ -124,8 +124,8 @@ def _insert_stats(count: int) -> None:
     agents: the list's traffic columns then have rows to read."""
     from django.utils import timezone
 
-    from console.histogram import BUCKETS
     from console.models import AgentMinute
+    from gateway.histogram import BUCKETS
 
     minute = timezone.now().replace(second=0, microsecond=0)
     AgentMinute.objects.bulk_create(

@@ -1,6 +1,6 @@
 """The Celery app. Distributed mode uses Redis as broker; embedded mode runs tasks in-process.
 
-Beat's scheduler (``config.beat.ResilientDatabaseScheduler``) survives database and broker
+Beat's scheduler (``node.beat.ResilientDatabaseScheduler``) survives database and broker
 outages; see that module.
 """
 

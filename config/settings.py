@@ -1,4 +1,4 @@
-"""The one settings module. Every value comes from the environment through config.env.
+"""The one settings module. Every value comes from the environment through core.env.
 
 With no environment at all the platform runs *embedded*: a SQLite file in ``data/``, the
 in-memory channel layer, Celery tasks run in-process. ``DATABASE_URL`` selects PostgreSQL and
@@ -17,7 +17,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import (
+from core.env import (
     env_bool,
     env_choice,
     env_float,
@@ -94,9 +94,9 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 A2A_TRUSTED_PROXIES = env_list("A2A_TRUSTED_PROXIES")
 
 INSTALLED_APPS = [
-    # First: its management commands win over daphne's and Django's (config's runserver refuses
+    # First: its management commands win over daphne's and Django's (node's runserver refuses
     # and points to serve).
-    "config",
+    "node",
     "daphne",
     # The admin with the operator dashboard as its index (console.site.ConsoleAdminSite).
     "console.apps.ConsoleAdminConfig",
@@ -121,8 +121,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # Outermost: database outages answer a JSON 503 at once (config.outage).
-    "config.outage.DatabaseOutageMiddleware",
+    # Outermost: database outages answer a JSON 503 at once (core.outage).
+    "core.outage.DatabaseOutageMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -155,7 +155,7 @@ TEMPLATES = [
 ]
 
 # Short waits on an unreachable database, so every surface answers (a 503) within 2 s and the
-# node notices the database is back within about a second (config.outage). libpq counts the
+# node notices the database is back within about a second (core.outage). libpq counts the
 # connect timeout in whole seconds, 2 at least.
 A2A_DB_CONNECT_TIMEOUT_SECONDS = env_int("A2A_DB_CONNECT_TIMEOUT_SECONDS", 2, minimum=2)
 A2A_DB_POOL_TIMEOUT_SECONDS = env_float("A2A_DB_POOL_TIMEOUT_SECONDS", 1.5, minimum=0.1)
@@ -265,8 +265,8 @@ CELERY_TASK_ALWAYS_EAGER = EMBEDDED
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Survives database and broker outages (config/beat.py).
-CELERY_BEAT_SCHEDULER = "config.beat:ResilientDatabaseScheduler"
+# Survives database and broker outages (node/beat.py).
+CELERY_BEAT_SCHEDULER = "node.beat:ResilientDatabaseScheduler"
 CELERY_TIMEZONE = TIME_ZONE
 A2A_EXPIRY_INTERVAL_SECONDS = env_float("A2A_EXPIRY_INTERVAL_SECONDS", 5.0, minimum=0.1)
 DISCOVERY_INTERVAL_SECONDS = env_float("DISCOVERY_INTERVAL_SECONDS", 60.0, minimum=1)
@@ -274,7 +274,7 @@ DISCOVERY_INTERVAL_SECONDS = env_float("DISCOVERY_INTERVAL_SECONDS", 60.0, minim
 # node that died with documents deferred, ARD_INDEX_DEFERRED).
 ARD_INDEX_REPAIR_SECONDS = env_float("ARD_INDEX_REPAIR_SECONDS", 300.0, minimum=1)
 # Beat entries every serving node runs itself in distributed mode, under a cluster-wide lock
-# (config.periodic): expiry and node-death recovery need no single beat process. Empty: beat only.
+# (node.periodic): expiry and node-death recovery need no single beat process. Empty: beat only.
 A2A_NODE_PERIODIC_TASKS = env_list("A2A_NODE_PERIODIC_TASKS",
                                    ["registry-expire-agents", "ard-index-repair"])
 # Every entry expires within its interval so a backlog never piles up.
@@ -325,12 +325,12 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "console.schema.add_gateway_paths",
-        "config.schema.document_errors",  # the error answers of every operation
+        "node.schema.document_errors",  # the error answers of every operation
     ],
 }
 
 # --- the platform ------------------------------------------------------------------------------
-# `manage.py serve` without NODE_ID serves as host:port of its --port (config.node.node_id).
+# `manage.py serve` without NODE_ID serves as host:port of its --port (core.lifecycle.node_id).
 NODE_ID = env_str("NODE_ID") or f"{socket.gethostname()}:{env_str('A2A_PORT', '8000')}"
 A2A_PUBLIC_BASE_URL = (env_str("A2A_PUBLIC_BASE_URL") or "").rstrip("/")
 A2A_ALLOW_ANONYMOUS = env_bool("A2A_ALLOW_ANONYMOUS", False)
@@ -443,7 +443,7 @@ A2A_GC_FREEZE = env_bool("A2A_GC_FREEZE", True)
 # of every request in flight; a larger threshold runs it that much less often (cyclic garbage
 # waits for at most this many allocations). 0: Python's default.
 A2A_GC_GEN0_THRESHOLD = env_int("A2A_GC_GEN0_THRESHOLD", 10_000)
-# --- the node's edge (config/servers.py, config/edge.py) ---
+# --- the node's edge (node/servers.py, node/edge.py) ---
 # Both servers: an incomplete request head is cut after this long, an idle kept-alive
 # connection after A2A_HTTP_KEEPALIVE_SECONDS; connections beyond the limit get 503 at once.
 A2A_HTTP_HEADER_TIMEOUT_SECONDS = env_float("A2A_HTTP_HEADER_TIMEOUT_SECONDS", 10, minimum=0.1)

@@ -12,7 +12,7 @@ from drf_spectacular.views import (
 )
 
 from ard import views as ard_views
-from config import views
+from node import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -40,8 +40,8 @@ urlpatterns = [
 ]
 
 # JSON, never Django's HTML pages; a database outage anywhere in the stack answers 503
-# (config.outage).
-handler400 = "config.views.bad_request"
-handler403 = "config.views.permission_denied"
-handler404 = "config.views.not_found"
-handler500 = "config.views.server_error"
+# (core.outage).
+handler400 = "node.views.bad_request"
+handler403 = "node.views.permission_denied"
+handler404 = "node.views.not_found"
+handler500 = "node.views.server_error"

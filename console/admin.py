@@ -126,3 +126,7 @@ if settings.EMBEDDED:
     ):
         if admin.site.is_registered(_model):
             admin.site.unregister(_model)
+
+
+# The registry's models in the console: agents, clients, card versions, nodes.
+from console import registry_admin  # noqa: E402, F401

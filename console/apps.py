@@ -23,9 +23,9 @@ class ConsoleConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from config import node
         from console import audit, flusher, schema  # noqa: F401  (schema: auth extension)
         from console import selectors as console_selectors
+        from core import lifecycle as node
         from registry import events
         from registry import selectors as registry_selectors
 

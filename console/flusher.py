@@ -18,8 +18,9 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
-from console import audit, recorder
-from console.recorder import (
+from console import audit
+from gateway import recorder
+from gateway.recorder import (
     C_BYTES_IN,
     C_BYTES_OUT,
     C_DIRTY,
@@ -69,8 +70,8 @@ def _sample_streams(minute: int) -> None:
 
 def _node_id() -> str:
     """The id this node's rows are written under: the running gateway node's, else the
-    process's (``config.node.node_id``: ``NODE_ID``, or what ``serve`` derived from its port)."""
-    from config import node as node_config
+    process's (``core.lifecycle.node_id``: ``NODE_ID``, or what ``serve`` derived from its port)."""
+    from core import lifecycle as node_config
     from gateway import runtime
 
     node = runtime.current_node()

@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
-from console.histogram import BUCKETS, merge, percentile_ms
 from console.models import AgentMinute, CallRecord
+from gateway.histogram import BUCKETS, merge, percentile_ms
 from registry.models import Agent, Node
 
 EXPIRING_SECONDS = 30

@@ -17,9 +17,9 @@ class ConsoleAdminSite(admin.AdminSite):
     enable_nav_sidebar = False
 
     def index(self, request, extra_context=None) -> TemplateResponse:
-        from console import recorder
         from console.charts import bar_chart
         from console.selectors import dashboard
+        from gateway import recorder
 
         data = dashboard()
         context = {

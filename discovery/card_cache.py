@@ -39,7 +39,7 @@ import httpx
 from django.conf import settings
 from django.db import connection, transaction
 
-from config import tracing
+from core import tracing
 from discovery import http, metrics
 from discovery.locks import LocalLocks, RedisLocks, default_locks
 from discovery.models import CardCacheEntry

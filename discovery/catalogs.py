@@ -36,7 +36,8 @@ from discovery.card_cache import CardCache
 from discovery.locks import default_locks
 from discovery.models import CatalogListing
 from discovery.names import derive_local_name
-from discovery.sources import EndpointRecord, SourceError
+from discovery.records import EndpointRecord, SourceError
+from discovery.resolver import Admission, allowlist_entries
 from registry.cards import CardError, card_endpoint, card_sha256, parse_card
 
 logger = logging.getLogger(__name__)
@@ -305,8 +306,6 @@ def catalog_records(
     """Read one configured catalog (and what it nests); raises :class:`SourceError` when the
     catalog itself cannot be had (no cached copy to fall back on)."""
     if admission is None:
-        from discovery.resolver import Admission, allowlist_entries  # resolver imports sources
-
         admission = Admission(allowlist_entries())
     reader = _Reader(
         source_url=url,

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from config import tracing
+from core import tracing
 from discovery import alerts, metrics
 from discovery.card_cache import CardCache, CardEntry, Outcome, RefreshResult, default_cache
 from discovery.config_file import ConfigFileError, config_file_sync

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 from discovery.models import AllowedHost
-from discovery.sources import EndpointRecord
+from discovery.records import EndpointRecord
 from registry.netcheck import UnsafeUrl, check_agent_url, host_allowed
 
 DEFAULT_PORTS = {"http": 80, "https": 443}

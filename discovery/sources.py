@@ -14,65 +14,31 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
 import httpx
 
+from discovery.catalogs import catalog_records
 from discovery.http import sync_client
 from discovery.models import ConfiguredAgent, SourceFeed
-from discovery.names import agent_id_for, derive_local_name
+from discovery.names import derive_local_name
+from discovery.records import (  # noqa: F401  (re-exported: the sources' record types)
+    WELL_KNOWN_CARD_PATH,
+    EndpointRecord,
+    SourceError,
+    card_url_for,
+)
 from outbound.clients import httpx_client
 from registry.models import Agent
 
 logger = logging.getLogger(__name__)
 
-WELL_KNOWN_CARD_PATH = "/.well-known/agent-card.json"
 IN_CLUSTER_API = "https://kubernetes.default.svc"
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_URL_ANNOTATION = "a2a.dev/base-url"
 REMOTE_REGISTRY_MAX_PAGES = 100
-
-
-@dataclass(frozen=True)
-class EndpointRecord:
-    """One proposed endpoint.
-
-    ``configured`` records carry a reviewed local name and description; the others carry a
-    derived name and get the description of the need they satisfy. ``inline_card`` is set when
-    the source already holds the card bytes (this platform's registry), so nothing is fetched.
-    """
-
-    local_name: str
-    base_url: str
-    source: str
-    configured: bool = False
-    description: str = ""
-    critical: bool = False
-    agent_id: str | None = None
-    inline_card: bytes | None = field(default=None, repr=False)
-    inline_sha256: str | None = None
-
-    @property
-    def card_url(self) -> str:
-        if self.inline_card is not None:
-            return f"registry:{self.agent_id}"
-        return card_url_for(self.base_url)
-
-    @property
-    def target_agent_id(self) -> str:
-        return self.agent_id or agent_id_for(self.local_name)
-
-
-class SourceError(Exception):
-    """A source could not be read; the cycle goes on with the others."""
-
-
-def card_url_for(base_url: str) -> str:
-    """The card's URL under a base URL (RFC 8615 well-known path)."""
-    return base_url.rstrip("/") + WELL_KNOWN_CARD_PATH
 
 
 def configured_records() -> list[EndpointRecord]:
@@ -240,8 +206,6 @@ def kubernetes_records(
 def feed_records(feed: SourceFeed) -> list[EndpointRecord]:
     """The records one source feed proposes (raises :class:`SourceError`)."""
     if feed.kind == SourceFeed.Kind.CATALOG:
-        from discovery.catalogs import catalog_records  # that module builds on this one
-
         return catalog_records(url=feed.url, options=feed.options or {}).records
     if feed.kind == SourceFeed.Kind.LOCAL_REGISTRY:
         return local_registry_records()

@@ -8,8 +8,10 @@ class GatewayConfig(AppConfig):
     verbose_name = "A2A gateway"
 
     def ready(self) -> None:
-        from config import node
+        from core import lifecycle as node
+        from core import tracing
         from gateway import replicator, runtime
+        from gateway import tracing as gateway_tracing
         from registry import events
 
         # Registry changes reach the gateway through the one event hook (no Django signals):
@@ -18,3 +20,5 @@ class GatewayConfig(AppConfig):
         # The node (routing table, Subscriber Manager, ...) lives as long as the server.
         node.on_startup(runtime.host.start)
         node.on_shutdown(runtime.host.stop)
+        # Tracing (set up by the registry app, first) switches the hot path's spans on and off.
+        tracing.on_tracer(gateway_tracing.enable, gateway_tracing.disable)

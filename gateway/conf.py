@@ -9,7 +9,7 @@ Subscriber Manager, subscribers, limiter, handler); nothing on the hot path read
 ``django.conf.settings``.
 
 The node's id is decided here too: ``NODE_ID`` when configured, else the id ``manage.py
-serve`` derived from its port (:func:`config.node.node_id`).
+serve`` derived from its port (:func:`core.lifecycle.node_id`).
 
 Tests that change a Django setting while a node runs (pytest-django's ``settings`` fixture,
 ``override_settings``) send ``setting_changed``: every running node then gets a new object
@@ -25,7 +25,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
-from config import node as node_config
+from core import lifecycle as node_config
 
 
 @dataclass(frozen=True, slots=True)

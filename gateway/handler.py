@@ -40,10 +40,9 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from config import node as node_config
-from console import recorder
+from core import lifecycle as node_config
 from gateway import envelope as env
-from gateway import errors, metrics, rest, tracing
+from gateway import errors, metrics, recorder, rest, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
@@ -79,7 +78,7 @@ JSONRPC_NOT_2_0 = 'jsonrpc must be "2.0"'
 #: subscriber (a reply or an ack) before the gateway answers `unreachable`.
 ACK_TIMEOUT_SECONDS = 3.0
 #: Bodies above this (or chunked) wait for authentication before they are read (the same
-#: threshold as Daphne's, config.servers.AUTH_FIRST_ABOVE_BYTES).
+#: threshold as Daphne's, node.servers.AUTH_FIRST_ABOVE_BYTES).
 AUTH_FIRST_ABOVE_BYTES = 64 * 1024
 #: The ``stream_gap`` error's message (after its prefix).
 GAP_DETAIL = "reply messages between the nodes were lost; events may be missing"
@@ -550,7 +549,7 @@ def _fresh_caller(node: GatewayNode, route, headers: RequestHeaders, agent_id: s
 async def _admit_to_agent(node: GatewayNode, scope, send, headers: RequestHeaders, rpc_id,
                           agent_id, method: str = ""):
     """Check the agent id, the caller and the route: ``(caller id, route)``, or None once the
-    refusal has been answered (and audited: :func:`console.recorder.refuse`)."""
+    refusal has been answered (and audited: :func:`gateway.recorder.refuse`)."""
     if not AGENT_ID_RE.match(agent_id):
         await _error(send, errors.INVALID_REQUEST, rpc_id, None, "invalid agent id")
         return None

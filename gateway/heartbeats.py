@@ -11,7 +11,7 @@ the DRF views (:func:`registry.api.views.v1_heartbeat`,
 (staff in a browser) go to Django. A body over ``A2A_MAX_CARD_BYTES`` is answered 413 without
 reading further (a heartbeat carries at most an agent id). While the database is down (or a
 token cannot be checked) the answer is the JSON 503 with ``Retry-After`` every surface gives
-(config.outage). An edge handler like ``/a2a``, so
+(core.outage). An edge handler like ``/a2a``, so
 it lives with the other ASGI entry points (gateway.routing); the registry knows no ASGI.
 """
 
@@ -26,7 +26,7 @@ import orjson
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from config import outage
+from core import outage
 from gateway.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, Receive, Send, read_body
 from gateway.cards import host_allowed
@@ -67,7 +67,7 @@ def route(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
     if authorization is None and cookie is not None:
         return None  # a staff session: Django's authentication handles it
     if host is not None and not host_allowed(host.decode("latin-1")):
-        return None  # Django refuses a Host outside ALLOWED_HOSTS (config.views.bad_request)
+        return None  # Django refuses a Host outside ALLOWED_HOSTS (node.views.bad_request)
 
     async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await _answer(kind, agent_id, authorization, receive, send)
@@ -177,7 +177,7 @@ async def call_registry(fn: Callable[..., tuple[int, dict[str, Any]]],
 
 
 def check_breaker() -> None:
-    """Raise at once while the database is known to be down (config.outage)."""
+    """Raise at once while the database is known to be down (core.outage)."""
     if outage.breaker.is_open:
         outage.breaker.ensure_probe()
         raise outage.DatabaseUnavailable

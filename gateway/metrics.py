@@ -13,10 +13,9 @@ Exposed: ``kubemq_a2a_requests_total{agent_id,method}`` (A2A 0.3 and 1.0 method 
 HTTP error status, relayed unchanged -- or the gateway's error kind),
 ``kubemq_a2a_busy_rejections_total{agent_id}``, ``kubemq_a2a_in_flight{agent_id}``,
 ``kubemq_a2a_card_requests_total{result}``, the fast registration path's group commits,
-``kubemq_a2a_registration_batches_total`` and ``kubemq_a2a_registration_batch_items_total``,
-and the search index's deferred writer (ard.indexer): ``kubemq_a2a_ard_index_deferred``
-(documents waiting), ``kubemq_a2a_ard_index_written_total`` and
-``kubemq_a2a_ard_index_given_up_total`` (left to the repair job).
+``kubemq_a2a_registration_batches_total`` and ``kubemq_a2a_registration_batch_items_total``.
+Other apps register collectors of their own in the same registry (the search index's writer:
+:mod:`ard.metrics`); ``GET /metrics`` serves them all.
 """
 
 from __future__ import annotations
@@ -134,9 +133,6 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily("kubemq_a2a_card_requests", "", labels=["result"])
         yield CounterMetricFamily("kubemq_a2a_registration_batches", "")
         yield CounterMetricFamily("kubemq_a2a_registration_batch_items", "")
-        yield GaugeMetricFamily("kubemq_a2a_ard_index_deferred", "")
-        yield CounterMetricFamily("kubemq_a2a_ard_index_written", "")
-        yield CounterMetricFamily("kubemq_a2a_ard_index_given_up", "")
 
     def collect(self) -> Iterator:
         requests = CounterMetricFamily(
@@ -195,21 +191,6 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily(
             "kubemq_a2a_registration_batch_items", "Registrations in those batches.",
             value=items)
-
-        from ard.indexer import writer
-
-        index = writer()
-        yield GaugeMetricFamily(
-            "kubemq_a2a_ard_index_deferred",
-            "Search documents of registrations written together, waiting for this node's "
-            "index writer.", value=index.waiting())
-        yield CounterMetricFamily(
-            "kubemq_a2a_ard_index_written", "Search documents the index writer wrote.",
-            value=index.written)
-        yield CounterMetricFamily(
-            "kubemq_a2a_ard_index_given_up",
-            "Search documents the index writer gave up on (a database outage); the repair "
-            "job writes them.", value=index.given_up)
 
 
 def _bound(value: float) -> str:

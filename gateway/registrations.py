@@ -26,7 +26,7 @@ import orjson
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from config import outage
+from core import outage
 from gateway import metrics
 from gateway.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, Receive, Send, read_body
@@ -77,7 +77,7 @@ def route(scope: dict[str, Any]) -> Callable[..., Awaitable[None]] | None:
     if authorization is None and cookie is not None:
         return None  # a staff session: Django's authentication (and CSRF) handles it
     if host is not None and not host_allowed(host.decode("latin-1")):
-        return None  # Django refuses a Host outside ALLOWED_HOSTS (config.views.bad_request)
+        return None  # Django refuses a Host outside ALLOWED_HOSTS (node.views.bad_request)
     if kind == "v1":
         # DRF picks the parser by Content-Type and reads no body without a Content-Length:
         # anything but a JSON body of announced length goes to the view.

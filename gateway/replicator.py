@@ -21,7 +21,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings as django_settings
 
-from config import node as node_config
+from core import lifecycle as node_config
 from gateway import local_events
 from gateway.conf import NodeSettings
 from registry.events import AgentEvent

@@ -9,7 +9,7 @@ background jobs (database resync, node heartbeat). The ASGI router hands the nod
 the collaborators, none of them imports it, and a test can build two nodes in one process.
 
 :class:`NodeHost` is the slot an ASGI application serves from. ``GatewayConfig.ready()``
-registers the process's :data:`host` with ``config.node``: uvicorn starts and stops it through
+registers the process's :data:`host` with ``core.lifecycle``: uvicorn starts and stops it through
 the ASGI lifespan, ``manage.py serve`` under Daphne calls the hooks itself, and a server that
 runs no lifespan at all gets the node started by the first gateway request.
 """

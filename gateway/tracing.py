@@ -28,7 +28,7 @@ import orjson
 from gateway import envelope as env
 from gateway.jsonrpc import is_error_reply
 
-#: Read by the hot path before calling into this module; set by config.tracing.setup().
+#: Read by the hot path before calling into this module; set by core.tracing.setup().
 ENABLED = False
 _tracer: Any = None
 _propagator: Any = None

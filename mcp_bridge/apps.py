@@ -8,7 +8,7 @@ class McpBridgeConfig(AppConfig):
     verbose_name = "MCP bridge"
 
     def ready(self) -> None:
-        from config import node
+        from core import lifecycle as node
         from mcp_bridge.server import bridge
 
         node.on_startup(bridge.start)

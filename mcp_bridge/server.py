@@ -28,7 +28,7 @@ parsed (announced or chunked); a reply is read up to ``A2A_MAX_RESPONSE_BYTES``;
 ``tools/list`` pages hold at most :data:`mcp_bridge.tools.PAGE_SIZE` tools.
 
 An SDK session manager runs a task group for its whole life: :class:`Bridge` runs both in a
-task of their own, started and stopped by the node's lifecycle hooks (``config.node``), or on
+task of their own, started and stopped by the node's lifecycle hooks (``core.lifecycle``), or on
 the first request when no hook ran.
 """
 

@@ -7,6 +7,6 @@ class RegistryConfig(AppConfig):
 
     def ready(self) -> None:
         # Every process (serve, celery, manage) sets tracing up once, per A2A_TRACING.
-        from config import tracing
+        from core import tracing
 
         tracing.setup()

@@ -16,7 +16,7 @@ from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
-from config import outage
+from core import outage
 from registry.permissions import Actor, anonymous_actor, staff_actor
 from registry.token_cache import (
     PLATFORM_TOKEN_RE,

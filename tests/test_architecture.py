@@ -1,7 +1,7 @@
-"""The import rules of the layout: the registry imports neither the
-gateway nor discovery, the shared outbound layer (``outbound/``) imports none of the apps, and
-the gateway's modules import one another one way (no cycle, counting imports inside functions
-too, which hide cycles rather than remove them)."""
+"""The import rules of the layout: the project's packages form layers that import one way
+(:data:`LAYERS`), and inside every package the modules import one another one way. Imports
+inside functions count (they hide a cycle rather than remove it); imports under
+``if TYPE_CHECKING:`` do not (they never run)."""
 
 from __future__ import annotations
 
@@ -37,28 +37,75 @@ def _modules(package: str) -> dict[str, Path]:
     }
 
 
-def test_the_registry_imports_neither_the_gateway_nor_discovery():
-    offenders = {
-        module: sorted(
-            name for name in _imports(path) if name.split(".")[0] in ("gateway", "discovery")
-        )
-        for module, path in _modules("registry").items()
+#: Each package and the packages it may import. ``core`` is the ground (env reading, the node's
+#: lifecycle hooks, the outage breaker, tracing setup, the lz4 migration helper); ``outbound``
+#: holds every outbound HTTP client; ``registry`` is the domain; ``discovery`` and ``ard`` build
+#: on it; ``gateway`` is the proxy and its cluster runtime (and the call statistics the console
+#: reads); ``console`` is the operator UI; ``mcp_bridge`` composes gateway, discovery and the
+#: registry; ``node`` serves it all (server adapters, edge limits, the ``serve`` command, the
+#: in-process periodic runner, health and error pages); ``config`` is settings, URLs, the ASGI
+#: entry, WSGI and Celery, on top.
+LAYERS: dict[str, set[str]] = {
+    "core": set(),
+    "outbound": {"core"},
+    "registry": {"core", "outbound"},
+    "discovery": {"core", "outbound", "registry"},
+    "ard": {"core", "outbound", "registry"},
+    "gateway": {"core", "outbound", "registry"},
+    "console": {"core", "outbound", "registry", "discovery", "ard", "gateway"},
+    "mcp_bridge": {"core", "outbound", "registry", "discovery", "ard", "gateway"},
+    "node": {"core", "outbound", "registry", "discovery", "ard", "gateway", "console",
+             "mcp_bridge"},
+    "config": {"core", "outbound", "registry", "discovery", "ard", "gateway", "console",
+               "mcp_bridge", "node"},
+}
+
+
+def _package_edges() -> dict[tuple[str, str], list[str]]:
+    """(importing package, imported package) -> the importing modules (migrations included:
+    they run in every process that migrates)."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for package in LAYERS:
+        for module, path in _modules(package).items():
+            for name in _imports(path):
+                target = name.split(".")[0]
+                if target in LAYERS and target != package:
+                    edges.setdefault((package, target), []).append(module)
+    return {edge: sorted(set(modules)) for edge, modules in edges.items()}
+
+
+def test_every_package_of_the_project_has_a_layer():
+    packages = {
+        path.parent.name for path in ROOT.glob("*/__init__.py")
+        if path.parent.name not in ("tests", "bench", "examples", "scripts")
     }
-    assert {m: names for m, names in offenders.items() if names} == {}
+    assert packages == set(LAYERS)
 
 
-def test_the_outbound_layer_imports_none_of_the_apps():
-    """``outbound/`` is shared by the registry, the gateway and discovery: it imports none."""
-    apps = ("registry", "gateway", "discovery", "config")
+def test_packages_import_only_the_layers_below_them():
     offenders = {
-        module: sorted(name for name in _imports(path) if name.split(".")[0] in apps)
-        for module, path in _modules("outbound").items()
+        f"{package} -> {target}": modules
+        for (package, target), modules in _package_edges().items()
+        if target not in LAYERS[package]
     }
-    assert {m: names for m, names in offenders.items() if names} == {}
+    assert offenders == {}
 
 
-def test_gateway_modules_import_one_another_one_way():
-    modules = _modules("gateway")
+def test_the_layers_form_no_cycle():
+    """The allowed edges themselves run one way (a topological order exists)."""
+    order: list[str] = []
+    remaining = {package: set(allowed) for package, allowed in LAYERS.items()}
+    while remaining:
+        ready = sorted(p for p, needs in remaining.items() if not needs - set(order))
+        assert ready, f"the layers form a cycle among {sorted(remaining)}"
+        order.extend(ready)
+        for package in ready:
+            del remaining[package]
+    assert order[0] == "core" and order[-1] == "config"
+
+
+def _cycles(package: str) -> list[list[str]]:
+    modules = _modules(package)
     graph = {
         module: {name for name in _imports(path) if name in modules and name != module}
         for module, path in modules.items()
@@ -83,7 +130,11 @@ def test_gateway_modules_import_one_another_one_way():
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
-    assert cycles == []
+    return cycles
+
+
+def test_modules_inside_each_package_import_one_another_one_way():
+    assert {package: _cycles(package) for package in LAYERS if _cycles(package)} == {}
 
 
 def test_the_import_check_sees_a_cycle(tmp_path):
@@ -94,13 +145,16 @@ def test_the_import_check_sees_a_cycle(tmp_path):
     assert "gateway.a" in _imports(tmp_path / "b.py")
 
 
-def test_only_the_composition_root_imports_the_mcp_bridge():
-    """``mcp_bridge/`` sits above the gateway, discovery and the registry (it composes them);
-    none of them, nor the console, imports it: the node's router gets its routes from
-    ``config.asgi``."""
-    offenders = {
-        module: sorted(name for name in _imports(path) if name.split(".")[0] == "mcp_bridge")
-        for package in ("registry", "gateway", "discovery", "console", "outbound", "ard")
-        for module, path in _modules(package).items()
-    }
-    assert {m: names for m, names in offenders.items() if names} == {}
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """And the layer check can fail: a registry module importing the gateway in a function
+    is an edge ``registry -> gateway``, which :data:`LAYERS` does not allow."""
+    (tmp_path / "m.py").write_text("def f():\n    from gateway import handler\n")
+    targets = {name.split(".")[0] for name in _imports(tmp_path / "m.py")}
+    assert "gateway" in targets and "gateway" not in LAYERS["registry"]
+
+
+def test_type_checking_imports_do_not_count(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gateway import handler\n"
+    )
+    assert not any(name.startswith("gateway") for name in _imports(tmp_path / "m.py"))

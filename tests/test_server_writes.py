@@ -1,4 +1,4 @@
-"""uvicorn under the node's protocol (config.servers.uvicorn_protocol) writes a response's head
+"""uvicorn under the node's protocol (node.servers.uvicorn_protocol) writes a response's head
 and first body bytes together, and never holds a head back: a body sent later (a stream's first
 event after a wait) does not delay the status line and headers."""
 
@@ -12,7 +12,7 @@ import time
 import pytest
 import uvicorn
 
-from config.servers import ServerLimits, uvicorn_protocol
+from node.servers import ServerLimits, uvicorn_protocol
 from tests.servers import free_port
 
 LIMITS = ServerLimits(header_timeout=10, keepalive=5, max_connections=100,

@@ -63,7 +63,7 @@ class Migration(migrations.Migration):
                 ('bytes_in', models.PositiveBigIntegerField(default=0, help_text='Request bytes.')),
                 ('bytes_out', models.PositiveBigIntegerField(default=0, help_text='Response bytes.')),
                 ('latency_sum', models.FloatField(default=0.0, help_text='Seconds, summed.')),
-                ('histogram', models.JSONField(default=list, help_text='Request counts per log latency bucket (console.histogram).')),
+                ('histogram', models.JSONField(default=list, help_text='Request counts per log latency bucket (gateway.histogram).')),
                 ('streams_max', models.PositiveIntegerField(default=0, help_text='Most SSE streams open.')),
                 ('last_call_at', models.DateTimeField(blank=True, null=True)),
                 ('last_outcome', models.CharField(blank=True, max_length=32)),

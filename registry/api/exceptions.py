@@ -7,7 +7,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from config.outage import is_database_outage, unavailable_response
+from core.outage import is_database_outage, unavailable_response
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.permissions import PermissionDenied
 from registry.services import AgentNotFound, InvalidInput, RegistrationConflict
@@ -23,7 +23,7 @@ def _flatten(detail) -> str:
 
 def exception_handler(exc, context):
     if is_database_outage(exc):
-        return unavailable_response(exc)  # JSON 503 + Retry-After (config.outage)
+        return unavailable_response(exc)  # JSON 503 + Retry-After (core.outage)
     if isinstance(exc, AgentNotFound):
         return Response({"error": "agent not found", "agent_id": exc.agent_id}, status=404)
     if isinstance(exc, InvalidInput):

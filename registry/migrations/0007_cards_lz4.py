@@ -1,6 +1,6 @@
 from django.db import migrations
 
-from config.toast import compress_with_lz4
+from core.toast import compress_with_lz4
 
 
 class Migration(migrations.Migration):

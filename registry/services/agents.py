@@ -11,7 +11,7 @@ from django.db import connection, transaction
 from django.db.models.constants import OnConflict
 from django.utils import timezone
 
-from config import outage, tracing
+from core import outage, tracing
 from registry import events, rows
 from registry.cards import ParsedCard
 from registry.ids import agent_id_error

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config import tracing
+from core import tracing
 from registry.bindings import http_json_endpoint
 from registry.card_fetch import CardFetchError, fetch_card_bytes, names_a_card
 from registry.cards import CardError, ParsedCard, card_signature_check, parse_card

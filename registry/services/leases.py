@@ -13,7 +13,7 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from config import tracing
+from core import tracing
 from registry import events
 from registry.models import Agent, AgentTombstone, Node
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from config import node as node_config
+from core import lifecycle as node_config
 from registry.models import Agent, Node
 
 

@@ -12,9 +12,9 @@ import orjson
 import pytest
 from django.contrib.auth import get_user_model
 
-from console import recorder
 from console.models import AgentMinute, CallRecord
 from discovery.models import AllowedHost, ConfiguredAgent
+from gateway import recorder
 from registry.models import Agent
 from tests.a2a_agents import EchoAgent
 from tests.browser.test_admin_browser import (

@@ -14,9 +14,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from console.histogram import BUCKETS
 from console.models import AgentMinute, CallRecord
 from discovery.models import Alert, CycleRun
+from gateway.histogram import BUCKETS
 from registry import services
 from registry.permissions import SYSTEM
 from tests.browser.test_admin_browser import (

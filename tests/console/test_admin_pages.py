@@ -13,10 +13,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from console.histogram import BUCKETS
 from console.models import AgentMinute
 from discovery.admin import snapshot_diff
 from discovery.models import Alert, SessionPin, Snapshot
+from gateway.histogram import BUCKETS
 from registry import services
 from registry.models import Agent
 from registry.permissions import SYSTEM

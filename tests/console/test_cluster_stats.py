@@ -7,10 +7,9 @@ import httpx
 import pytest
 from django.db.models import Sum
 
-from console import recorder
 from console.models import AgentMinute
 from console.selectors import agent_stats, dashboard
-from gateway import runtime
+from gateway import recorder, runtime
 from registry import services
 from registry.permissions import SYSTEM
 from tests.conftest import make_client
@@ -70,6 +69,6 @@ def test_each_node_flushes_its_own_rows_and_the_admin_sums_them(
 
 
 def _node_a_id() -> str:
-    from config import node as node_config
+    from core import lifecycle as node_config
 
     return node_config.node_id()

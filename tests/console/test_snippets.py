@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from registry.admin import snippets
+from console.registry_admin import snippets
 from tests.conftest import IN_CI
 
 pytestmark = pytest.mark.django_db(transaction=True)

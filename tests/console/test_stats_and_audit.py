@@ -12,10 +12,11 @@ import pytest
 from django.db import connections
 from django.db.models import Count, Sum
 
-from console import flusher, recorder
-from console.histogram import BUCKETS, bucket_of, percentile_ms
+from console import flusher
 from console.models import AgentMinute, CallRecord, ClientUsage
 from console.selectors import agent_stats, dashboard
+from gateway import recorder
+from gateway.histogram import BUCKETS, bucket_of, percentile_ms
 from tests.servers import free_port, serve_app
 
 pytestmark = pytest.mark.django_db(transaction=True)

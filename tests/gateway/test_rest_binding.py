@@ -391,8 +391,8 @@ async def test_timeout_metrics_and_audit_as_for_json_rpc(gateway_path, echo_agen
     """The body's ``configuration.timeout`` bounds a sync call (the agent had the request:
     executed true); every call counts under its A2A method name and outcome in /metrics, and
     the failed one is in the console's call audit log."""
-    from console import recorder
     from console.models import CallRecord
+    from gateway import recorder
     from tests.console.test_stats_and_audit import wait_for
     from tests.gateway.test_proxy import _metric
 

@@ -22,7 +22,7 @@ from django.db import connection
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from config import tracing
+from core import tracing
 from discovery.config_file import config_file_sync
 from discovery.loop import run_cycle
 from gateway import tracing as gateway_tracing

@@ -1,4 +1,4 @@
-"""Cards are stored compressed with lz4 on PostgreSQL (config.toast): cheaper for the database
+"""Cards are stored compressed with lz4 on PostgreSQL (core.toast): cheaper for the database
 per registration than the default pglz, and read back byte for byte."""
 
 from __future__ import annotations

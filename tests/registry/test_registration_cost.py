@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from ard import indexer
 from ard.models import AgentDoc
-from config import node as node_config
+from core import lifecycle as node_config
 from registry import netcheck, services
 from registry.models import Agent, CardVersion
 from registry.permissions import SYSTEM as SYSTEM_ACTOR

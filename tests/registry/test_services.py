@@ -235,7 +235,7 @@ def test_a_serving_node_owns_what_registers_there_before_its_first_beat(settings
     """A node just started (its heartbeat row not written yet) while the database still lists
     other nodes as live (ones that just died): a registration arriving at it is its own, not
     handed to a node that may be dead."""
-    from config import node as node_config
+    from core import lifecycle as node_config
     from registry.models import Node
 
     settings.NODE_ID = "fresh-node"

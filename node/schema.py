@@ -5,7 +5,7 @@ shape, ``{"error": "...", ...}``), so they are added here in one place, operatio
 from what the operation takes: 400 (it takes parameters or a body), 401/403 (it needs a token),
 404 (its path names something), 405 (KubeMQ's action segment), 409/404 where one
 operation answers them, 413 (it takes a body), 503 (the
-database is unreachable: ``config.outage``). Security follows the settings: with anonymous
+database is unreachable: ``core.outage``). Security follows the settings: with anonymous
 access on, or for cards while ``A2A_CARDS_REQUIRE_TOKEN`` is off, the token is optional.
 Schemathesis (tests/fuzz) holds the API to this document.
 """

@@ -5,7 +5,7 @@ Both uvicorn (httptools) and Daphne (Twisted) are configured here by ``manage.py
 - **Body caps before reading**: a request announcing a ``Content-Length`` above its route's cap
   (``A2A_MAX_REQUEST_BYTES`` under ``/a2a/``, ``A2A_MAX_API_BODY_BYTES`` elsewhere) is answered
   413 as soon as its headers are in, without waiting for a byte of the body; a chunked body is
-  cut at the cap. Under uvicorn the gateway and :mod:`config.edge` enforce this (uvicorn hands
+  cut at the cap. Under uvicorn the gateway and :mod:`node.edge` enforce this (uvicorn hands
   the body over as it arrives, with backpressure); Daphne's Twisted channel would spool the
   whole body to disk before the application runs, so its request class enforces it instead.
 - **Header timeout** (``A2A_HTTP_HEADER_TIMEOUT_SECONDS``): a connection that has not sent a
@@ -75,7 +75,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
     Binding here (not inside the server) turns a busy port into one clear error at once, and
     hands both servers the same socket. It listens only once the node has started (uvicorn
-    after its lifespan startup, Daphne after :func:`config.node.start`): until then a
+    after its lifespan startup, Daphne after :func:`core.lifecycle.start`): until then a
     connection is refused at once -- a restarting node is never a port that accepts and then
     answers nothing for the seconds its startup takes, so a client or load balancer goes to
     another node instead of waiting.

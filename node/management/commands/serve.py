@@ -2,7 +2,7 @@
 
 A node is one server process: the ASGI application (gateway, API, admin), the Subscriber
 Manager, and in embedded mode the periodic jobs. Both servers get the same connection and body
-limits (:mod:`config.servers`) and the same startup and shutdown hooks (:mod:`config.node`).
+limits (:mod:`node.servers`) and the same startup and shutdown hooks (:mod:`core.lifecycle`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import signal
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from config import node
-from config.servers import BACKLOG, PortInUse, ServerLimits, bind_socket
+from core import lifecycle as node
+from node.servers import BACKLOG, PortInUse, ServerLimits, bind_socket
 
 logger = logging.getLogger(__name__)
 
 SERVERS = ("daphne", "uvicorn")
 #: Daphne, the Channels server, as the design names it. Both servers refuse an over-cap or
-#: unauthenticated upload before reading it (config.servers); uvicorn is about twice as fast.
+#: unauthenticated upload before reading it (node.servers); uvicorn is about twice as fast.
 DEFAULT_SERVER = "daphne"
 
 
@@ -154,9 +154,11 @@ class Command(BaseCommand):
 
 def run_uvicorn(sock, limits: ServerLimits) -> None:
     import uvicorn
+    from channels.routing import get_default_application
 
-    from config.asgi import application
-    from config.servers import uvicorn_protocol
+    from node.servers import uvicorn_protocol
+
+    application = get_default_application()  # ASGI_APPLICATION (config/asgi.py)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -184,13 +186,15 @@ def run_uvicorn(sock, limits: ServerLimits) -> None:
 
 def run_daphne(sock, limits: ServerLimits) -> None:
     import daphne.server
+    from channels.routing import get_default_application
     from daphne.server import Server
     from twisted.internet import defer, reactor
     from twisted.internet.endpoints import AdoptedStreamServerEndpoint
     from twisted.internet.error import ReactorNotRunning
 
-    from config.asgi import application
-    from config.servers import daphne_factory_class
+    from node.servers import daphne_factory_class
+
+    application = get_default_application()  # ASGI_APPLICATION (config/asgi.py)
 
     # Server.run() builds its HTTP factory and its endpoints from these module attributes:
     # the limited factory, and the socket bound (and checked) before "serving" was printed.
@@ -286,7 +290,7 @@ _periodic_tasks: list[asyncio.Task] = []
 
 
 async def _start_periodic() -> None:
-    from config.periodic import start_periodic_tasks
+    from node.periodic import start_periodic_tasks
 
     _periodic_tasks.extend(start_periodic_tasks())
 

@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
@@ -86,7 +87,7 @@ class DatabaseBreaker:
         self.opened_at: float | None = None
         self.reason = ""
         self._lock = threading.Lock()
-        self._probe_task: asyncio.Task | None = None
+        self._probe_task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="a2a-dbprobe")
 
     @property
@@ -138,7 +139,7 @@ class DatabaseBreaker:
 breaker = DatabaseBreaker()
 
 
-def payload() -> dict:
+def payload() -> dict[str, Any]:
     return {"error": MESSAGE, "retry_after": RETRY_AFTER_SECONDS}
 
 
@@ -149,7 +150,7 @@ def json_response() -> JsonResponse:
     return response
 
 
-def unavailable_response(exc: BaseException):
+def unavailable_response(exc: BaseException) -> Any:
     """For DRF exception handlers: trip the breaker and answer a DRF 503 Response."""
     from rest_framework.response import Response
 
@@ -168,12 +169,12 @@ class DatabaseOutageMiddleware:
     async_capable = True
     sync_capable = False
 
-    def __init__(self, get_response) -> None:
+    def __init__(self, get_response: Any) -> None:
         self.get_response = get_response
         if iscoroutinefunction(get_response):
             markcoroutinefunction(self)
 
-    async def __call__(self, request):
+    async def __call__(self, request: Any) -> Any:
         if breaker.is_open and not _exempt(request.path):
             breaker.ensure_probe()
             return json_response()
@@ -182,14 +183,16 @@ class DatabaseOutageMiddleware:
             breaker.ensure_probe()
         return response
 
-    def process_view(self, request, view_func, view_args, view_kwargs):
+    def process_view(
+        self, request: Any, view_func: Any, view_args: Any, view_kwargs: Any
+    ) -> JsonResponse | None:
         # Requests that queued for Django's sync thread while the breaker tripped: answer them
         # now instead of letting each wait out the pool timeout again.
         if breaker.is_open and not _exempt(request.path):
             return json_response()
         return None
 
-    def process_exception(self, request, exception):
+    def process_exception(self, request: Any, exception: BaseException) -> JsonResponse | None:
         if is_database_outage(exception):
             breaker.trip(exception)
             return json_response()

@@ -5,7 +5,7 @@ few minutes; when that read meets an outage the exception ends ``celery beat`` f
 it agent expiry and discovery cluster-wide. :class:`ResilientDatabaseScheduler` keeps the last
 schedule it read, logs the outage and tries again a second later; broker errors while sending a
 due task are already logged and skipped by Celery. Expiry does not depend on beat alone either:
-every serving node runs it under a lock (``config.periodic``).
+every serving node runs it under a lock (``node.periodic``).
 
 Imported by beat only (``CELERY_BEAT_SCHEDULER``), once Django is set up.
 """
@@ -26,7 +26,7 @@ _OUTAGES = (DatabaseError, InterfaceError, BrokerError, ConnectionError, Timeout
 class ResilientDatabaseScheduler(DatabaseScheduler):
     """``DatabaseScheduler`` that waits out database and broker outages instead of dying.
 
-    Use: ``celery -A config beat -S config.beat:ResilientDatabaseScheduler`` (the
+    Use: ``celery -A config beat -S node.beat:ResilientDatabaseScheduler`` (the
     ``CELERY_BEAT_SCHEDULER`` default)."""
 
     #: Seconds between attempts while the database or the broker is unreachable.

@@ -19,7 +19,7 @@ from django.db import close_old_connections, connection
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from config import outage
+from core import outage
 
 #: /readyz answers within about this long whatever its dependencies do.
 CHECK_TIMEOUT_SECONDS = 1.5

@@ -14,7 +14,7 @@ authentication, therefore adds a bounded number of rows whatever its rate.
 Kept per agent and minute (cells of a list, see the ``C_*`` indexes): requests, gateway errors
 after and before the agent received the request, request and response bytes, latency sum,
 agent errors (outcome ``agent_error``: the agent answered a JSON-RPC error, or an HTTP error
-status; the gateway relayed it), then the latency histogram (:mod:`console.histogram`).
+status; the gateway relayed it), then the latency histogram (:mod:`gateway.histogram`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from math import ceil, log2
 from typing import Any
 
-from console.histogram import BASE_MS, BUCKETS
+from gateway.histogram import BASE_MS, BUCKETS
 
 C_REQUESTS, C_ERR_EXEC, C_ERR_NOEXEC, C_BYTES_IN, C_BYTES_OUT, C_LATENCY, C_STREAMS = range(7)
 C_LAST_AT, C_LAST_OUTCOME, C_DIRTY = 7, 8, 9  # last call (time, outcome); changed since flush
@@ -130,7 +130,7 @@ def record(
             cells[C_BYTES_IN] += request_bytes
             cells[C_BYTES_OUT] += exchange.nbytes
             cells[C_LATENCY] += seconds
-            ms = seconds * 1000.0  # console.histogram.bucket_of, inlined: the hot path
+            ms = seconds * 1000.0  # gateway.histogram.bucket_of, inlined: the hot path
             if ms <= BASE_MS:
                 cells[C_HIST] += 1
             else:

@@ -12,10 +12,12 @@ Values written before keep their compression; both read alike.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import migrations
 
 
-def lz4_available(connection) -> bool:
+def lz4_available(connection: Any) -> bool:
     if connection.vendor != "postgresql":
         return False
     with connection.cursor() as cursor:
@@ -28,7 +30,7 @@ def compress_with_lz4(*columns: tuple[str, str]) -> migrations.RunPython:
     """A migration operation setting ``(table, column)`` pairs to lz4 compression (undone by
     setting them back to the server's default)."""
 
-    def alter(schema_editor, method: str) -> None:
+    def alter(schema_editor: Any, method: str) -> None:
         connection = schema_editor.connection
         if not lz4_available(connection):
             return

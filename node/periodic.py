@@ -39,7 +39,7 @@ def _interval_seconds(schedule) -> float:
 
 
 def _run_task(task_name: str) -> None:
-    from config.celery import app
+    from celery import current_app as app  # the project's app (config/celery.py), set at start
 
     app.tasks[task_name].apply(throw=True)
 
@@ -96,7 +96,7 @@ def start_periodic_tasks(*, distributed: bool | None = None) -> list[asyncio.Tas
 
     ``distributed`` (default: not ``settings.EMBEDDED``): only ``A2A_NODE_PERIODIC_TASKS``,
     under the cluster-wide lock."""
-    from config.celery import app
+    from celery import current_app as app  # the project's app (config/celery.py), set at start
 
     if distributed is None:
         distributed = not settings.EMBEDDED

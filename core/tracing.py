@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.conf import settings
 
-from config import node as node_config
+from core import lifecycle as node_config
 
 logger = logging.getLogger(__name__)
 
 _NOOP = contextlib.nullcontext()
 _state: dict[str, Any] = {"provider": None, "tracer": None}
+_hooks: list[tuple[Callable[[Any], None], Callable[[], None]]] = []
 
 
 def enabled() -> bool:
@@ -89,22 +90,26 @@ def setup(*, exporter: Any = None, force: bool = False) -> bool:
         trace.set_tracer_provider(provider)
     _state["provider"] = provider
     _state["tracer"] = provider.get_tracer("a2a-registry")
-    from gateway import tracing as gateway_tracing
-
-    gateway_tracing.enable(_state["tracer"])
+    for enable, _disable in list(_hooks):
+        enable(_state["tracer"])
     return True
+
+
+def on_tracer(enable: Callable[[Any], None], disable: Callable[[], None]) -> None:
+    """Register a layer's tracing switch: ``enable(tracer)`` when tracing turns on (at once if
+    it is on already), ``disable()`` when it turns off. The gateway registers its hot-path
+    glue here, so this ground module imports no app."""
+    _hooks.append((enable, disable))
+    if _state["tracer"] is not None:
+        enable(_state["tracer"])
 
 
 def shutdown() -> None:
     """Turn tracing off in this process, flushing what is buffered."""
     provider = _state["provider"]
     _state["provider"] = _state["tracer"] = None
-    try:
-        from gateway import tracing as gateway_tracing
-
-        gateway_tracing.disable()
-    except ImportError:  # pragma: no cover - gateway is always installed
-        pass
+    for _enable, disable in list(_hooks):
+        disable()
     if provider is not None:
         provider.shutdown()
 
@@ -150,7 +155,7 @@ def _child(name: str, parent: Any, attributes: dict[str, Any]) -> Iterator[Any]:
 
 def child_span(
     name: str, parent: Any, url: str | None = None, **attributes: Any
-) -> contextlib.AbstractContextManager:
+) -> contextlib.AbstractContextManager[Any]:
     """Like :func:`span`, under an explicit parent context from :func:`current_context`
     (``url`` becomes ``url.full``)."""
     if _state["tracer"] is None:

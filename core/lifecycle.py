@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ async def stop() -> None:
     logger.info("node stopped: %d shutdown hook(s) ran", len(_shutdown))
 
 
-async def lifespan_app(scope, receive, send) -> None:
+async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
