@@ -20,15 +20,16 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-#: setting name -> default (also the defaults when a settings module lacks the name)
-DEFAULTS: dict[str, Any] = {
-    "A2A_OUTBOUND_CA_FILE": "",
-    "A2A_OUTBOUND_PROXY": "",
-    "A2A_OUTBOUND_CLIENT": "own",
-    "A2A_OUTBOUND_CONNECT_TIMEOUT_SECONDS": 10.0,
-    "A2A_OUTBOUND_MAX_HEADERS": 100,
-    "A2A_OUTBOUND_MAX_HEADER_BYTES": 65536,
-}
+#: The settings the policy is a projection of (their defaults and validation live once, in
+#: ``config/settings.py``); a change to one of them rebuilds the policy.
+SETTINGS = frozenset({
+    "A2A_OUTBOUND_CA_FILE",
+    "A2A_OUTBOUND_PROXY",
+    "A2A_OUTBOUND_CLIENT",
+    "A2A_OUTBOUND_CONNECT_TIMEOUT_SECONDS",
+    "A2A_OUTBOUND_MAX_HEADERS",
+    "A2A_OUTBOUND_MAX_HEADER_BYTES",
+})
 
 #: Idle keep-alive connections expire after this, just under the common 5 s idle timeout of
 #: agent servers (uvicorn, Node), so a pooled connection is not reused as the agent closes it.
@@ -66,17 +67,13 @@ _listeners: list[Any] = []
 def _build() -> Policy:
     from django.conf import settings
 
-    def get(name: str) -> Any:
-        value = getattr(settings, name, None)
-        return DEFAULTS[name] if value is None else value
-
     return Policy(
-        ca_file=get("A2A_OUTBOUND_CA_FILE") or "",
-        proxy=get("A2A_OUTBOUND_PROXY") or "",
-        client=get("A2A_OUTBOUND_CLIENT"),
-        connect_timeout=float(get("A2A_OUTBOUND_CONNECT_TIMEOUT_SECONDS")),
-        max_headers=int(get("A2A_OUTBOUND_MAX_HEADERS")),
-        max_header_bytes=int(get("A2A_OUTBOUND_MAX_HEADER_BYTES")),
+        ca_file=settings.A2A_OUTBOUND_CA_FILE or "",
+        proxy=settings.A2A_OUTBOUND_PROXY or "",
+        client=settings.A2A_OUTBOUND_CLIENT,
+        connect_timeout=float(settings.A2A_OUTBOUND_CONNECT_TIMEOUT_SECONDS),
+        max_headers=int(settings.A2A_OUTBOUND_MAX_HEADERS),
+        max_header_bytes=int(settings.A2A_OUTBOUND_MAX_HEADER_BYTES),
     )
 
 
@@ -94,7 +91,7 @@ def on_change(callback: Any) -> None:
 
 
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in DEFAULTS and _current:
+    if setting in SETTINGS and _current:
         _current[0] = _build()
         for callback in list(_listeners):
             callback(_current[0])
