@@ -1,5 +1,5 @@
 """The gateway's outbound client alone: CPU per request of a version under test against a
-reference version of ``gateway/outbound.py`` (default: the one on ``main``), same run.
+reference version of ``outbound/http1.py`` (default: the one on ``main``), same run.
 
 A tiny agent (asyncio protocol answering a fixed keep-alive JSON response, its own process
 pinned to core 0) is called by each client version in turn (this process, pinned to core 1), at
@@ -96,7 +96,7 @@ def main() -> int:
 
     django.setup()
     source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{args.reference}:gateway/outbound.py"],
+        ["git", "-C", str(ROOT), "show", f"{args.reference}:outbound/http1.py"],
         check=True,
         capture_output=True,
     ).stdout

@@ -5,7 +5,7 @@ alone caps a core near that (docs/adr/0001), and sync views under ASGI run one a
 one thread. So ``POST /api/v1/agents/{id}/heartbeat`` and KubeMQ's ``POST /agents/heartbeat``
 with a bearer token are answered here: token from the process's token cache (the one DRF
 uses), the lease renewed with the heartbeats arriving with it (one ``UPDATE ... RETURNING``
-per batch, in a worker thread: gateway.batching), the same status and body functions as
+per batch, in a worker thread: core.batching), the same status and body functions as
 the DRF views (:func:`registry.api.views.v1_heartbeat`,
 :func:`registry.kubemq_api.kubemq_heartbeat`). Requests with a session cookie and no token
 (staff in a browser) go to Django. A body over ``A2A_MAX_CARD_BYTES`` is answered 413 without
@@ -27,7 +27,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from core import outage
-from gateway.batching import Coalescer, Overloaded, per_loop
+from core.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, Receive, Send, read_body
 from gateway.cards import host_allowed
 from registry.api.views import v1_heartbeat, v1_heartbeat_answer

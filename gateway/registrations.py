@@ -7,7 +7,7 @@ views call (:func:`registry.api.views.v1_register`, :func:`registry.kubemq_api.k
 are each a check, a write and an answer:
 one validation, one URL check, one card parser, the same events, audit and quotas), their
 refusals answered by the views' own exception handlers. Registrations arriving together are
-checked one by one and written together (group commit, :mod:`gateway.batching`): one thread
+checked one by one and written together (group commit, :mod:`core.batching`): one thread
 handoff and one transaction of multi-row statements per batch. The DRF views stay the documented
 implementation (OpenAPI) and answer what this path passes on: staff sessions, other content
 types, bodies without a ``Content-Length`` on /api/v1. Django's view and middleware stack and
@@ -27,8 +27,8 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 
 from core import outage
+from core.batching import Coalescer, Overloaded, per_loop
 from gateway import metrics
-from gateway.batching import Coalescer, Overloaded, per_loop
 from gateway.bodies import BodyTooLarge, Disconnected, Receive, Send, read_body
 from gateway.cards import host_allowed
 from gateway.heartbeats import authenticate, check_breaker, outage_answer, send_json

@@ -29,7 +29,7 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from gateway import conf, local_events, metrics, outbound
+from gateway import conf, local_events, metrics
 from gateway.conf import NodeSettings
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter
@@ -38,6 +38,7 @@ from gateway.redis_layer import RedisDirectChannelLayer
 from gateway.replicator import Replicator
 from gateway.routing_table import RoutingTable
 from gateway.subscriber_manager import SubscriberManager
+from outbound import http1 as outbound
 from registry import events, selectors, services
 from registry.events import AgentRoute
 from registry.ids import DISCOVERY_GROUP

@@ -52,13 +52,14 @@ from typing import Any
 import orjson
 
 from gateway import envelope as env
-from gateway import errors, outbound, tracing
+from gateway import errors, tracing
 from gateway import metrics as m
 from gateway.conf import NodeSettings
 from gateway.headers import outbound_headers, relayed_response_headers
 from gateway.jsonrpc import parse_request
 from gateway.resume import ReplayStream, not_found
 from gateway.sse import KEEPALIVE, largest_event, split_events
+from outbound import http1 as outbound
 from outbound.errors import classify, describe
 from registry.events import AgentRoute
 from registry.ids import agent_channel

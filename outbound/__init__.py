@@ -10,6 +10,6 @@ servers and remote registries is built here.
   one mapping to the gateway's error kinds and ``executed``;
 - :mod:`outbound.clients`: httpx and aiohttp clients built under the policy.
 
-The gateway's hot-path HTTP/1.1 client (``gateway.outbound``) is built on the same parts.
+The gateway's hot-path HTTP/1.1 client (``outbound.http1``) is built on the same parts.
 Importable by registry, gateway and discovery: it imports none of them.
 """

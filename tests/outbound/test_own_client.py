@@ -1,4 +1,4 @@
-"""The gateway's hand-written HTTP/1.1 client (gateway.outbound) against raw-socket agents.
+"""The gateway's hand-written HTTP/1.1 client (outbound.http1) against raw-socket agents.
 
 Each agent here is a bare TCP server scripting every byte (tests/outbound/rawagent.py), so the
 tests reach the corners a well-behaved server never shows: keep-alive reuse and expiry, an
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from gateway import outbound as hot
+from outbound import http1 as hot
 from outbound import policy as outbound_policy
 from outbound.errors import ConnectFailed, OutboundError, ProtocolError, UnsafeAddress, classify
 from tests.outbound.rawagent import RawAgent, response

@@ -45,7 +45,7 @@ received segment, never per request:
 - chunked trailers are dropped, never relayed as headers.
 
 ``A2A_OUTBOUND_CLIENT=aiohttp`` swaps in a client with the same interface over aiohttp
-(``gateway.outbound_aiohttp``): the gateway's proxy tests run against both, so a defect of this
+(``outbound.aiohttp_client``): the gateway's proxy tests run against both, so a defect of this
 one shows as a difference.
 """
 
@@ -141,14 +141,14 @@ class Response:
         self.content_length: int | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
         self._buffered = 0
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[None] | None = None
         self._complete = False
         self._error: BaseException | None = None
         self._keep_alive = False
         self._streaming = False  # read piecemeal: pause the agent when the caller lags
         self._timer: asyncio.TimerHandle | None = None
         self._eof_delimited = False
-        self._headers_future: asyncio.Future = conn.loop.create_future()
+        self._headers_future: asyncio.Future[None] = conn.loop.create_future()
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
@@ -217,7 +217,7 @@ class Response:
 
     # -- feeding (from the connection) ----------------------------------------------------
 
-    def _on_headers(self, status: int, headers: list, keep_alive: bool,
+    def _on_headers(self, status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool,
                     length: bytes | None) -> None:
         """``length``: the first Content-Length value, found while the headers were parsed."""
         self.status = status
@@ -290,7 +290,7 @@ class _Stop(Exception):
 class _Connection(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection to an agent."""
 
-    def __init__(self, client: Client, key: tuple) -> None:
+    def __init__(self, client: Client, key: tuple[str, int, bool]) -> None:
         self.client = client
         self.key = key
         self.loop = client.loop
@@ -322,8 +322,8 @@ class _Connection(asyncio.Protocol):
         self.in_body = False
 
     # asyncio protocol
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a socket transport (asyncio.Transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -357,7 +357,7 @@ class _Connection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return None  # close the transport
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         response = self.response
         if response is not None and not response.complete:
@@ -454,7 +454,7 @@ class Client:
     def __init__(self, policy: Policy | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.policy = policy or outbound_policy.current()
-        self.idle: dict[tuple, list[_Connection]] = {}
+        self.idle: dict[tuple[str, int, bool], list[_Connection]] = {}
         self.closed = False
 
     async def post(self, endpoint: str, body: bytes, headers: dict[str, str],
@@ -577,7 +577,7 @@ def client() -> Client:
     if current is None or current.closed:
         policy = outbound_policy.current()
         if policy.client == "aiohttp":
-            from gateway.outbound_aiohttp import AiohttpClient
+            from outbound.aiohttp_client import AiohttpClient
 
             current = AiohttpClient(policy)  # type: ignore[assignment]  # Client's interface
         else:

@@ -1,6 +1,6 @@
 """The hot-path client's interface over aiohttp (``A2A_OUTBOUND_CLIENT=aiohttp``).
 
-A well-kept library behind the same small interface as :mod:`gateway.outbound`'s own client
+A well-kept library behind the same small interface as :mod:`outbound.http1`'s own client
 (``post`` / ``request`` -> a response with ``status``, ``headers``, ``content_length``,
 ``header()``, ``read(cap)``, ``read_chunk()``, ``finish()``), built by the shared outbound
 layer (TLS, proxy, connect-time address check, header bounds). The gateway's proxy tests run
