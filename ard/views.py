@@ -30,6 +30,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from ard import catalog, documents, indexer, query, selectors
 from ard.query import ArdError
+from core import threads
 from registry.permissions import Actor, staff_actor
 from registry.token_cache import AuthFailed, shared_token_cache
 
@@ -39,7 +40,6 @@ MAX_BODY_BYTES = 64 * 1024
 #: Threads running searches and explores, and how many may be admitted (running or queued).
 WORKERS = 4
 MAX_PENDING = 64
-_pool: ThreadPoolExecutor | None = None
 _pending = [0]
 
 
@@ -110,10 +110,7 @@ def ard_view(methods: tuple[str, ...]) -> Callable:
 
 
 def _pool_executor() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ard-search")
-    return _pool
+    return threads.pool("ard-search", WORKERS)
 
 
 def _in_worker(view: Callable, request: HttpRequest, *args, **kwargs) -> HttpResponse:

@@ -21,6 +21,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from core import threads
+
 logger = logging.getLogger(__name__)
 
 Hook = Callable[[], Awaitable[None]]
@@ -97,6 +99,7 @@ async def stop() -> None:
             await fn()
         except Exception:
             logger.exception("shutdown hook %r failed", fn)
+    threads.shutdown()  # after the hooks: they may still hand work to a pool
     logger.info("node stopped: %d shutdown hook(s) ran", len(_shutdown))
 
 

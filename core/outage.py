@@ -25,13 +25,14 @@ import asyncio
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.http import JsonResponse
+
+from core import threads
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,6 @@ class DatabaseBreaker:
         self.reason = ""
         self._lock = threading.Lock()
         self._probe_task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="a2a-dbprobe")
 
     @property
     def is_open(self) -> bool:
@@ -126,7 +126,7 @@ class DatabaseBreaker:
         while self.is_open:
             try:
                 await asyncio.wait_for(
-                    loop.run_in_executor(self._executor, _probe),
+                    loop.run_in_executor(threads.pool("a2a-dbprobe", 1), _probe),
                     timeout=settings.A2A_DB_CONNECT_TIMEOUT_SECONDS + 1,
                 )
             except Exception as exc:  # still down: the next probe follows shortly

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import httpx
 from django.conf import settings
 
+from core import threads
 from outbound import clients
 from outbound import policy as outbound_policy
 
@@ -69,8 +70,7 @@ def _ensure() -> None:
             ready.set()
             loop.run_forever()
 
-        thread = threading.Thread(target=main, name="discovery-http", daemon=True)
-        thread.start()
+        thread = threads.start("discovery-http", main)
         ready.wait(10)
         _state.update(pid=os.getpid(), loop=loop, thread=thread, client=None, sync=None)
 

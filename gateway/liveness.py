@@ -26,6 +26,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from core import threads
+
 if TYPE_CHECKING:
     import redis
 
@@ -87,8 +89,7 @@ class Liveness:
             self.beat()  # the first beat at once: peers and this node's key known before serving
         except Exception as exc:
             logger.warning("node liveness: first beat failed: %s: %s", type(exc).__name__, exc)
-        self._thread = threading.Thread(target=self._run, name="a2a-node-liveness", daemon=True)
-        self._thread.start()
+        self._thread = threads.start("a2a-node-liveness", self._run)
 
     def stopping(self) -> None:
         """Announce that this node is stopping: peers no longer hand agents to it."""

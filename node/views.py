@@ -19,13 +19,14 @@ from django.db import close_old_connections, connection
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from core import outage
+from core import outage, threads
 
 #: /readyz answers within about this long whatever its dependencies do.
 CHECK_TIMEOUT_SECONDS = 1.5
 # Database checks get a thread of their own: a hung check never holds up the default pool
 # (where heartbeats and the node's jobs run) nor a second /readyz.
-_db_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="a2a-readyz")
+def _db_checks() -> ThreadPoolExecutor:
+    return threads.pool("a2a-readyz", 1)
 
 
 def methods(*allowed: str):
@@ -81,7 +82,7 @@ def _describe(exc: BaseException) -> str:
 async def _database() -> str:
     try:
         await asyncio.wait_for(
-            asyncio.get_running_loop().run_in_executor(_db_checks, _db_check),
+            asyncio.get_running_loop().run_in_executor(_db_checks(), _db_check),
             timeout=CHECK_TIMEOUT_SECONDS,
         )
     except Exception as exc:  # any driver error or the timeout means not ready

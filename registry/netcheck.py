@@ -14,12 +14,13 @@ import re
 import socket
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from core import threads
 from outbound.addresses import METADATA_ADDRESSES, METADATA_HOSTS, refusal
 
 __all__ = ["METADATA_ADDRESSES", "METADATA_HOSTS", "UnsafeUrl", "check_agent_url", "host_allowed"]
@@ -145,7 +146,6 @@ LOOKUP_THREADS = 4
 MAX_LOOKUPS = 64
 _lookups: dict[str, Future] = {}
 _lookups_lock = threading.Lock()
-_pool: list[ThreadPoolExecutor] = []
 
 
 def _remember(host: str, addresses: tuple) -> None:
@@ -172,9 +172,9 @@ def lookup(host: str) -> Future | None:
             return future
         if len(_lookups) >= MAX_LOOKUPS:
             return None
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(LOOKUP_THREADS, thread_name_prefix="url-check-dns"))
-        future = _lookups[host] = _pool[0].submit(_getaddrinfo, host)
+        future = _lookups[host] = threads.pool("url-check-dns", LOOKUP_THREADS).submit(
+            _getaddrinfo, host
+        )
     future.add_done_callback(lambda done: _looked_up(host, done))
     return future
 

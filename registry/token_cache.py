@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +40,7 @@ from django.db import close_old_connections
 from django.db.models import Q
 from django.utils import timezone
 
+from core import threads
 from registry.models import ApiClient
 from registry.permissions import ANONYMOUS_ID, Actor, anonymous_actor
 from registry.selectors import actor_from_token
@@ -92,19 +92,11 @@ class _LookupFailed(Exception):
     """Internal: the database did not answer the lookup in time."""
 
 
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
 _inflight = 0  # lookups submitted and not finished (timed-out threads included)
 
 
 def _pool() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(
-                max_workers=settings.A2A_AUTH_LOOKUP_THREADS, thread_name_prefix="a2a-auth"
-            )
-        return _executor
+    return threads.pool("a2a-auth", settings.A2A_AUTH_LOOKUP_THREADS)
 
 
 def _lookup(token: str) -> Actor | None:

@@ -17,6 +17,7 @@ import httpx
 import orjson
 import pytest
 
+from core import threads
 from gateway import registrations
 from registry import netcheck
 from registry.models import Agent
@@ -54,12 +55,11 @@ def slow_names(monkeypatch, settings):
     settings.A2A_URL_CHECK_DNS_TIMEOUT_SECONDS = CHECK_WAITS
     monkeypatch.setattr(netcheck, "_resolve_cache", {})
     monkeypatch.setattr(netcheck, "_lookups", {})
-    monkeypatch.setattr(netcheck, "_pool", [])
+    threads.discard("url-check-dns")  # a pool of its own, dropped afterwards
     names = SlowNames()
     monkeypatch.setattr(socket, "getaddrinfo", names)
     yield names
-    for pool in netcheck._pool:  # lookups still queued are dropped; running ones end soon
-        pool.shutdown(wait=False, cancel_futures=True)
+    threads.discard("url-check-dns")  # lookups still queued are dropped; running ones end soon
 
 
 def test_a_slow_name_server_delays_only_its_own_registration(live_server_url, slow_names,
