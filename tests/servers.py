@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import uvicorn
 
 
@@ -211,3 +214,36 @@ def wire_name(channel: str) -> str:
     from channels.layers import get_channel_layer
 
     return getattr(get_channel_layer(), "wire_name", str)(channel)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def fresh_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a fresh embedded node in ``data_dir`` (none of the outer services)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "NODE_ID",
+                        "ALLOWED_HOSTS")}
+    env.update({"A2A_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def run_manage(env, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``manage.py *args`` in a subprocess under ``env``."""
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=check)
+
+
+def wait_for_ok(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Until ``url`` answers 200 (fails early if ``proc`` exits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited early: {proc.stdout.read()}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not come up")

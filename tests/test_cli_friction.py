@@ -15,8 +15,9 @@ from registry import services
 from registry.permissions import SYSTEM
 from tests.conftest import make_client
 from tests.registry.cards import card_03
-from tests.servers import free_port
-from tests.test_serve import ROOT, _env, _manage
+from tests.servers import ROOT, free_port
+from tests.servers import fresh_env as _env
+from tests.servers import run_manage as _manage
 
 
 def _python(env: dict[str, str], code: str) -> subprocess.CompletedProcess:

@@ -20,7 +20,7 @@ from django.conf import settings
 
 from tests.a2a_agents import running_echo_agent
 from tests.gateway.test_backpressure import running_node
-from tests.test_serve import ROOT
+from tests.servers import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

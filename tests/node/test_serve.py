@@ -9,42 +9,15 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.registry.cards import card_03
-from tests.servers import free_port
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _env(data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "NODE_ID",
-                        "ALLOWED_HOSTS")}
-    env.update({"A2A_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", **extra})
-    return env
-
-
-def _manage(env, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120, check=check)
-
-
-def _wait_for(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited early: {proc.stdout.read()}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not come up")
+from tests.servers import ROOT, free_port
+from tests.servers import fresh_env as _env
+from tests.servers import run_manage as _manage
+from tests.servers import wait_for_ok as _wait_for
 
 
 @pytest.mark.parametrize("server", ["daphne", "uvicorn"])

@@ -15,8 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers import free_port
-from tests.test_serve import ROOT, _env, _manage, _wait_for
+from tests.servers import ROOT, free_port
+from tests.servers import fresh_env as _env
+from tests.servers import run_manage as _manage
+from tests.servers import wait_for_ok as _wait_for
 
 SERVERS = ["daphne", "uvicorn"]
 CAP = 1024 * 1024  # A2A_MAX_REQUEST_BYTES in these nodes
