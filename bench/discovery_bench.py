@@ -208,9 +208,9 @@ def _run(n: int, workers: int, base: str, figures: dict) -> int:
     """Run the phases, print each, and record them in ``figures``."""
     from django.conf import settings
 
+    from core.locks import LocalLocks, RedisLocks
     from discovery import models as m
     from discovery.card_cache import CardCache, Outcome
-    from discovery.locks import LocalLocks, RedisLocks
     from discovery.loop import run_cycle
     from discovery.snapshots import SelectedAgent, snapshot_digest, snapshot_publish
     from registry.models import Agent

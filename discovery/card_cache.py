@@ -40,8 +40,8 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from core import tracing
+from core.locks import LocalLocks, RedisLocks, default_locks
 from discovery import http, metrics
-from discovery.locks import LocalLocks, RedisLocks, default_locks
 from discovery.models import CardCacheEntry
 from registry.cards import CardError, parse_card
 

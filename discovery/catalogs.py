@@ -32,8 +32,8 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client import Counter as PromCounter
 
+from core.locks import default_locks
 from discovery.card_cache import CardCache
-from discovery.locks import default_locks
 from discovery.models import CatalogListing
 from discovery.names import derive_local_name
 from discovery.records import EndpointRecord, SourceError

@@ -16,13 +16,14 @@ from typing import Any
 
 import orjson
 from django.conf import settings
+from redis.exceptions import LockError
 
 from core import tracing
+from core.locks import RedisLocks, default_locks
 from discovery import alerts, metrics
 from discovery.card_cache import CardCache, CardEntry, Outcome, RefreshResult, default_cache
 from discovery.config_file import ConfigFileError, config_file_sync
 from discovery.health import DEGRADED, degraded_urls, health_observe_many
-from discovery.locks import RedisLocks, default_locks
 from discovery.matcher import matched_needs, needs_active, policy_hook
 from discovery.models import Alert, ConfiguredAgent, CycleRun, DiscoveryPolicy, SourceFeed
 from discovery.resolver import Admission, allowlist_entries, resolve
@@ -158,13 +159,17 @@ def _cycle_guard() -> Iterator[bool]:
     try:
         if isinstance(locks, RedisLocks):
             ttl = max(60.0, settings.DISCOVERY_INTERVAL_SECONDS * 5)
-            if not locks.acquire_many(["cycle"], ttl=ttl):
+            lock = locks.hold("cycle", ttl=ttl)
+            if lock is None:
                 yield False
                 return
             try:
                 yield True
             finally:
-                locks.release_many(["cycle"])
+                try:
+                    lock.release()
+                except LockError:  # it expired (a cycle longer than its TTL) and may be another's
+                    logger.warning("discovery cycle outlived its lock (%.0f s)", ttl)
         else:
             yield True
     finally:

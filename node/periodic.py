@@ -46,10 +46,11 @@ def _run_task(task_name: str) -> None:
 
 def _claim(name: str, interval: float) -> bool:
     """Whether this node runs ``name`` this interval (the cluster-wide lock is ours)."""
-    from discovery.locks import default_locks
+    from core.locks import default_locks
 
     try:
-        return bool(default_locks().acquire_many([LOCK_PREFIX + name], ttl=interval * 0.9))
+        # Held until it expires: one run per interval across the nodes.
+        return default_locks().hold(LOCK_PREFIX + name, ttl=interval * 0.9) is not None
     except Exception as exc:  # Redis down: run anyway, the jobs are idempotent
         logger.warning("periodic %s: lock unavailable (%s), running without it", name, exc)
         return True

@@ -8,9 +8,9 @@ import threading
 import httpx
 import pytest
 
+from core.locks import LocalLocks
 from discovery.catalogs import CatalogCache, catalog_records, catalog_url_for
 from discovery.config_file import ConfigFileError
-from discovery.locks import LocalLocks
 from discovery.loop import run_cycle
 from discovery.models import Alert, CatalogListing, Snapshot, SourceFeed
 from discovery.resolver import Admission, AllowEntry

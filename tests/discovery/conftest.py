@@ -10,10 +10,10 @@ from types import ModuleType
 
 import pytest
 
+from core.locks import LocalLocks
 from discovery import tree_factory
 from discovery.card_cache import CardCache
 from discovery.config_file import config_file_sync
-from discovery.locks import LocalLocks
 from tests.conftest import IN_CI
 from tests.discovery.servers import CardServer, KubeApi
 from tests.servers import serve_app

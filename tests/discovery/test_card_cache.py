@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from core.locks import LocalLocks, RedisLocks
 from discovery.card_cache import (
     CardCache,
     CardFetchFailed,
@@ -14,7 +15,6 @@ from discovery.card_cache import (
     backoff_seconds,
     cache_lifetime,
 )
-from discovery.locks import LocalLocks, RedisLocks
 from discovery.models import CardCacheEntry
 from tests.discovery.servers import WELL_KNOWN, make_card, skill
 
