@@ -62,7 +62,8 @@ def main() -> None:
         "rounds": args.rounds,
         "median_ms": {k: round(statistics.median(v), 2) for k, v in timings.items()},
     }
-    result["ratio"] = round(result["median_ms"]["redis_py_lock"] / result["median_ms"]["pipelined"], 1)
+    medians = result["median_ms"]
+    result["ratio"] = round(medians["redis_py_lock"] / medians["pipelined"], 1)
     print(result)
     print("written:", write_results("locks", result))
 
