@@ -8,14 +8,16 @@ turns it off again). The exporter follows the standard variables: ``OTEL_TRACES_
 ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` for the resource. With tracing off nothing
 of the SDK is imported and :func:`span` returns a shared no-op context manager.
 
-The provider is this module's own (also installed as the global one when none is set), so a
-test can swap it for one with an in-memory exporter (:func:`setup` with ``exporter=``).
+From the environment the SDK's own configurator builds the provider and the stock Django,
+Celery and httpx instrumentations trace the cold paths (:func:`setup`); a test can swap in a
+provider of this module's own with an in-memory exporter (:func:`setup` with ``exporter=``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,26 +41,23 @@ def tracer() -> Any:
     return _state["tracer"]
 
 
-def _exporter_from_env() -> Any:
-    kind = settings.OTEL_TRACES_EXPORTER
-    if kind == "none":
-        return None
-    if kind == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter()
-    if kind not in ("otlp", "otlp_proto_http"):
-        logger.warning("OTEL_TRACES_EXPORTER=%s is not supported here; using otlp", kind)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    return OTLPSpanExporter()  # reads OTEL_EXPORTER_OTLP_* itself
+#: The ``OTEL_TRACES_EXPORTER`` values whose exporters are installed here.
+_EXPORTERS = ("otlp", "otlp_proto_http", "console")
 
 
 def setup(*, exporter: Any = None, force: bool = False) -> bool:
     """Set tracing up for this process per the settings; returns whether it is on.
 
-    ``exporter``: use this exporter (synchronously: tests read spans at once) instead of the
-    one the environment names, and turn tracing on regardless of ``A2A_TRACING``.
+    From the environment, the OpenTelemetry SDK's own configurator builds the provider (the
+    exporter, ``OTEL_BSP_*`` batching, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``,
+    every standard variable it reads), installed as the process's global provider, and the
+    stock instrumentations trace the cold paths: Django's views (the API, the console, the
+    KubeMQ surface), Celery tasks and httpx requests (card fetches, discovery). The hot paths
+    (``/a2a``, heartbeats, registrations before Django) keep their own spans (gateway.tracing),
+    which layers switch on through :func:`on_tracer`.
+
+    ``exporter``: use this exporter (synchronously: tests read spans at once) on a provider of
+    this module's own, and turn tracing on regardless of ``A2A_TRACING``.
     """
     if exporter is None and not force:
         if settings.A2A_TRACING != "on":
@@ -66,33 +65,62 @@ def setup(*, exporter: Any = None, force: bool = False) -> bool:
         if settings.OTEL_SDK_DISABLED:
             return False
     from opentelemetry import trace
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
     shutdown()
-    resource = Resource.create(
-        {
-            "service.name": settings.OTEL_SERVICE_NAME,
-            "service.instance.id": node_config.node_id(),
-        }
-    )
-    provider = TracerProvider(resource=resource)
+    resource = {
+        "service.name": settings.OTEL_SERVICE_NAME,
+        "service.instance.id": node_config.node_id(),
+    }
     if exporter is not None:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        # Not the global provider: that can be set once per process only.
+        own = TracerProvider(resource=Resource.create(resource))
+        own.add_span_processor(SimpleSpanProcessor(exporter))
+        provider: Any = own
+        _state["provider"] = provider
     else:
-        env_exporter = _exporter_from_env()
-        if env_exporter is not None:
-            provider.add_span_processor(BatchSpanProcessor(env_exporter))
-    if exporter is None and not isinstance(trace.get_tracer_provider(), TracerProvider):
-        # Libraries that trace through the global API (the a2a-sdk does) join in. Not for a
-        # test's exporter: the global provider can be set once per process only.
-        trace.set_tracer_provider(provider)
-    _state["provider"] = provider
+        if not isinstance(trace.get_tracer_provider(), TracerProvider):
+            _configure_sdk(resource)
+            _instrument_cold_paths()
+        _state["provider"] = provider = trace.get_tracer_provider()
     _state["tracer"] = provider.get_tracer("a2a-registry")
     for enable, _disable in list(_hooks):
         enable(_state["tracer"])
     return True
+
+
+def _configure_sdk(resource: dict[str, str]) -> None:
+    """The SDK's configurator (opentelemetry-distro's), which reads the standard variables
+    itself. Two of them are settled first, as documented: ``OTEL_TRACES_EXPORTER`` defaults to
+    ``otlp``, and OTLP means OTLP over HTTP/protobuf, the exporter the project ships (the SDK's
+    default protocol is gRPC). Metrics stay Prometheus's (``/metrics``) and logs the logging
+    module's unless ``OTEL_METRICS_EXPORTER`` / ``OTEL_LOGS_EXPORTER`` ask for more."""
+    from opentelemetry.distro import OpenTelemetryConfigurator
+
+    kind = settings.OTEL_TRACES_EXPORTER
+    if kind not in _EXPORTERS and kind != "none":
+        logger.warning("OTEL_TRACES_EXPORTER=%s is not installed here; using otlp", kind)
+        kind = "otlp"
+    os.environ["OTEL_TRACES_EXPORTER"] = kind
+    for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
+        if os.environ.get(name, "http/protobuf") != "http/protobuf":
+            logger.warning("%s=%s: only OTLP over http/protobuf is installed; using it",
+                           name, os.environ[name])
+        os.environ[name] = "http/protobuf"
+    OpenTelemetryConfigurator().configure(resource_attributes=resource)
+
+
+def _instrument_cold_paths() -> None:
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+    for instrumentor in (DjangoInstrumentor(), CeleryInstrumentor(), HTTPXClientInstrumentor()):
+        if not instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.instrument()
 
 
 def on_tracer(enable: Callable[[Any], None], disable: Callable[[], None]) -> None:
