@@ -23,7 +23,7 @@ def bucket_of(seconds: float) -> int:
 
 
 def upper_ms(index: int) -> float:
-    return BASE_MS * 2.0 ** (index / 2.0)
+    return float(BASE_MS * 2.0 ** (index / 2.0))
 
 
 def merge(histograms: Iterable[Sequence[int]]) -> list[int]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.handler import a2a_app
 
@@ -77,7 +77,7 @@ async def call(node: GatewayNode, agent_id: str, body: bytes, *,
     sent = False
     never = asyncio.Event()
 
-    async def receive() -> dict:
+    async def receive() -> dict[str, Any]:
         nonlocal sent
         if not sent:
             sent = True
@@ -85,7 +85,7 @@ async def call(node: GatewayNode, agent_id: str, body: bytes, *,
         await never.wait()  # the caller stays connected until the reply is complete
         return {"type": "http.disconnect"}
 
-    async def send(message: dict) -> None:
+    async def send(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             await sink.start(message["status"], {
                 k.decode("latin-1").lower(): v.decode("latin-1")

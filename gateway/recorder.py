@@ -42,19 +42,22 @@ audit_mode = "errors"  # off | errors | all
 audit_cap = 10_000
 refused_cap = 60  # refused-call rows per minute
 
-stats: dict[tuple[str, int], list] = {}  # (agent_id, minute) -> cells
-current: dict[str, list] = {}  # agent_id -> cells of the current minute (no tuple per call)
+#: A minute's cells of one agent: counts, sums and the latency histogram (new_cells' layout).
+Cells = list[Any]
+
+stats: dict[tuple[str, int], Cells] = {}  # (agent_id, minute) -> cells
+current: dict[str, Cells] = {}  # agent_id -> cells of the current minute (no tuple per call)
 current_minute = [0]
 clients: dict[str, float] = {}  # caller client id -> last call time, since last flush
-audit: list[tuple] = []
+audit: list[tuple[Any, ...]] = []
 #: Refused calls since the last flush: (caller, agent_id, outcome) -> [first at, method,
 #: HTTP status, count]. At most ``refused_cap`` keys are created per minute.
-refused: dict[tuple[str, str, str], list] = {}
+refused: dict[tuple[str, str, str], list[Any]] = {}
 refused_minute = [0, 0]  # [minute, rows created in it]
 dropped = {"audit": 0, "stats": 0, "refused": 0}
 
 
-def new_cells() -> list:
+def new_cells() -> Cells:
     return [0, 0, 0, 0, 0, 0.0, 0, 0.0, "", 0, 0] + [0] * BUCKETS
 
 

@@ -9,28 +9,33 @@ hands each ``/a2a`` request the node it serves (:class:`gateway.runtime.NodeHost
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from gateway import heartbeats, registrations
+from gateway.bodies import Receive, Send
 from gateway.handler import a2a_app
 from gateway.metrics import metrics_app
 from gateway.runtime import NodeHost
 from gateway.runtime import host as process_host
 
+#: An ASGI application.
+App = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
-def http_application(django_app, host: NodeHost | None = None,
-                     apps: Mapping[str, Callable] | None = None):
+
+def http_application(django_app: Callable[..., Awaitable[None]], host: NodeHost | None = None,
+                     apps: Mapping[str, App] | None = None) -> App:
     """The ``http`` application of the Channels ``ProtocolTypeRouter``, serving ``host``'s
     node (default: the process's). ``apps`` maps exact paths to ASGI applications of the
     packages above the gateway (the MCP bridge's ``/mcp``), given by the composition root."""
     node_host = host or process_host
     exact = dict(apps or {})
 
-    async def a2a_starting(scope, receive, send) -> None:
+    async def a2a_starting(scope: dict[str, Any], receive: Receive, send: Send) -> None:
         # No lifespan started a node (a server without one): the first request starts it.
         node = await node_host.ensure()
         await a2a_app(node, scope, receive, send)
 
-    def router(scope, receive, send) -> Awaitable[None]:
+    def router(scope: dict[str, Any], receive: Receive, send: Send) -> Awaitable[None]:
         # Returns the chosen app's coroutine instead of awaiting it: no extra coroutine level.
         path = scope["path"]
         if path.startswith("/a2a/"):

@@ -79,8 +79,8 @@ class StreamBuffer:
         self.size = 0
         self.overflowed = False
         self._items: deque[dict[str, Any]] = deque()
-        self._getter: asyncio.Future | None = None
-        self._putter: asyncio.Future | None = None
+        self._getter: asyncio.Future[None] | None = None
+        self._putter: asyncio.Future[None] | None = None
 
     def push(self, message: dict[str, Any]) -> None:
         self._items.append(message)
@@ -140,7 +140,9 @@ class StreamBuffer:
             getter.set_result(None)
 
 
-def flow_controlled(send: Callable[[dict[str, Any]], Awaitable[None]]):
+def flow_controlled(
+    send: Callable[[dict[str, Any]], Awaitable[None]],
+) -> Callable[[dict[str, Any]], Awaitable[None]]:
     """``send`` made to wait while the caller's connection takes no more data, and to write a
     response's **last** message at once, whatever the caller reads.
 
@@ -186,7 +188,7 @@ class _UvicornFlow:
 
     __slots__ = ("_send", "_flow")
 
-    def __init__(self, send, flow) -> None:
+    def __init__(self, send: Callable[[dict[str, Any]], Awaitable[None]], flow: Any) -> None:
         self._send = send
         self._flow = flow
 
@@ -209,7 +211,7 @@ class _TwistedFlow:
 
     __slots__ = ("_send", "_request", "_writable", "_registered")
 
-    def __init__(self, send, request) -> None:
+    def __init__(self, send: Callable[[dict[str, Any]], Awaitable[None]], request: Any) -> None:
         self._send = send
         self._request = request
         self._writable = asyncio.Event()
