@@ -18,3 +18,10 @@ class GatewayConfig(AppConfig):
         # The node (routing table, Subscriber Manager, ...) lives as long as the server.
         node.on_startup(runtime.host.start)
         node.on_shutdown(runtime.host.stop)
+        # The gRPC listener (off unless configured) serves from the node started above, and
+        # stops first (shutdown hooks run in reverse), and stops taking calls at the drain.
+        from gateway.grpc_binding import server as grpc_server
+
+        node.on_startup(grpc_server.start)
+        node.on_shutdown(grpc_server.stop)
+        node.on_drain(grpc_server.drain)
