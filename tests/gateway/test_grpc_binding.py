@@ -14,6 +14,7 @@ gRPC callers here run on the node's loop (:func:`on_node`).
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import httpx
@@ -35,6 +36,9 @@ from tests.a2a_agents import (
     transport_name,
     user_message,
 )
+from tests.gateway import test_cluster
+
+node_b = test_cluster.node_b  # node B: `manage.py serve` sharing this run's Redis and database
 
 # the agent's card shape -> the JSON-RPC methods it receives for send, stream, get, cancel
 AGENTS = {
@@ -212,3 +216,34 @@ async def test_a_03_caller_names_the_agent_in_metadata(grpc_address, echo_agent_
 
     await on_node(calls())
     assert [r.rpc_method for r in target.agent.recorder.rpc()] == ["SendMessage", "GetTask"]
+
+
+@pytest.mark.parametrize("node_b", [{"A2A_GRPC_PORT": "0"}], indirect=True)
+def test_a_call_entering_another_nodes_listener_reaches_the_owner(
+        node_b, echo_agent_factory, register_agent, caller):
+    """Node B (``manage.py serve`` with a gRPC listener) takes the call for an agent node A
+    owns and routes it through the broker, as a JSON-RPC call entering B would be."""
+    target = register_agent(echo_agent_factory(card_shape="both"))  # through A's API: A owns it
+    deadline = time.monotonic() + 5
+    while True:  # until B knows the route (its card names B's gRPC listener)
+        response = httpx.get(f"{node_b.url}/a2a/{target.agent_id}/.well-known/agent-card.json")
+        if response.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    [grpc_b] = [i["url"] for i in response.json()["supportedInterfaces"]
+                if i["protocolBinding"] == "GRPC"]
+    assert grpc_b != f"127.0.0.1:{node_config.grpc_port()}"
+    metadata = tuple(auth(caller).items())
+    with grpc.insecure_channel(grpc_b) as channel:  # the sync API: no second asyncio loop
+        stub = grpc10.A2AServiceStub(channel)
+        request = a2a_pb2.SendMessageRequest(tenant=target.agent_id,
+                                             message=user_message("across").message)
+        reply = stub.SendMessage(request, metadata=metadata, timeout=20)
+        assert get_message_text(reply.message) == "echo: across"
+        request.message.CopyFrom(user_message("task across").message)
+        events = list(stub.SendStreamingMessage(request, metadata=metadata, timeout=20))
+    assert [e.WhichOneof("payload") for e in events] == \
+        ["task", "status_update"] + ["artifact_update"] * 4 + ["status_update"]
+    assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert [r.rpc_method for r in target.agent.recorder.rpc()] == \
+        ["SendMessage", "SendStreamingMessage"]
