@@ -443,6 +443,18 @@ A2A_GC_FREEZE = env_bool("A2A_GC_FREEZE", True)
 # of every request in flight; a larger threshold runs it that much less often (cyclic garbage
 # waits for at most this many allocations). 0: Python's default.
 A2A_GC_GEN0_THRESHOLD = env_int("A2A_GC_GEN0_THRESHOLD", 10_000)
+# --- the gRPC binding (gateway/grpc_binding/; docs/gateway.md "The gRPC binding") ---
+# The node's gRPC listener: its TCP port (0: any free one), off when unset or empty; `manage.py
+# serve --grpc-port` overrides it. It listens on serve's --host (127.0.0.1 otherwise).
+_grpc_port = (env_str("A2A_GRPC_PORT", "") or "").strip()
+A2A_GRPC_PORT: int | None = env_int("A2A_GRPC_PORT", 0) if _grpc_port else None
+if A2A_GRPC_PORT is not None and A2A_GRPC_PORT > 65535:
+    raise ImproperlyConfigured(f"A2A_GRPC_PORT must be a TCP port (0-65535), not {_grpc_port!r}")
+# HTTP/2 streams (calls) one connection may have open at once; more wait for a free one.
+A2A_GRPC_MAX_CONCURRENT_STREAMS = env_int("A2A_GRPC_MAX_CONCURRENT_STREAMS", 100, minimum=1)
+# host:port written into served cards for the gRPC interface; empty: the card's gateway host
+# (A2A_PUBLIC_BASE_URL's, or the request's) with the listener's port.
+A2A_GRPC_PUBLIC_ADDRESS = (env_str("A2A_GRPC_PUBLIC_ADDRESS", "") or "").strip()
 # --- the node's edge (node/servers.py, node/edge.py) ---
 # Both servers: an incomplete request head is cut after this long, an idle kept-alive
 # connection after A2A_HTTP_KEEPALIVE_SECONDS; connections beyond the limit get 503 at once.

@@ -31,14 +31,65 @@ _shutdown: list[Hook] = []
 _started = False
 _served_id: str | None = None
 _draining = False
+_drain: list[Callable[[], None]] = []
+#: ``manage.py serve``'s gRPC listener address (``--grpc-port`` on its ``--host``), when given.
+_grpc_serve: tuple[str, int | None] | None = None
+#: The port the gRPC listener is bound to while it runs (the served cards name it).
+_grpc_bound: int | None = None
 
 
 def begin_drain() -> None:
     """The server stopped taking new work (SIGTERM / SIGINT): the requests it is answering
     get ``A2A_SHUTDOWN_DRAIN_SECONDS`` to finish; those the server then cancels are answered
-    ``node_stopping`` (gateway.handler) instead of being cut off. Signal-safe: sets a flag."""
+    ``node_stopping`` (gateway.handler) instead of being cut off. Signal-safe: sets a flag and
+    calls the :func:`on_drain` callbacks (each signal-safe itself: it schedules its work)."""
     global _draining
+    if _draining:
+        return
     _draining = True
+    for fn in list(_drain):
+        try:
+            fn()
+        except Exception:
+            logger.exception("drain callback %r failed", fn)
+
+
+def on_drain(fn: Callable[[], None]) -> Callable[[], None]:
+    """Call ``fn`` when the node begins to drain (the gRPC listener stops taking calls then,
+    as the HTTP server stops taking connections). ``fn`` must only schedule its work."""
+    if fn not in _drain:
+        _drain.append(fn)
+    return fn
+
+
+def serve_grpc(host: str, port: int | None) -> None:
+    """``manage.py serve``'s gRPC listener: on ``host`` at ``port`` (0: any free port), or
+    off (None), whatever ``A2A_GRPC_PORT`` says."""
+    global _grpc_serve
+    _grpc_serve = (host, port)
+
+
+def grpc_address() -> tuple[str, int] | None:
+    """Where this node's gRPC listener listens: serve's ``--grpc-port`` on its ``--host``,
+    else ``A2A_GRPC_PORT`` on 127.0.0.1; None: no listener."""
+    if _grpc_serve is not None:
+        host, port = _grpc_serve
+        return None if port is None else (host, port)
+    from django.conf import settings
+
+    port = settings.A2A_GRPC_PORT
+    return None if port is None else ("127.0.0.1", port)
+
+
+def grpc_listening(port: int | None) -> None:
+    """The gRPC listener is bound to ``port`` (None: it stopped)."""
+    global _grpc_bound
+    _grpc_bound = port
+
+
+def grpc_port() -> int | None:
+    """The port this node's gRPC listener is bound to, None when it does not run."""
+    return _grpc_bound
 
 
 def serving() -> bool:

@@ -22,3 +22,10 @@ class GatewayConfig(AppConfig):
         node.on_shutdown(runtime.host.stop)
         # Tracing (set up by the registry app, first) switches the hot path's spans on and off.
         tracing.on_tracer(gateway_tracing.enable, gateway_tracing.disable)
+        # The gRPC listener (off unless configured) serves from the node started above, and
+        # stops first (shutdown hooks run in reverse), and stops taking calls at the drain.
+        from gateway.grpc_binding import server as grpc_server
+
+        node.on_startup(grpc_server.start)
+        node.on_shutdown(grpc_server.stop)
+        node.on_drain(grpc_server.drain)

@@ -27,6 +27,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from core import lifecycle as node_config
 from gateway import errors, metrics
 from gateway.headers import scan_request_headers
 from registry.auth import UNAUTHENTICATED_MESSAGE
@@ -38,7 +39,8 @@ from registry.token_cache import AuthFailed
 MAX_CACHED = 4096
 _HOST_RE = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
 _cards: dict[str, dict[str, Any]] = {}  # card sha256 -> card
-_rendered: dict[tuple[str, str], tuple[bytes, bytes]] = {}  # (sha, gateway url) -> (body, etag)
+# (sha, gateway url, gRPC listener port) -> (body, etag)
+_rendered: dict[tuple[str, str, int | None], tuple[bytes, bytes]] = {}
 
 
 def _card_of(agent_id: str) -> tuple[str, dict[str, Any]] | None:
@@ -114,8 +116,8 @@ def vary_headers() -> list[tuple[bytes, bytes]]:
 
 
 def render(card: dict[str, Any], sha: str, gateway_url: str) -> tuple[bytes, bytes]:
-    """The rewritten card's bytes and ETag, cached per (card hash, gateway URL)."""
-    key = (sha, gateway_url)
+    """The rewritten card's bytes and ETag, cached per (card hash, gateway URL, gRPC port)."""
+    key = (sha, gateway_url, node_config.grpc_port())
     hit = _rendered.get(key)
     if hit is None:
         body = orjson.dumps(rewrite_card_endpoints(card, gateway_url))

@@ -273,3 +273,9 @@ def rest_error_body(
     """:func:`rest_error_object`, serialized."""
     return orjson.dumps(rest_error_object(kind, agent_id=agent_id, detail=detail, status=status,
                                           executed=executed))
+
+
+def grpc_code_name(kind: str) -> str:
+    """The gRPC status code (its name, ``google.rpc.Code``) of a gateway error in the gRPC
+    binding: the one the HTTP+JSON binding's ``google.rpc.Status`` names (docs/gateway.md)."""
+    return _REST[kind][1]

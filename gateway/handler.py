@@ -103,6 +103,21 @@ class _Rest:
 REST: Any = _Rest()
 
 
+class BindingCaller:
+    """The caller of a binding that is not HTTP (the gRPC listener, gateway.grpc_binding): it
+    stands where a JSON-RPC call's id goes (admission, :class:`Exchange`, :func:`_error`), and
+    the gateway's own errors are handed to it (:meth:`gateway_error`) instead of being written
+    as an HTTP answer; the agent's answer still reaches the ``send`` it gave, as ASGI
+    messages."""
+
+    __slots__ = ()
+
+    async def gateway_error(self, kind: str, agent_id: str | None, detail: str, *,
+                            status: int | None, executed: bool,
+                            extra: list[tuple[bytes, bytes]] | None) -> None:
+        raise NotImplementedError
+
+
 # --- entry point -----------------------------------------------------------------------------
 
 
@@ -373,6 +388,64 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
     recorder.record(agent_id, caller, method, exchange, len(body), seconds)
     if trace is not None:
         trace.end(exchange.outcome)
+
+
+# --- callers of other bindings (gateway.grpc_binding) -----------------------------------------
+
+
+async def admit_binding_call(node: GatewayNode, scope: dict[str, Any], headers: RequestHeaders,
+                             caller: BindingCaller, agent_id: str, method: str):
+    """Admission of a call that did not come over HTTP, as a JSON-RPC call's: the agent id,
+    authentication (the same token cache), authorization, rate limits and the route. ``(client
+    id, route)``, or None once the refusal was handed to ``caller`` (and audited)."""
+    route = node.table.get(agent_id)
+    actor = _fresh_caller(node, route, headers, agent_id)
+    if actor is not None:
+        if not node.limiter.allow(actor.client_id):
+            await _rate_limited(scope, _discard, caller, agent_id, actor.client_id, method)
+            return None
+        return actor.client_id, route
+    return await _admit_to_agent(node, scope, _discard, headers, caller, agent_id, method)
+
+
+async def forward_binding_call(node: GatewayNode, route, client_id: str, send, receive,
+                               caller: BindingCaller, headers: RequestHeaders, method: str,
+                               body: bytes, timeout: float, *, streaming: bool,
+                               binding: str, started: float,
+                               payload: dict[str, Any] | None = None) -> Exchange:
+    """Forward an admitted call (``body``: the JSON-RPC request the agent gets, ``method``:
+    its method) the one way every call takes (:func:`_forward`): the agent's answer reaches
+    ``send`` as ASGI messages, the gateway's errors ``caller``. Metrics, the console's audit
+    and tracing as for a JSON-RPC call; a call cancelled by its caller is recorded too."""
+    settings = node.settings
+    agent_id = route.agent_id
+    metrics.count_request(agent_id, method)
+    tags = headers.tags
+    tags[env.TAG_METHOD] = method
+    tags[env.TAG_TIMEOUT] = repr(timeout)
+    tags[env.TAG_CALLER] = client_id
+    tags[env.TAG_REQUEST_ID] = f"{_ORIGIN}.{next(_request_ids)}"
+    trace = None
+    if tracing.ENABLED:
+        trace = tracing.start_call(send, agent_id=agent_id, method=method, payload=payload,
+                                   request_bytes=len(body), tags=tags, caller=client_id,
+                                   node_id=settings.NODE_ID, binding=binding)
+        send = trace.send
+    exchange = Exchange(send, caller, agent_id)
+    try:
+        await _forward(node, route, env.query(body, tags), exchange, receive, streaming,
+                       timeout)
+    except asyncio.CancelledError:
+        if not exchange.done:
+            exchange.outcome = "client_disconnect"
+        raise
+    finally:
+        seconds = time.perf_counter() - started
+        metrics.observe_latency(agent_id, exchange.outcome, seconds)
+        recorder.record(agent_id, client_id, method, exchange, len(body), seconds)
+        if trace is not None:
+            trace.end(exchange.outcome)
+    return exchange
 
 
 async def _answer_stopping(exchange: Exchange) -> bool:
@@ -1331,6 +1404,11 @@ class Exchange:
         self.done = True
         if self.outcome in ("unknown", "ok", "agent_error"):
             self.outcome = kind
+        if isinstance(self.rpc_id, BindingCaller):  # the binding answers in its own form
+            self.status = errors.rest_status_for(kind)
+            await self.rpc_id.gateway_error(kind, self.agent_id, detail, status=status,
+                                            executed=executed or self.started, extra=None)
+            return
         if not self.started:
             self.status = errors.rest_status_for(kind) if self.rpc_id is REST \
                 else errors.http_status_for(kind)
@@ -1386,6 +1464,10 @@ async def _error(send, kind: str, rpc_id: Any, agent_id: str | None, detail: str
                  executed: bool = False) -> None:
     """Answer a gateway error: a JSON-RPC error with the caller's id, or, for an HTTP+JSON call
     (``rpc_id`` is :data:`REST`), the binding's ``google.rpc.Status`` form and HTTP status."""
+    if isinstance(rpc_id, BindingCaller):  # not HTTP: the binding answers in its own form
+        await rpc_id.gateway_error(kind, agent_id, detail, status=status, executed=executed,
+                                   extra=extra)
+        return
     if rpc_id is REST:
         body = errors.rest_error_body(kind, agent_id=agent_id, detail=detail, status=status,
                                       executed=executed)

@@ -78,6 +78,57 @@ def http_json_endpoint(card: dict[str, Any]) -> str:
     return ""
 
 
+def _major(version: object) -> int | None:
+    """The major number of a ``protocolVersion`` (``"1.0"`` -> 1, ``"0.3.0"`` -> 0)."""
+    if not isinstance(version, str):
+        return None
+    head = version.strip().split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def jsonrpc_version(card: dict[str, Any], endpoint: str) -> str:
+    """The A2A version the agent's JSON-RPC endpoint (``endpoint``, where the gateway sends
+    calls) speaks, as the gateway translates other bindings' calls to it: ``"1.0"`` when the
+    card lists a JSON-RPC interface of version 1.x at that URL (or lists one and no 0.3 view at
+    all, a pure 1.0 card), else ``"0.3"`` (0.3 and KubeMQ-style cards; an SDK agent listing
+    both versions at one URL answers both)."""
+    entries = card.get("supportedInterfaces")
+    newer = [iface for iface in entries if isinstance(iface, dict)
+             and interface_binding(iface.get("protocolBinding")) == JSONRPC
+             and (_major(iface.get("protocolVersion")) or 0) >= 1] \
+        if isinstance(entries, list) else []
+    if any(iface.get("url") == endpoint for iface in newer):
+        return "1.0"
+    if newer and "url" not in card and not card.get("additionalInterfaces"):
+        return "1.0"
+    return "0.3"
+
+
+def grpc_endpoint(card: dict[str, Any], version: str) -> str:
+    """The card's own gRPC interface (``host:port``) of protocol ``version`` (``"1.0"``: any
+    1.x, ``"0.3"``: any 0.x), ``""`` when it lists none: 1.0 entries of ``supportedInterfaces``
+    name their version; a 0.3 card's ``url`` (``preferredTransport: GRPC``) and
+    ``additionalInterfaces`` entries are 0.3."""
+    major = _major(version)
+    entries = card.get("supportedInterfaces")
+    for iface in entries if isinstance(entries, list) else []:
+        if isinstance(iface, dict) and interface_binding(iface.get("protocolBinding")) == GRPC \
+                and _major(iface.get("protocolVersion") or "1.0") == major \
+                and isinstance(iface.get("url"), str) and iface["url"]:
+            return iface["url"]
+    if major != 0:
+        return ""
+    url = card.get("url")
+    if isinstance(url, str) and url and interface_binding(card.get("preferredTransport")) == GRPC:
+        return url
+    additional = card.get("additionalInterfaces")
+    for iface in additional if isinstance(additional, list) else []:
+        if isinstance(iface, dict) and interface_binding(iface.get("transport")) == GRPC \
+                and isinstance(iface.get("url"), str) and iface["url"]:
+            return iface["url"]
+    return ""
+
+
 def gateway_bindings(card: dict[str, Any], gateway_url: str) -> dict[str, dict[str, str]]:
     """The bindings the gateway answers for the agent of ``card``, each with the interface
     fields (``url``) that say where it answers.
@@ -110,15 +161,65 @@ def _served(entries: list[Any], served: dict[str, dict[str, str]], *, binding_ke
             continue
         binding = interface_binding(entry.get(binding_key, entry.get("transport")))
         fields = served.get(binding)
-        if fields is None:
-            continue
+        if fields is None or (binding == GRPC and (
+                not versioned or _major(entry.get("protocolVersion") or "1.0") != 1)):
+            continue  # the gateway's gRPC interface is reachable by its 1.0 tenant only
+        entry = {**entry, **fields}
         key = (binding, entry.get("protocolVersion"), entry.get("tenant")) if versioned else (
             binding,)
         if key in seen:
             continue
         seen.add(key)
-        out.append({**entry, **fields})
+        out.append(entry)
     return out
+
+
+def gateway_grpc_interface(gateway_url: str) -> dict[str, str] | None:
+    """The gateway's gRPC interface for the agent of ``gateway_url`` (``.../a2a/{agent_id}/``):
+    ``host:port`` of this node's gRPC listener (``A2A_GRPC_PUBLIC_ADDRESS``, else the gateway
+    URL's host with the listener's port) and ``tenant`` the agent id, as A2A 1.0 intends for
+    hosts serving several agents; None while no listener runs."""
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    from core import lifecycle as node
+
+    port = node.grpc_port()
+    if port is None:
+        return None
+    parts = urlsplit(gateway_url)
+    agent_id = parts.path.rstrip("/").rsplit("/", 1)[-1]
+    address = settings.A2A_GRPC_PUBLIC_ADDRESS
+    if not address:
+        host = parts.hostname or "localhost"
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return {"url": address, "tenant": agent_id}
+
+
+def _with_grpc(out: dict[str, Any], grpc: dict[str, str]) -> dict[str, Any]:
+    """``out`` (a rewritten card) offering the gateway's gRPC interface: the agent's own 1.x
+    gRPC entries were rewritten in place (its order); without one, it comes last (the agent's
+    own bindings first: gRPC reaches the agent through translation). A card without
+    ``supportedInterfaces`` (0.3, KubeMQ-style) gets them as SDK clients read its 0.3 view,
+    then the gRPC one: its 0.3 view cannot carry a tenant."""
+    interfaces = out.get("supportedInterfaces")
+    if not isinstance(interfaces, list):
+        if "url" not in out:
+            return out
+        version = out.get("protocolVersion") or "0.3.0"
+        additional = out.get("additionalInterfaces")
+        interfaces = [{"url": out["url"], "protocolBinding": out.get("preferredTransport")
+                       or JSONRPC, "protocolVersion": version}] + [
+            {"url": iface.get("url"), "protocolBinding": iface.get("transport"),
+             "protocolVersion": version}
+            for iface in (additional if isinstance(additional, list) else [])
+            if isinstance(iface, dict)]
+    if not any(isinstance(i, dict) and interface_binding(i.get("protocolBinding")) == GRPC
+               for i in interfaces):
+        interfaces = [*interfaces, {"url": grpc["url"], "protocolBinding": GRPC,
+                                    "protocolVersion": "1.0", "tenant": grpc["tenant"]}]
+    return {**out, "supportedInterfaces": interfaces}
 
 
 def rewrite_card_endpoints(card: dict[str, Any], gateway_url: str) -> dict[str, Any]:
@@ -131,14 +232,25 @@ def rewrite_card_endpoints(card: dict[str, Any], gateway_url: str) -> dict[str, 
     its binding, else the first served ``additionalInterfaces`` entry, and are dropped when the
     gateway answers none (the card then offers no 0.3 interface). A card with neither ``url``
     nor ``supportedInterfaces`` (KubeMQ-style, endpoint given at registration) gets the gateway's
-    JSON-RPC ``url``. Everything else, key order included, is left as it is.
+    JSON-RPC ``url``. While the node's gRPC listener runs, every card offers it too
+    (:func:`gateway_grpc_interface`, :func:`_with_grpc`). Everything else, key order included,
+    is left as it is.
     """
     served = gateway_bindings(card, gateway_url)
+    grpc = gateway_grpc_interface(gateway_url)
     out = dict(card)
     interfaces = card.get("supportedInterfaces")
     if isinstance(interfaces, list):
-        out["supportedInterfaces"] = _served(interfaces, served, binding_key="protocolBinding",
-                                             versioned=True)
+        out["supportedInterfaces"] = _served(
+            interfaces, {**served, GRPC: grpc} if grpc else served,
+            binding_key="protocolBinding", versioned=True)
+    out = _rewrite_03(card, out, served)
+    return _with_grpc(out, grpc) if grpc else out
+
+
+def _rewrite_03(card: dict[str, Any], out: dict[str, Any],
+                served: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """The 0.3 view of :func:`rewrite_card_endpoints` (``out`` has the 1.0 one)."""
     additional = card.get("additionalInterfaces")
     kept = []
     if isinstance(additional, list):

@@ -30,8 +30,9 @@ Card shapes (``card_shape``), served at ``/.well-known/agent-card.json``:
 ``interfaces`` overrides the card's interfaces: ``[(binding, version), ...]`` in the agent's
 order of preference, e.g. gRPC first. ``JSONRPC`` is served at the agent's RPC path and
 ``HTTP+JSON`` (1.0 routes, 0.3 under ``/v1/``) under ``/rest``, both for real; ``GRPC`` is listed
-at ``127.0.0.1:{grpc_port}`` but not served (grpcio is not a dependency), so a client that picks
-it fails, as a client sent to a binding nobody answers does.
+at ``127.0.0.1:{grpc_port}`` but not served, so a client that picks it fails, as a client sent to
+a binding nobody answers does (the gateway's own gRPC listener is tested with these agents behind
+it: tests/gateway/test_grpc_binding.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from a2a.client import Client, ClientConfig, ClientFactory
@@ -318,10 +320,10 @@ def running_echo_agent(**kwargs) -> Iterator[EchoAgent]:
 def client_factory(config: ClientConfig, bindings: list[str]) -> ClientFactory:
     """The SDK's ``ClientFactory`` accepting ``bindings`` (in the client's order of preference).
 
-    The SDK builds a gRPC transport only with grpcio installed, which this project does not
-    need: then a client accepting ``GRPC`` gets a stand-in that fails when the client picks
-    gRPC (its message names the address), as a real one would at its first call to a gRPC
-    address that nothing serves.
+    The SDK builds a gRPC transport only with grpcio installed (a dependency of the project
+    since its gRPC listener): without it a client accepting ``GRPC`` gets a stand-in that fails
+    when the client picks gRPC (its message names the address), as a real one does at its first
+    call to a gRPC address that nothing serves.
     """
     grpc_stand_in = GRPC_BINDING in bindings and client_factory_module.GrpcTransport is None
     config.supported_protocol_bindings = [b for b in bindings
@@ -336,19 +338,50 @@ def client_factory(config: ClientConfig, bindings: list[str]) -> ClientFactory:
     return factory
 
 
+def _with_metadata(details, metadata: list[tuple[str, str]]):
+    return details._replace(metadata=[*(details.metadata or ()), *metadata])
+
+
+class _UnaryMetadata(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, metadata: list[tuple[str, str]]) -> None:
+        self.metadata = metadata
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(_with_metadata(client_call_details, self.metadata), request)
+
+
+class _StreamMetadata(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, metadata: list[tuple[str, str]]) -> None:
+        self.metadata = metadata
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(_with_metadata(client_call_details, self.metadata), request)
+
+
+def grpc_channel_factory(metadata: dict[str, str] | None = None):
+    """An SDK ``grpc_channel_factory``: an insecure channel to the card's ``host:port`` whose
+    every call carries ``metadata`` (the bearer token, say), as ``headers`` go on every HTTP
+    request of :func:`sdk_client`."""
+    pairs = [(k.lower(), v) for k, v in (metadata or {}).items()]
+    interceptors = [_UnaryMetadata(pairs), _StreamMetadata(pairs)] if pairs else None
+    return lambda url: grpc.aio.insecure_channel(url, interceptors=interceptors)
+
+
 @asynccontextmanager
 async def sdk_client(base_url: str, *, streaming: bool = True, polling: bool = False,
                      headers: dict[str, str] | None = None, timeout: float = 30.0,
                      responses: list[httpx.Response] | None = None,
                      bindings: list[str] | None = None,
-                     client_preference: bool = False) -> AsyncIterator[Client]:
+                     client_preference: bool = False,
+                     grpc_metadata: dict[str, str] | None = None) -> AsyncIterator[Client]:
     """A stock a2a-sdk client resolved from ``base_url``'s well-known card, the way a user would.
 
     ``headers`` go on every request (card fetch included): bearer tokens, custom ``X-`` headers.
     ``responses``, when given, collects every HTTP response (headers available as they arrive).
     ``bindings``: the protocol bindings the client accepts (the SDK's default: JSON-RPC only),
     taken in the card's order, or in the client's own with ``client_preference``
-    (:func:`client_factory`).
+    (:func:`client_factory`). A gRPC interface is reached over an insecure channel carrying
+    ``grpc_metadata`` on every call (``{"authorization": "Bearer ..."}``).
     """
     hooks = {}
     if responses is not None:
@@ -359,7 +392,8 @@ async def sdk_client(base_url: str, *, streaming: bool = True, polling: bool = F
     async with httpx.AsyncClient(headers=headers or {}, timeout=timeout,
                                  event_hooks=hooks) as http:
         config = ClientConfig(httpx_client=http, streaming=streaming, polling=polling,
-                              use_client_preference=client_preference)
+                              use_client_preference=client_preference,
+                              grpc_channel_factory=grpc_channel_factory(grpc_metadata))
         factory = client_factory(config, bindings or [JSONRPC_BINDING])
         client = await factory.create_from_url(base_url)
         try:

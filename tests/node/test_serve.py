@@ -97,6 +97,64 @@ def test_a_node_refuses_connections_until_it_has_started(tmp_path, server):
         proc.wait(timeout=30)
 
 
+@pytest.mark.parametrize("server", ["daphne", "uvicorn"])
+def test_serve_grpc_port_serves_the_grpc_binding_on_the_nodes_loop(tmp_path, server):
+    """``serve --grpc-port``: the node's gRPC listener runs on the server's own event loop
+    (Daphne's reactor, uvicorn's uvloop) and takes calls the gateway's one way; SIGTERM stops
+    it with the node. A port already taken stops ``serve`` at once."""
+    import grpc
+    from a2a.types import a2a_pb2, a2a_pb2_grpc
+
+    from tests.a2a_agents import EchoAgent, user_message
+
+    env = _env(tmp_path)
+    _manage(env, "migrate", "--no-input")
+    port, grpc_port = free_port(), free_port()
+    if server == "daphne":  # (the check runs before either server starts)
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", grpc_port))
+            busy = _manage(env, "serve", "--port", str(port), "--grpc-port", str(grpc_port),
+                           check=False)
+        assert busy.returncode != 0 and f"gRPC port {grpc_port} is in use" in busy.stderr
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--port", str(port), "--server", server,
+         "--grpc-port", str(grpc_port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_for(base + "/healthz", proc)
+        output = ""
+        while "Bearer " not in output:
+            output += proc.stdout.readline()
+        token = re.search(r"Authorization: Bearer (\S+)", output).group(1)
+        with EchoAgent(card_shape="both") as agent:
+            r = httpx.post(base + "/api/v1/agents", headers={"Authorization": f"Bearer {token}"},
+                           json={"agent_id": "grpc-echo", "url": agent.url,
+                                 "card": agent.card_document})
+            assert r.status_code == 201, r.text
+            card = httpx.get(base + "/a2a/grpc-echo/.well-known/agent-card.json").json()
+            assert {"url": f"127.0.0.1:{grpc_port}", "protocolBinding": "GRPC",
+                    "protocolVersion": "1.0", "tenant": "grpc-echo"} \
+                in card["supportedInterfaces"]
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                stub = a2a_pb2_grpc.A2AServiceStub(channel)
+                request = a2a_pb2.SendMessageRequest(tenant="grpc-echo",
+                                                     message=user_message("hi").message)
+                reply, call = stub.SendMessage.with_call(
+                    request, metadata=(("authorization", f"Bearer {token}"),), timeout=20)
+                assert reply.message.parts[0].text == "echo: hi"
+                assert ("x-a2a-executed", "true") in call.trailing_metadata()
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.SendMessage(request, timeout=20)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+    with pytest.raises(OSError):  # stopped with the node
+        socket.create_connection(("127.0.0.1", grpc_port), timeout=1).close()
+
+
 def test_serve_refuses_unmigrated_database(tmp_path):
     result = _manage(_env(tmp_path), "serve", "--port", str(free_port()), check=False)
     assert result.returncode != 0

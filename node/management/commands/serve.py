@@ -1,7 +1,9 @@
-"""python manage.py serve [--host H] [--port P] [--server uvicorn|daphne]: run one node.
+"""python manage.py serve [--host H] [--port P] [--server uvicorn|daphne] [--grpc-port G]:
+run one node.
 
 A node is one server process: the ASGI application (gateway, API, admin), the Subscriber
-Manager, and in embedded mode the periodic jobs. Both servers get the same connection and body
+Manager, in embedded mode the periodic jobs, and with ``--grpc-port`` (or ``A2A_GRPC_PORT``) the
+gateway's gRPC listener on the same event loop. Both servers get the same connection and body
 limits (:mod:`node.servers`) and the same startup and shutdown hooks (:mod:`core.lifecycle`).
 """
 
@@ -103,15 +105,36 @@ class Command(BaseCommand):
             "uvloop + httptools and is about twice as fast)",
         )
         parser.add_argument(
+            "--grpc-port",
+            type=int,
+            default=None,
+            help="TCP port of the gateway's gRPC listener on --host (0: any free port; default: "
+            "A2A_GRPC_PORT, off when unset)",
+        )
+        parser.add_argument(
             "--no-periodic",
             action="store_true",
             help="do not run periodic jobs in-process (embedded: all; distributed: expiry)",
         )
 
-    def handle(self, *args, host: str, port: int, server: str, no_periodic: bool, **options):
+    def handle(self, *args, host: str, port: int, server: str, no_periodic: bool,
+               grpc_port: int | None = None, **options):
         if not 0 <= port <= 65535:
             raise CommandError(f"--port must be between 0 and 65535, not {port}")
+        if grpc_port is None:
+            grpc_port = settings.A2A_GRPC_PORT
+        if grpc_port is not None and not 0 <= grpc_port <= 65535:
+            raise CommandError(f"--grpc-port must be between 0 and 65535, not {grpc_port}")
         _check_database()
+        if grpc_port:
+            try:  # a busy gRPC port is one clear error now, not a failed startup later
+                bind_socket(host, grpc_port).close()
+            except PortInUse as exc:
+                raise CommandError(f"gRPC {exc}: pick another --grpc-port") from None
+            except OSError as exc:
+                raise CommandError(f"cannot listen on {host}:{grpc_port}: {exc.strerror}") \
+                    from None
+        node.serve_grpc(host, grpc_port)
         try:
             sock = bind_socket(host, port)
         except PortInUse as exc:
@@ -134,9 +157,10 @@ class Command(BaseCommand):
             node.on_startup(_start_periodic)
             node.on_shutdown(_stop_periodic)
         mode = "embedded" if settings.EMBEDDED else "distributed"
+        grpc = "" if grpc_port is None else f", gRPC on {host}:{grpc_port or '(any free port)'}"
         self.stdout.write(
             f"Node {node.node_id()} ({mode}) serving on http://{host}:{port}/ with {server}"
-            f"{' and in-process periodic jobs' if periodic else ''}. Ctrl-C stops it."
+            f"{grpc}{' and in-process periodic jobs' if periodic else ''}. Ctrl-C stops it."
         )
         self.stdout.flush()
         if host not in _LOOPBACK and not os.environ.get("ALLOWED_HOSTS") and not settings.DEBUG:

@@ -1,0 +1,422 @@
+"""One call of the gRPC binding, from the caller's serialized request to its answer.
+
+Each method of both services (``lf.a2a.v1.A2AService``, ``a2a.v1.A2AService``) is served by
+:func:`serve` with the request's bytes:
+
+1. the request is decoded into the A2A 1.0 ("core") message (:mod:`.translate`); a message
+   that does not decode is ``INVALID_ARGUMENT``;
+2. its ``tenant`` names the agent (a 0.3 request has none: the ``tenant`` metadata entry then);
+3. admission as for every gateway call (:func:`gateway.handler.admit_binding_call`): the
+   bearer token of the ``authorization`` metadata through the same token cache,
+   authorization, rate limits, the route;
+4. the core request becomes the JSON-RPC request the agent's endpoint speaks (1.0 or 0.3:
+   :mod:`.agents`), and takes the gateway's one way to the agent
+   (:func:`gateway.handler.forward_binding_call`: the agent's virtual subscriber, local fast
+   path or broker, its concurrency cap, timeouts, size caps, metrics, audit, tracing);
+5. the agent's answer -- one JSON-RPC response, or SSE events relayed as they come, each
+   written to the caller as it arrives (a caller that stops reading holds the stream back,
+   within the stall timeout) -- becomes the caller's reply messages.
+
+Metadata mirrors the header rules: the caller's metadata (``-bin`` entries, gRPC's own
+``grpc-*`` and ``content-type``, ``te`` aside) travels as request headers under the same rules
+as an HTTP caller's; the agent's relayed response headers come back as initial metadata. The
+gateway's own errors are gRPC statuses (docs/gateway.md has the table) with a
+``google.rpc.Status`` in ``grpc-status-details-bin`` (``ErrorInfo`` of domain ``gateway.a2a``),
+and every answer carries ``x-a2a-executed`` in its trailing metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any
+
+import grpc
+import orjson
+from django.conf import settings as django_settings
+
+from gateway import errors, handler, runtime
+from gateway.grpc_binding import agents, translate
+from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
+from gateway.headers import scan_request_headers
+from gateway.resume import STREAM_ID_HEADER
+from gateway.sse import split_events
+
+logger = logging.getLogger(__name__)
+
+EXECUTED = "x-a2a-executed"
+AGENT_STATUS = "x-a2a-agent-status"
+STATUS_DETAILS = "grpc-status-details-bin"
+#: Where a caller of the 0.3 service (whose requests have no ``tenant``) names the agent.
+TENANT_METADATA = "tenant"
+#: Caller metadata that never becomes a request header: gRPC's own, and what the gateway
+#: sets itself for the agent (the JSON-RPC request's framing and protocol version).
+_DROPPED_METADATA = frozenset({"content-type", "content-length", "te", "accept", "a2a-version",
+                               TENANT_METADATA})
+#: Relayed agent headers that never become initial metadata (gRPC's framing, the trailers).
+_DROPPED_HEADERS = frozenset({b"content-type", b"content-length", b"x-a2a-executed",
+                              b"x-a2a-agent-status", b"transfer-encoding", STREAM_ID_HEADER})
+_METADATA_KEY = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789-_.")
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+#: An agent's HTTP error status (its body not a JSON-RPC answer) as gRPC's HTTP mapping has it.
+_HTTP_CODES = {400: "INTERNAL", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+               404: "UNIMPLEMENTED", 429: "UNAVAILABLE", 502: "UNAVAILABLE",
+               503: "UNAVAILABLE", 504: "UNAVAILABLE"}
+_ids = itertools.count(1)
+
+
+class _Abort(Exception):
+    """The call's answer is an error status (already decided)."""
+
+
+class GrpcCall(handler.BindingCaller):
+    """The caller's side of one gRPC call: the gateway's errors (as a
+    :class:`~gateway.handler.BindingCaller`) and the agent's answer (:meth:`send`, the ASGI
+    messages of the gateway's relay), turned into the caller's reply messages and status."""
+
+    __slots__ = ("method", "context", "agent_version", "failure", "http_status", "sse",
+                 "metadata", "answered", "chunks", "tail", "reply", "ended", "gone",
+                 "_done", "initial_sent")
+
+    def __init__(self, method: ServiceMethod, context: Any) -> None:
+        self.method = method
+        self.context = context
+        self.agent_version = translate.V10
+        #: The call's error answer once decided: (status, trailing metadata).
+        self.failure: tuple[Any, list[tuple[str, str | bytes]]] | None = None
+        self.http_status = 0
+        self.sse = False
+        self.metadata: list[tuple[str, str]] = []
+        self.answered = False  # the agent answered (executed)
+        self.chunks: list[bytes] = []
+        self.tail = b""
+        self.reply: Any = None
+        self.ended = False  # a streamed error ended the caller's stream
+        self.gone = False
+        self._done = asyncio.Event()
+        self.initial_sent = False
+        context.add_done_callback(lambda _context: self._done.set())
+
+    # --- the gateway's errors ------------------------------------------------------------------
+
+    async def gateway_error(self, kind: str, agent_id: str | None, detail: str, *,
+                            status: int | None, executed: bool,
+                            extra: list[tuple[bytes, bytes]] | None) -> None:
+        if self.failure is not None:
+            return
+        form = errors.rest_error_object(kind, agent_id=agent_id, detail=detail, status=status,
+                                        executed=executed)["error"]
+        info = form["details"][0]
+        trailers: list[tuple[str, str | bytes]] = [(EXECUTED, "true" if executed else "false")]
+        if status:
+            trailers.append((AGENT_STATUS, str(status)))
+        for name, value in extra or ():
+            if name == b"retry-after":
+                trailers.append(("retry-after", value.decode("latin-1")))
+        self.failure = (translate.status(errors.grpc_code_name(kind), form["message"],
+                                         reason=info["reason"], domain=info["domain"],
+                                         metadata=info["metadata"]), trailers)
+
+    def fail(self, kind: str, detail: str, *, executed: bool = False, message: str = "") -> None:
+        """A gateway error decided here (before or after the relay), in the same form."""
+        if self.failure is not None:
+            return
+        form = errors.rest_error_object(kind, agent_id=None, detail=detail,
+                                        executed=executed)["error"]
+        info = form["details"][0]
+        self.failure = (translate.status(errors.grpc_code_name(kind), message or form["message"],
+                                         reason=info["reason"], domain=info["domain"],
+                                         metadata=info["metadata"]),
+                        [(EXECUTED, "true" if executed else "false")])
+
+    def _agent_failed(self, status: Any) -> None:
+        if self.failure is None:
+            trailers: list[tuple[str, str | bytes]] = [(EXECUTED, "true")]
+            if self.http_status >= 400:
+                trailers.append((AGENT_STATUS, str(self.http_status)))
+            self.failure = (status, trailers)
+
+    # --- the agent's answer (ASGI messages of the relay) ---------------------------------------
+
+    async def receive(self) -> dict[str, Any]:
+        """The relay's view of the caller: it leaves when the RPC ends (cancelled)."""
+        await self._done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.answered = True
+            self.http_status = message["status"]
+            for name, value in message.get("headers") or ():
+                if name == b"content-type":
+                    self.sse = value[:17].lower() == b"text/event-stream"
+                elif name not in _DROPPED_HEADERS and _valid_metadata(name, value):
+                    self.metadata.append((name.decode("ascii"), value.decode("ascii")))
+            if self.method.core.streaming and self.sse and self.http_status < 400:
+                await self._send_initial()
+            return
+        body = message.get("body", b"")
+        if self.sse and self.method.core.streaming and self.http_status < 400:
+            events, self.tail = split_events(self.tail + body if self.tail else body)
+            if not message.get("more_body"):
+                events, self.tail = events + self.tail + b"\n\n", b""
+            for event in _events(events):
+                await self._answer(event)
+            return
+        if body:
+            self.chunks.append(body)
+
+    async def _send_initial(self) -> None:
+        if not self.initial_sent:
+            self.initial_sent = True
+            try:
+                await self.context.send_initial_metadata(tuple(self.metadata))
+            except Exception:  # the caller is gone (or it was sent already)
+                self.gone = True
+
+    async def _answer(self, answer: Any) -> None:
+        """One JSON-RPC response of the agent: its result becomes a reply message (written at
+        once in a stream), its error the call's status."""
+        if self.ended or self.gone:
+            return
+        if not isinstance(answer, dict) or ("result" not in answer and "error" not in answer):
+            self._broken("the agent's answer is not a JSON-RPC response")
+            return
+        if answer.get("error") is not None or "result" not in answer:
+            self.ended = True
+            self._agent_failed(translate.agent_error_status(answer.get("error"),
+                                                            self.method.version))
+            return
+        core = self.method.core
+        try:
+            if core.streaming:
+                event = translate.agent_event(answer["result"], self.agent_version)
+                if event is None:
+                    return
+                payload = self.method.encode(event).SerializeToString()
+            else:
+                self.reply = self.method.encode(
+                    translate.agent_result(core, answer["result"], self.agent_version))
+                return
+        except TranslationError as exc:
+            self._broken(str(exc))
+            return
+        if core.streaming:
+            await self._send_initial()
+            try:
+                await self.context.write(payload)
+            except Exception:  # the caller is gone: the relay sees it leave
+                self.gone = True
+                self._done.set()
+
+    def _broken(self, detail: str) -> None:
+        self.ended = True
+        self._agent_failed(translate.status(
+            "INTERNAL", f"the agent's answer cannot be translated: {detail}"[:2000]))
+
+    def _whole_body(self) -> Any:
+        """The agent's answer, read whole (a sync method, or a stream answered with one JSON
+        body): one JSON-RPC response, or an HTTP error status of its own."""
+        body = b"".join(self.chunks)
+        self.chunks = []
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            answer = None
+        if self.sse and not self.method.core.streaming:
+            # A sync method answered with events: the first answer of the stream counts.
+            for event in _events(body + b"\n\n"):
+                answer = event
+                break
+        is_rpc = isinstance(answer, dict) and ("result" in answer or "error" in answer)
+        if self.http_status >= 400 and not is_rpc:
+            self._agent_failed(translate.status(
+                _HTTP_CODES.get(self.http_status, "UNKNOWN"),
+                f"the agent answered HTTP {self.http_status}"))
+            return None
+        if not is_rpc:
+            self._broken("the agent's answer is not JSON-RPC")
+            return None
+        return answer
+
+    # --- the end of the call -------------------------------------------------------------------
+
+    async def finish(self) -> bytes | None:
+        """The caller's answer: the reply (a sync method), the stream's end, or the status."""
+        if self.failure is None and self.answered and (
+                self.chunks or not (self.sse and self.method.core.streaming)):
+            answer = self._whole_body()
+            if answer is not None:
+                await self._answer(answer)
+        if self.failure is None and self.answered and not self.method.core.streaming \
+                and self.reply is None:
+            self._broken("no answer")
+        if self.failure is None and not self.answered:
+            self.fail(errors.UNREACHABLE, "the subscriber gave no answer")
+        if self.failure is not None:
+            status, trailers = self.failure
+            trailers = [*trailers, (STATUS_DETAILS, status.SerializeToString())]
+            await self.context.abort(_CODES.get(status.code, grpc.StatusCode.UNKNOWN),
+                                     status.message, tuple(trailers))
+            raise _Abort  # not reached: abort raises
+        self.context.set_trailing_metadata(((EXECUTED, "true"),))
+        if self.method.core.streaming:
+            return None
+        await self._send_initial()
+        return self.reply.SerializeToString()
+
+
+def _valid_metadata(name: bytes, value: bytes) -> bool:
+    return bool(name) and not name.startswith(b"grpc-") and not name.endswith(b"-bin") \
+        and all(c in _METADATA_KEY for c in name) and all(0x20 <= c < 0x7F for c in value)
+
+
+def _events(stream: bytes):
+    """The JSON of each ``data`` of complete SSE events (comments and keepalives skipped)."""
+    for event in stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
+        data = [line[5:].removeprefix(b" ") for line in event.split(b"\n")
+                if line.startswith(b"data:")]
+        if not data:
+            continue
+        try:
+            yield orjson.loads(b"\n".join(data))
+        except orjson.JSONDecodeError:
+            yield None
+
+
+def _request_headers(metadata) -> list[tuple[bytes, bytes]]:
+    """The caller's metadata as the request headers the gateway's header rules read."""
+    out = []
+    for key, value in metadata or ():
+        key = key.lower()
+        if key.startswith((":", "grpc-")) or key.endswith("-bin") or key in _DROPPED_METADATA \
+                or not isinstance(value, str):
+            continue
+        out.append((key.encode("latin-1"), value.encode("latin-1", errors="replace")))
+    return out
+
+
+def _metadata_value(metadata, name: str) -> str:
+    for key, value in metadata or ():
+        if key.lower() == name and isinstance(value, str):
+            return value
+    return ""
+
+
+def _peer(context: Any) -> tuple[str, int]:
+    """The caller's address from gRPC's peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``)."""
+    peer = context.peer() or ""
+    kind, _, rest = peer.partition(":")
+    host, _, port = rest.rpartition(":")
+    if kind not in ("ipv4", "ipv6") or not host:
+        return (peer or "-", 0)
+    return (host.strip("[]"), int(port) if port.isdigit() else 0)
+
+
+def _timeout(context: Any) -> float:
+    """The call's timeout: the caller's deadline (what remains of it), capped at
+    ``A2A_MAX_TIMEOUT_SECONDS``; ``A2A_DEFAULT_TIMEOUT_SECONDS`` without one -- the rules of
+    a JSON-RPC call's ``params.configuration.timeout``."""
+    cap = float(django_settings.A2A_MAX_TIMEOUT_SECONDS)
+    remaining = context.time_remaining()
+    if remaining is None:
+        return min(float(django_settings.A2A_DEFAULT_TIMEOUT_SECONDS), cap)
+    return min(max(remaining, 0.001), cap)
+
+
+async def serve(method: ServiceMethod, data: bytes, context: Any) -> bytes | None:
+    """Answer one call of ``method`` (the request's serialized bytes)."""
+    started = time.perf_counter()
+    call = GrpcCall(method, context)
+    try:
+        await _call(method, data, context, call, started)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        if call.failure is None:
+            logger.exception("gRPC %s failed", method.path)
+            call.fail(errors.UNREACHABLE, "the gateway failed to handle the call",
+                      executed=call.answered)
+    return await call.finish()
+
+
+async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall,
+                started: float) -> None:
+    host = runtime.host
+    node = host.node if host.node is not None else await host.ensure()
+    try:
+        request = method.decode(data)
+    except TranslationError as exc:
+        call.fail(errors.INVALID_REQUEST, str(exc))
+        return
+    metadata = context.invocation_metadata()
+    agent_id = translate.tenant_of(request) or _metadata_value(metadata, TENANT_METADATA)
+    if not agent_id:
+        call.fail(errors.INVALID_REQUEST, "no agent: set the request's tenant (the "
+                  f"{TENANT_METADATA!r} metadata entry for A2A 0.3) to the agent id")
+        return
+    headers = scan_request_headers(_request_headers(metadata))
+    scope = {"client": _peer(context)}
+    core = method.core
+    admitted = await handler.admit_binding_call(node, scope, headers, call, agent_id, core.name)
+    if admitted is None:
+        return
+    client_id, route = admitted
+    try:
+        bindings = await agents.bindings(route)
+    except Exception as exc:
+        logger.warning("gRPC: the card of %s cannot be read: %s", agent_id, exc)
+        call.fail(errors.UNREACHABLE, "the agent's card cannot be read now; retry")
+        return
+    version = call.agent_version = bindings.jsonrpc
+    try:
+        rpc_method, params = translate.agent_request(core, request, version)
+    except Unsupported:
+        call.fail(errors.BINDING_UNAVAILABLE, "", message=(
+            f"{core.name} is not an A2A {version} method, and agent {agent_id} speaks "
+            f"A2A {version}"))
+        return
+    except TranslationError as exc:
+        call.fail(errors.INVALID_REQUEST, str(exc))
+        return
+    body = orjson.dumps({"jsonrpc": "2.0", "id": f"grpc-{next(_ids)}", "method": rpc_method,
+                         "params": params})
+    tags = headers.tags
+    tags["a2a_hdr_content-type"] = "application/json"
+    tags["a2a_hdr_accept"] = "text/event-stream" if core.streaming else "application/json"
+    tags["a2a_hdr_a2a-version"] = version
+    if version == translate.V03 and "a2a_hdr_a2a-extensions" in tags:
+        tags.setdefault("a2a_hdr_x-a2a-extensions", tags["a2a_hdr_a2a-extensions"])
+    await handler.forward_binding_call(
+        node, route, client_id, call.send, call.receive, call, headers, rpc_method, body,
+        _timeout(context), streaming=core.streaming, binding="GRPC", started=started,
+        payload={"params": params})
+
+
+def handlers() -> list[grpc.GenericRpcHandler]:
+    """The generic handlers of both services, on serialized messages (no (de)serializer: the
+    request's bytes are decoded here, and a reply is written as bytes)."""
+    out = []
+    for service in translate.SERVICES:
+        methods = {}
+        for method in translate.methods_of(service):
+            if method.core.streaming:
+                methods[method.name] = grpc.unary_stream_rpc_method_handler(_stream(method))
+            else:
+                methods[method.name] = grpc.unary_unary_rpc_method_handler(_unary(method))
+        out.append(grpc.method_handlers_generic_handler(service, methods))
+    return out
+
+
+def _unary(method: ServiceMethod):
+    async def unary(request: bytes, context: Any) -> bytes | None:
+        return await serve(method, request, context)
+    return unary
+
+
+def _stream(method: ServiceMethod):
+    async def stream(request: bytes, context: Any) -> None:
+        await serve(method, request, context)
+    return stream
