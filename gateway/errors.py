@@ -63,6 +63,10 @@ BROKER_LOST = "broker_lost"
 # dropped mid-publish): the call ends instead of relaying around the gap; executed true.
 STREAM_GAP = "stream_gap"
 
+# A push-notification webhook in the request is refused by the outbound URL rules (metadata
+# hosts, refused addresses, schemes, credentials, the allowlist): answered before the agent.
+WEBHOOK_REFUSED = "webhook_refused"
+
 # The HTTP+JSON binding (gateway.rest): the agent offers no HTTP+JSON interface (the gateway
 # does not translate between bindings), no A2A route has that path, or the path's route takes
 # another HTTP method.
@@ -98,6 +102,7 @@ _TABLE: dict[str, tuple[int, int, bool, int]] = {
     BINDING_UNAVAILABLE: (-32070, -32601, False, 501),
     ROUTE_NOT_FOUND: (-32071, -32601, False, 404),
     METHOD_NOT_ALLOWED: (-32072, -32601, False, 405),
+    WEBHOOK_REFUSED: (-32069, -32602, False, 200),
 }
 
 #: The HTTP+JSON binding's form of each kind: (HTTP status, google.rpc status name), the
@@ -130,6 +135,7 @@ _REST: dict[str, tuple[int, str]] = {
     BINDING_UNAVAILABLE: (501, "UNIMPLEMENTED"),
     ROUTE_NOT_FOUND: (404, "NOT_FOUND"),
     METHOD_NOT_ALLOWED: (405, "UNIMPLEMENTED"),
+    WEBHOOK_REFUSED: (400, "INVALID_ARGUMENT"),
 }
 #: ``google.rpc.ErrorInfo`` of a gateway error in the HTTP+JSON binding: ``reason`` is the kind
 #: upper-cased, ``metadata`` carries what ``error.data`` carries in JSON-RPC (as strings, the

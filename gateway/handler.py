@@ -42,7 +42,7 @@ import orjson
 
 from core import lifecycle as node_config
 from gateway import envelope as env
-from gateway import errors, metrics, recorder, rest, tracing
+from gateway import errors, metrics, push, recorder, rest, tracing
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import serve_card
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
@@ -238,6 +238,13 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         if admitted is None:
             return
         caller, route = admitted
+    if method in push.METHODS and (len(body) <= LAZY_ABOVE_BYTES or push.MARKER in body):
+        whole = payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body)
+        refused = await push.check(method, whole.get("params"))
+        if refused is not None:
+            _refused(scope, agent_id, caller, method, errors.WEBHOOK_REFUSED)
+            await _error(send, errors.WEBHOOK_REFUSED, rpc_id, agent_id, refused)
+            return
     metrics.count_request(agent_id, method)
     timeout = request_timeout(payload, settings)
     tags = headers.tags
