@@ -536,6 +536,15 @@ A2A_MCP_ENABLED = env_bool("A2A_MCP_ENABLED", True)
 # Tool descriptions from agent cards where no reviewed (discovery) description exists; off:
 # only the agent id and card name (card text is an injection surface for MCP clients' models).
 A2A_MCP_CARD_DESCRIPTIONS = env_bool("A2A_MCP_CARD_DESCRIPTIONS", True)
+# Notification streams (GET /mcp with a session id, subscriptions/listen) a node holds, in all
+# and per client; their keepalive (also: the token re-checked, a write's longest wait).
+A2A_MCP_MAX_STREAMS = env_int("A2A_MCP_MAX_STREAMS", 1000, minimum=0)
+A2A_MCP_MAX_STREAMS_PER_CLIENT = env_int("A2A_MCP_MAX_STREAMS_PER_CLIENT", 20, minimum=0)
+A2A_MCP_KEEPALIVE_SECONDS = env_float("A2A_MCP_KEEPALIVE_SECONDS", 15.0, minimum=0.1)
+# Files sent as tool arguments (base64 or URL parts of one call): at most this many, and this
+# many bytes decoded in all (the request itself stays under A2A_MAX_REQUEST_BYTES).
+A2A_MCP_MAX_FILES = env_int("A2A_MCP_MAX_FILES", 10, minimum=0)
+A2A_MCP_MAX_FILE_BYTES = env_int("A2A_MCP_MAX_FILE_BYTES", 4 * 1024 * 1024, minimum=0)
 
 # --- settings that must agree with one another (checked last: every name above has been read) ---
 if A2A_NODE_LIVENESS_TTL_SECONDS <= A2A_NODE_LIVENESS_REFRESH_SECONDS:

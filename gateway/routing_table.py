@@ -11,15 +11,26 @@ moving the routing marker, so a route's ``expires_at`` is the lease as of its la
 change, not the current one. An agent leaves the table through its ``expired`` or
 ``deregistered`` event, or at the next incremental resync, which also drops active agents whose
 lease lapsed before the expiry job marked them.
+
+**Watchers** (:meth:`RoutingTable.watch`) hear which agents' routes appeared, changed or went
+away, whichever way the change arrived (an event, an incremental or a full resync): the MCP
+bridge's change notifications (``mcp_bridge.notify``). A full resync compares the tables only
+while someone watches.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from gateway.conf import NodeSettings
 from registry.events import AgentEvent, AgentRoute
+
+logger = logging.getLogger(__name__)
+
+#: A watcher: called on the node's loop with the ids whose route appeared, changed or went away.
+Watcher = Callable[[set[str]], None]
 
 #: How many recently expired agent ids the table remembers (to say "expired", not "not found").
 MAX_EXPIRED_REMEMBERED = 10_000
@@ -33,6 +44,25 @@ class RoutingTable:
         # Agents an event touched since the last resync began: the resync's (older) database
         # read must not undo them.
         self._touched: set[str] = set()
+        self._watchers: list[Watcher] = []
+
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        """Call ``watcher`` with the agent ids whose route appeared, changed (routing fields or
+        card) or went away, after each change; returns the function that stops it."""
+        self._watchers.append(watcher)
+
+        def unwatch() -> None:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+
+        return unwatch
+
+    def _changed(self, agent_ids: set[str]) -> None:
+        for watcher in list(self._watchers):
+            try:
+                watcher(agent_ids)
+            except Exception:  # a watcher's bug must not break routing
+                logger.exception("routing table watcher %r failed", watcher)
 
     def __len__(self) -> int:
         return len(self._routes)
@@ -60,6 +90,12 @@ class RoutingTable:
             # An agent of a dead node expires before its lease ends: then "now".
             when = min(previous.expires_at, time.time()) if previous else time.time()
             self._remember_expired(event.agent_id, when)
+        if self._watchers:
+            current = self._routes.get(event.agent_id)
+            if (previous is None) != (current is None) or (
+                    previous is not None and current is not None
+                    and not _same_routing(previous, current)):
+                self._changed({event.agent_id})
         return previous
 
     def _remember_expired(self, agent_id: str, when: float) -> None:
@@ -83,8 +119,15 @@ class RoutingTable:
             fresh.pop(agent_id, None)
             if agent_id in self._routes:
                 fresh[agent_id] = self._routes[agent_id]
-        self._routes = fresh
+        old, self._routes = self._routes, fresh
         self._touched = set()
+        if self._watchers:
+            changed = {agent_id for agent_id, route in fresh.items()
+                       if (before := old.get(agent_id)) is None
+                       or not _same_routing(before, route)}
+            changed.update(agent_id for agent_id in old if agent_id not in fresh)
+            if changed:
+                self._changed(changed)
 
     def finish_incremental(self, routes: Iterable[AgentRoute], gone: Iterable[str]) -> set[str]:
         """Apply an incremental database read begun at :meth:`begin_resync` (changed routes to
@@ -112,6 +155,8 @@ class RoutingTable:
                 if previous.expires_at <= now:  # a lapsed lease whose event was lost
                     self._remember_expired(agent_id, previous.expires_at)
         self._touched = set()
+        if changed and self._watchers:
+            self._changed(changed)
         return changed
 
 

@@ -1,7 +1,9 @@
 """A tool call as an A2A request, and the gateway's reply as an MCP tool result.
 
 The request is the blocking send of the agent's protocol: ``message/send`` for A2A 0.3 cards,
-``SendMessage`` with ``A2A-Version: 1.0`` for 1.0 cards (no 0.3 interface). The reply's parts
+``SendMessage`` with ``A2A-Version: 1.0`` for 1.0 cards (no 0.3 interface). The ``message``
+argument is its text part; ``data`` a data part and ``files`` file parts (bytes or URLs, of the
+media types the card takes, counted and size-capped: :class:`FileLimits`). The reply's parts
 become MCP content: text as text, data parts as JSON text, file bytes as an image, audio or
 embedded blob, file URLs as resource links. A task that is still running answers its id (poll
 it with the ``get_task`` tool); a failed, rejected or cancelled task, an agent's JSON-RPC error
@@ -12,9 +14,12 @@ request.
 
 from __future__ import annotations
 
+import binascii
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import mcp_types as types
 import orjson
@@ -43,12 +48,112 @@ def _optional_str(arguments: dict[str, Any], name: str) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class FileArgument:
+    """One checked entry of a tool call's ``files``: bytes (base64) or a URL."""
+
+    mime_type: str
+    name: str | None
+    data: str | None  # base64, checked
+    uri: str | None
+
+    def part(self, protocol: str) -> dict[str, Any]:
+        """The A2A file part: 1.0 ``{raw|url, mediaType, filename}``, 0.3 ``{"kind": "file",
+        "file": {bytes|uri, mimeType, name}}``."""
+        if protocol == "1.0":
+            part: dict[str, Any] = ({"raw": self.data} if self.data is not None
+                                    else {"url": self.uri})
+            part["mediaType"] = self.mime_type
+            if self.name:
+                part["filename"] = self.name
+            return part
+        file: dict[str, Any] = ({"bytes": self.data} if self.data is not None
+                                else {"uri": self.uri})
+        file["mimeType"] = self.mime_type
+        if self.name:
+            file["name"] = self.name
+        return {"kind": "file", "file": file}
+
+
+def accepted(mime_type: str, modes: tuple[str, ...]) -> bool:
+    """Whether a card's input ``modes`` take ``mime_type`` (``*/*``, ``image/*``, exact)."""
+    mime = mime_type.split(";", 1)[0].strip().lower()
+    kind = mime.split("/", 1)[0]
+    for mode in modes:
+        if mode in ("*", "*/*", "file", "files", "binary") or mode == mime or mode == kind \
+                or (mode.endswith("/*") and mode[:-2] == kind):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class FileLimits:
+    """What a call may send as files: the agent's file input modes, how many, how large."""
+
+    modes: tuple[str, ...] = ()
+    max_files: int = 0
+    max_bytes: int = 0
+
+
+def _files(value: Any, limits: FileLimits) -> list[FileArgument]:
+    if value is None:
+        return []
+    if not limits.modes:
+        raise InvalidArguments("this agent takes no files (its card lists no file input modes)")
+    if not isinstance(value, list):
+        raise InvalidArguments("files must be an array")
+    if len(value) > limits.max_files:
+        raise InvalidArguments(f"at most {limits.max_files} files per call (A2A_MCP_MAX_FILES)")
+    files, total = [], 0
+    for index, entry in enumerate(value):
+        where = f"files[{index}]"
+        if not isinstance(entry, dict):
+            raise InvalidArguments(f"{where} must be an object")
+        unknown = set(entry) - {"name", "mimeType", "data", "uri"}
+        if unknown:
+            raise InvalidArguments(f"{where}: unknown field(s): {', '.join(sorted(unknown))}")
+        mime = entry.get("mimeType")
+        if not isinstance(mime, str) or not mime.strip():
+            raise InvalidArguments(f"{where}.mimeType is required (a media type)")
+        if not accepted(mime, limits.modes):
+            raise InvalidArguments(f"{where}.mimeType {mime} is not among the media types the "
+                                   f"agent takes ({', '.join(limits.modes)})")
+        name = entry.get("name")
+        if name is not None and not isinstance(name, str):
+            raise InvalidArguments(f"{where}.name must be a string")
+        data, uri = entry.get("data"), entry.get("uri")
+        if (data is None) == (uri is None):
+            raise InvalidArguments(f"{where} needs either data (base64) or uri")
+        if data is not None:
+            if not isinstance(data, str):
+                raise InvalidArguments(f"{where}.data must be a base64 string")
+            if (total + len(data) * 3 // 4 - 2) > limits.max_bytes:  # before decoding it
+                raise InvalidArguments(f"files larger than {limits.max_bytes} bytes in all "
+                                       "(A2A_MCP_MAX_FILE_BYTES)")
+            try:
+                total += len(binascii.a2b_base64(data, strict_mode=True))
+            except binascii.Error as exc:
+                raise InvalidArguments(f"{where}.data is not valid base64 ({exc})") from None
+            if total > limits.max_bytes:
+                raise InvalidArguments(f"files larger than {limits.max_bytes} bytes in all "
+                                       "(A2A_MCP_MAX_FILE_BYTES)")
+        else:
+            parts = urlsplit(uri) if isinstance(uri, str) else None
+            if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+                raise InvalidArguments(f"{where}.uri must be an http(s) URL")
+        files.append(FileArgument(mime_type=mime.strip(), name=name or None, data=data,
+                                  uri=uri))
+    return files
+
+
 def send_request(protocol: str, arguments: dict[str, Any] | None, *,
-                 streaming: bool = False) -> tuple[bytes, list]:
+                 streaming: bool = False, files: FileLimits | None = None
+                 ) -> tuple[bytes, list]:
     """The JSON-RPC body and extra headers of a message send with these tool arguments: the
-    streaming send when ``streaming`` (the agent's card says it streams)."""
+    streaming send when ``streaming`` (the agent's card says it streams); ``files``: what the
+    agent takes as file parts (none: no files)."""
     arguments = arguments or {}
-    unknown = set(arguments) - {"message", "context_id", "task_id", "data"}
+    unknown = set(arguments) - {"message", "context_id", "task_id", "data", "files"}
     if unknown:
         raise InvalidArguments(f"unknown argument(s): {', '.join(sorted(unknown))}")
     text = arguments.get("message")
@@ -59,11 +164,13 @@ def send_request(protocol: str, arguments: dict[str, Any] | None, *,
     data = arguments.get("data")
     if data is not None and not isinstance(data, dict):
         raise InvalidArguments("data must be an object")
+    attached = _files(arguments.get("files"), files or FileLimits())
     rpc_id = f"mcp-{uuid.uuid4().hex[:12]}"
     if protocol == "1.0":
         parts: list[dict[str, Any]] = [{"text": text}]
         if data is not None:
             parts.append({"data": data})
+        parts.extend(file.part(protocol) for file in attached)
         message: dict[str, Any] = {"role": "ROLE_USER", "messageId": uuid.uuid4().hex,
                                    "parts": parts}
         method = "SendStreamingMessage" if streaming else "SendMessage"
@@ -73,6 +180,7 @@ def send_request(protocol: str, arguments: dict[str, Any] | None, *,
         parts = [{"kind": "text", "text": text}]
         if data is not None:
             parts.append({"kind": "data", "data": data})
+        parts.extend(file.part(protocol) for file in attached)
         message = {"kind": "message", "role": "user", "messageId": uuid.uuid4().hex,
                    "parts": parts}
         method, headers = ("message/stream" if streaming else "message/send"), []

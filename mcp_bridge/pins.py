@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl
 from channels.db import database_sync_to_async
 from django.db import DatabaseError
 
+from config import outage
 from discovery.models import Snapshot
 from discovery.sessions import SessionError, session_pin
 from discovery.snapshots import snapshot_get
@@ -85,6 +86,8 @@ def _resolve(kind: str, value: str, client_id: str) -> Pinned:
     except SessionError as exc:
         raise PinError(str(exc)) from exc
     except DatabaseError as exc:
+        if outage.is_database_outage(exc):
+            outage.breaker.trip(exc)
         raise PinError("the registry database cannot be read now: retry shortly") from exc
     if len(_sessions) >= MAX_SESSIONS:
         _sessions.clear()
@@ -103,8 +106,12 @@ async def pinned(query_string: bytes, client_id: str) -> Pinned | None:
         return _digests[value]
     if kind == "session":
         cached = _sessions.get(value)
-        if cached is not None and time.monotonic() - cached[1] < SESSION_TTL_SECONDS:
+        # While the database is known to be down, the pin last read stands.
+        if cached is not None and (time.monotonic() - cached[1] < SESSION_TTL_SECONDS
+                                   or outage.breaker.is_open):
             hit = _snapshots.get(cached[0])
             if hit is not None:
                 return hit
+    if outage.breaker.is_open:
+        raise PinError("the registry database cannot be read now: retry shortly")
     return await _resolve(kind, value, client_id)

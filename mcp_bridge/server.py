@@ -1,12 +1,14 @@
 """The node's MCP server: ``/mcp`` (Streamable HTTP), built on the official MCP Python SDK.
 
 **Stateless.** The SDK's session managers run in stateless mode: every request is answered on
-its own, no ``Mcp-Session-Id`` is issued and nothing is kept between requests, so any node
-answers any request (a load balancer needs no affinity, a node restart loses nothing). A
-tool call is answered as an SSE stream (its progress notifications, then its result), any
-other request as one JSON body (:class:`Managers`). What needs a
-session is not offered: ``notifications/tools/list_changed`` is not sent (clients list tools
-again when they reconnect or refresh), nor server-to-client requests.
+its own and nothing is kept between requests, so any node answers any request (a load balancer
+needs no affinity, a node restart loses nothing). A tool call is answered as an SSE stream (its
+progress notifications, then its result), any other request as one JSON body
+(:class:`Managers`). ``notifications/tools/list_changed`` reaches open sessions on whichever
+node holds their stream (:mod:`mcp_bridge.notify`): ``initialize`` is answered with a
+self-contained, signed ``Mcp-Session-Id`` and ``GET /mcp`` with it opens the stream (2025
+protocol versions); ``subscriptions/listen`` is the stream at 2026-07-28. Server-to-client
+requests are not offered.
 
 **Auth.** The same bearer tokens as the API and the gateway, checked here through the process's
 token cache before the SDK sees the request: no token, or a bad one, answers 401 with a
@@ -39,19 +41,22 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import mcp_types as types
 import orjson
 from django.conf import settings
-from mcp.server.lowlevel import Server
+from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 
+from config import outage
 from gateway import errors, inprocess, runtime
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import gateway_base_url
 from gateway.headers import scan_request_headers
-from mcp_bridge import calls, pins, tools
+from mcp_bridge import calls, notify, pins, tools
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE
 from registry.permissions import Actor
@@ -89,7 +94,15 @@ async def _pinned(ctx: Any, actor: Actor) -> pins.Pinned | None:
     try:
         return await pins.pinned(ctx.request.scope.get("query_string") or b"", actor.client_id)
     except pins.PinError as exc:
+        _probe_if_down()
         raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+
+
+def _probe_if_down() -> None:
+    """A read found the database down (and tripped the outage breaker): make sure the probe
+    that closes the breaker runs (``config.outage``)."""
+    if outage.breaker.is_open:
+        outage.breaker.ensure_probe()
 
 
 async def _node():
@@ -105,11 +118,10 @@ async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
     if pinned is not None:
         routes = [r for r in routes if r.agent_id in pinned.descriptions]
     chunk, next_cursor = tools.page(routes, params.cursor if params else None)
-    try:
-        listed = [types.Tool(**tool) for tool in await tools.tools_listed(
-            chunk, pinned.descriptions if pinned is not None else None)]
-    except tools.Unavailable as exc:
-        raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+    # While the database is down: from memory (cards read before; unread ones by id alone).
+    listed = [types.Tool(**tool) for tool in await tools.tools_listed(
+        chunk, pinned.descriptions if pinned is not None else None)]
+    _probe_if_down()
     if routes and not (params and params.cursor):
         listed.append(types.Tool(name=tools.GET_TASK, title="Get an A2A task",
                                  description=tools.GET_TASK_DESCRIPTION,
@@ -138,6 +150,7 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     try:
         tool = await tools.tool_of(route)
     except tools.Unavailable as exc:
+        _probe_if_down()
         return calls.error_result(str(exc), agent_id=name, kind="registry_unavailable",
                                   executed=False, retryable=True)
     if tool is None:
@@ -147,7 +160,10 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         if params.name == tools.GET_TASK:
             body, extra = calls.get_task_request(tool.protocol, arguments["task_id"])
         else:
-            body, extra = calls.send_request(tool.protocol, arguments, streaming=streaming)
+            body, extra = calls.send_request(tool.protocol, arguments, streaming=streaming,
+                                             files=calls.FileLimits(
+                                                 tool.file_modes, settings.A2A_MCP_MAX_FILES,
+                                                 settings.A2A_MCP_MAX_FILE_BYTES))
     except calls.InvalidArguments as exc:
         return calls.error_result(f"invalid arguments: {exc}")
     headers = _headers(authorization, extra)
@@ -238,10 +254,53 @@ def _no_header_params(name: str) -> None:
     return None
 
 
+async def listen(ctx: Any, params: types.SubscriptionsListenRequestParams
+                 ) -> types.SubscriptionsListenResult:
+    """``subscriptions/listen`` (2026-07-28): this request's response is the stream of the
+    caller's ``notifications/tools/list_changed`` (:mod:`mcp_bridge.notify`), on any node."""
+    actor, authorization = _caller(ctx)
+    node = await _node()
+    pinned = await _pinned(ctx, actor)
+    meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
+    wanted = bool(params.notifications.tools_list_changed)
+    try:
+        listener = notify.notifier.open(node, actor, authorization, None if pinned is None
+                                        else frozenset(pinned.descriptions))
+    except notify.Full as exc:
+        raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+    try:
+        await ctx.session.send_notification(types.SubscriptionsAcknowledgedNotification(
+            params=types.SubscriptionsAcknowledgedNotificationParams(
+                notifications=types.SubscriptionFilter(tools_list_changed=True if wanted else None),
+                _meta=meta)), related_request_id=ctx.request_id)
+
+        async def write(frame: bytes | None) -> None:
+            # Keepalives are the SDK's (a comment after 15 s without a frame).
+            if frame is not None and wanted:
+                await ctx.session.send_notification(types.ToolListChangedNotification(
+                    params=types.NotificationParams(_meta=meta)),
+                    related_request_id=ctx.request_id)
+
+        await notify.notifier.run(listener, node.tokens, write)
+    finally:
+        notify.notifier.close(listener)
+    return types.SubscriptionsListenResult(_meta=meta)
+
+
+class _Server(Server):
+    """The SDK's low-level server, announcing ``tools.listChanged`` to handshake-era clients
+    too (the 2026-07-28 capability follows from serving ``subscriptions/listen``)."""
+
+    def create_initialization_options(self, notification_options: Any = None,
+                                      *args: Any, **kwargs: Any) -> Any:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), *args, **kwargs)
+
+
 def build_server() -> Server:
-    return Server("a2a-registry", version="1", title="A2A agent registry",
-                  instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
-                  get_tool_input_schema=_no_header_params)
+    return _Server("a2a-registry", version="1", title="A2A agent registry",
+                   instructions=INSTRUCTIONS, on_list_tools=list_tools, on_call_tool=call_tool,
+                   on_subscriptions_listen=listen, get_tool_input_schema=_no_header_params)
 
 
 @dataclass(frozen=True)
@@ -310,6 +369,7 @@ class Bridge:
         if task is None or stop is None or self._loop is not asyncio.get_running_loop():
             return
         self.manager = self._task = self._stop = None
+        notify.notifier.end_all("the node is stopping: reconnect")
         stop.set()
         try:
             await task
@@ -401,11 +461,19 @@ async def mcp_app(scope, receive, send) -> None:
         await _refuse(send, errors.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE,
                       [(b"www-authenticate", challenge)])
         return
+    key = actor.client_id if not actor.is_anonymous else f"anonymous:{address}"
+    if scope["method"] == "GET":
+        if not limiter.allow(key):
+            await _refuse(send, errors.RATE_LIMITED, "rate limit exceeded",
+                          [(b"retry-after", b"1")])
+            return
+        await _stream(scope, receive, send, node, actor, headers.authorization)
+        return
     if scope["method"] != "POST":
-        # Stateless: no session to delete, and no server-to-client stream to open with GET
-        # (the SDK would hold it open with nothing ever to send).
-        await _json(send, 405, {"error": "method not allowed: use POST (stateless MCP server)"},
-                    [(b"allow", b"POST")])
+        # Stateless: no session to delete (a session id names no state on any node).
+        await _json(send, 405, {"error": "method not allowed: use POST, or GET with an "
+                                         "Mcp-Session-Id for notifications"},
+                    [(b"allow", b"GET, POST")])
         return
     cap = settings.A2A_MAX_REQUEST_BYTES
     too_large = f"request body larger than {cap} bytes (A2A_MAX_REQUEST_BYTES)"
@@ -428,9 +496,9 @@ async def mcp_app(scope, receive, send) -> None:
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
-    tool_call = _is_tool_call(body)
+    method = _method(body)
+    tool_call = method == "tools/call"
     # A tool call is charged to the caller's rate limit by the gateway; anything else here.
-    key = actor.client_id if not actor.is_anonymous else f"anonymous:{address}"
     if not tool_call and not limiter.allow(key):
         await _refuse(send, errors.RATE_LIMITED, "rate limit exceeded", [(b"retry-after", b"1")])
         return
@@ -438,17 +506,144 @@ async def mcp_app(scope, receive, send) -> None:
     managers = await bridge.ensure()
     # A tool call is answered on an event stream: its progress notifications, and the SDK
     # cancels a call whose response is closed only there (the client's cancellation).
-    # Everything else is answered as one JSON body.
+    # Everything else is answered as one JSON body (subscriptions/listen: always a stream).
     manager = managers.sse if tool_call else managers.json
+    if method == "initialize":
+        # Handshake era: the session id the client's GET stream names (mcp_bridge.notify).
+        session_id = notify.issue(actor.client_id,
+                                  pins.requested(scope.get("query_string") or b""))
+        send = _with_header(send, b"mcp-session-id", session_id.encode())
+    elif method == "subscriptions/listen":
+        # A client that stops reading its stream ends it (and frees its slot).
+        send = _bounded(send, settings.A2A_MCP_KEEPALIVE_SECONDS)
+        try:
+            await manager.handle_request(scope, replay, send)
+        except* StalledClient:
+            logger.info("an MCP notification stream of %s ended: its client stopped reading",
+                        actor.client_id)
+        return
     await manager.handle_request(scope, replay, send)
 
 
-def _is_tool_call(body: bytes) -> bool:
+def _method(body: bytes) -> str | None:
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return False
-    return isinstance(message, dict) and message.get("method") == "tools/call"
+        return None
+    method = message.get("method") if isinstance(message, dict) else None
+    return method if isinstance(method, str) else None
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def _with_header(send, name: bytes, value: bytes):
+    """``send`` adding a header to a successful response's start."""
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start" and message["status"] < 400:
+            message = {**message, "headers": [*message.get("headers", ()), (name, value)]}
+        await send(message)
+
+    return sending
+
+
+class StalledClient(Exception):
+    """A client took nothing of its notification stream for the keepalive period."""
+
+
+def _bounded(send, seconds: float):
+    """``send`` that gives up (:class:`StalledClient`) when a write waits ``seconds``."""
+
+    async def sending(message: dict[str, Any]) -> None:
+        try:
+            async with asyncio.timeout(seconds):
+                await send(message)
+        except TimeoutError:
+            raise StalledClient from None
+
+    return sending
+
+
+async def _rpc_error(send, status: int, code: int, message: str,
+                     extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    await _json(send, status, {"jsonrpc": "2.0", "id": None,
+                               "error": {"code": code, "message": message}}, extra)
+
+
+async def _stream(scope, receive, send, node, actor: Actor, authorization: str | None) -> None:
+    """``GET /mcp`` with an ``Mcp-Session-Id`` this installation issued to this caller: the
+    session's standalone SSE stream, carrying ``notifications/tools/list_changed`` (and
+    keepalive comments) until the client leaves, its token is revoked, or the node stops.
+    Any node serves any session's stream (:mod:`mcp_bridge.notify`)."""
+    if "text/event-stream" not in _header(scope, b"accept"):
+        await _rpc_error(send, 406, types.INVALID_REQUEST,
+                         "Not Acceptable: the GET stream needs Accept: text/event-stream")
+        return
+    session_id = _header(scope, b"mcp-session-id")
+    if not session_id:
+        await _rpc_error(send, 400, types.INVALID_REQUEST,
+                         "Bad Request: Missing session ID (GET /mcp opens a session's "
+                         "notification stream)", [(b"allow", b"GET, POST")])
+        return
+    session = notify.read(session_id)
+    if session is None or session.client_id != actor.client_id:
+        # The same answer for a forged id and another client's: nothing is learnt.
+        await _rpc_error(send, 404, types.INVALID_REQUEST, "Session not found")
+        return
+    pinned_ids: frozenset[str] | None = None
+    if session.pin is not None:
+        try:
+            pinned = await pins.pinned(urlencode([session.pin]).encode(), actor.client_id)
+        except pins.PinError as exc:
+            await _rpc_error(send, 400, types.INVALID_PARAMS, str(exc))
+            return
+        if pinned is not None:
+            pinned_ids = frozenset(pinned.descriptions)
+    try:
+        listener = notify.notifier.open(node, actor, authorization, pinned_ids)
+    except notify.Full as exc:
+        await _rpc_error(send, 429 if exc.per_client else 503, types.INTERNAL_ERROR, str(exc),
+                         [(b"retry-after", b"5")])
+        return
+
+    async def watch_disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        listener.end("gone")
+
+    keepalive = settings.A2A_MCP_KEEPALIVE_SECONDS
+    bounded = _bounded(send, keepalive)
+
+    async def write(frame: bytes | None) -> None:
+        await bounded({"type": "http.response.body", "body": frame or notify.KEEPALIVE,
+                       "more_body": True})
+
+    watcher = asyncio.ensure_future(watch_disconnect())
+    try:
+        await bounded({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache, no-transform"),
+            (b"x-accel-buffering", b"no"),
+            (b"mcp-session-id", session_id.encode("latin-1"))]})
+        # The reconnection delay a client should use when the stream ends (node stopping).
+        await bounded({"type": "http.response.body", "body": b"retry: 1000\n\n",
+                       "more_body": True})
+        await notify.notifier.run(listener, node.tokens, write)
+        if listener.ended != "gone":
+            await bounded({"type": "http.response.body", "body": b"", "more_body": False})
+    except (StalledClient, TimeoutError):
+        logger.info("an MCP notification stream of %s ended: its client stopped reading",
+                    actor.client_id)
+    except OSError:
+        pass  # the client went away mid-write
+    finally:
+        watcher.cancel()
+        notify.notifier.close(listener)
 
 
 def routes() -> dict[str, Any]:

@@ -33,6 +33,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import DatabaseError
 
+from config import outage
 from discovery.snapshots import snapshot_current
 from registry.cards import SHAPE_A2A_10, card_shape
 from registry.events import AgentRoute
@@ -71,6 +72,33 @@ DATA_PROPERTY: dict[str, Any] = {
     "type": "object",
     "description": "Structured data sent beside the text as a data part.",
 }
+#: Media types a card lists that are not files: the message text, and JSON (the data part).
+_NOT_FILES = {"text", "text/plain", "data"}
+#: A card's media types listed in a tool's schema (at most).
+MAX_MODES = 20
+
+
+def files_property(modes: tuple[str, ...]) -> dict[str, Any]:
+    """The ``files`` argument of an agent whose input modes take ``modes`` (sent as file
+    parts: mcp_bridge.calls)."""
+    return {
+        "type": "array",
+        "description": "Files sent beside the text as file parts, each with its bytes "
+                       "(base64 `data`) or a `uri` the agent can fetch. Media types the agent "
+                       "takes: " + ", ".join(modes) + ".",
+        "items": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "description": "The file name."},
+                "mimeType": {"type": "string", "description": "The file's media type."},
+                "data": {"type": "string", "contentEncoding": "base64",
+                         "description": "The file's bytes, base64-encoded."},
+                "uri": {"type": "string", "description": "An http(s) URL of the file."},
+            },
+            "required": ["mimeType"],
+            "additionalProperties": False,
+        },
+    }
 GET_TASK_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -87,7 +115,12 @@ GET_TASK_DESCRIPTION = (
 
 
 class Unavailable(Exception):
-    """A card needed now is not in memory and the database cannot be read."""
+    """A card needed now is not in memory and the database cannot be read; ``found``: the
+    tools that were in memory."""
+
+    def __init__(self, message: str, found: dict[str, AgentTool] | None = None) -> None:
+        super().__init__(message)
+        self.found = found or {}
 
 
 @dataclass(frozen=True)
@@ -101,12 +134,17 @@ class AgentTool:
     protocol: str  # "1.0" (SendMessage, A2A-Version: 1.0) or "0.3" (message/send)
     accepts_data: bool  # the card's input modes take JSON
     streaming: bool = False  # the card's capabilities.streaming: calls stream, with progress
+    file_modes: tuple[str, ...] = ()  # the card's input modes that are files (image/png, */*)
 
     def input_schema(self) -> dict[str, Any]:
-        if not self.accepts_data:
+        if not self.accepts_data and not self.file_modes:
             return MESSAGE_SCHEMA
-        return {**MESSAGE_SCHEMA,
-                "properties": {**MESSAGE_SCHEMA["properties"], "data": DATA_PROPERTY}}
+        properties = dict(MESSAGE_SCHEMA["properties"])
+        if self.accepts_data:
+            properties["data"] = DATA_PROPERTY
+        if self.file_modes:
+            properties["files"] = files_property(self.file_modes)
+        return {**MESSAGE_SCHEMA, "properties": properties}
 
 
 _cache: dict[tuple[str, str], AgentTool] = {}
@@ -137,14 +175,21 @@ def tool_from_card(agent_id: str, sha: str, raw: str) -> AgentTool:
             + (f" -- {_text(s.get('description'), 300)}" if s.get("description") else "")
             for s in skills[:20]))
     capabilities = _as_dict(card.get("capabilities"))
-    modes = card.get("defaultInputModes") or []
-    accepts_data = any(isinstance(m, str) and ("json" in m or m == "data") for m in modes)
+    # What the agent takes: its default input modes and any skill's own.
+    modes = {m.strip().lower() for m in [
+        *(card.get("defaultInputModes") or []),
+        *(m for s in skills if isinstance(s.get("inputModes"), list) for m in s["inputModes"])]
+        if isinstance(m, str) and m.strip()}
+    accepts_data = any("json" in m or m == "data" for m in modes)
+    file_modes = tuple(sorted(m[:MAX_TITLE] for m in modes
+                              if m not in _NOT_FILES and "json" not in m))[:MAX_MODES]
     return AgentTool(
         agent_id=agent_id, card_sha256=sha, title=title,
         card_description="\n".join(line for line in lines if line)[:MAX_DESCRIPTION],
         protocol="1.0" if card_shape(card) == SHAPE_A2A_10 else "0.3",
         accepts_data=accepts_data,
         streaming=capabilities.get("streaming") is True,
+        file_modes=file_modes,
     )
 
 
@@ -159,11 +204,15 @@ def _load(routes: list[AgentRoute]) -> dict[str, AgentTool]:
         else:
             found[route.agent_id] = tool
     if missing:
+        unavailable = "the registry database cannot be read now: retry shortly"
+        if outage.breaker.is_open:  # known down: no wait for a connection that cannot come
+            raise Unavailable(unavailable, found)
         try:
             cards = agent_cards(agent_ids=missing)
         except DatabaseError as exc:
-            raise Unavailable("the registry database cannot be read now: retry shortly") \
-                from exc
+            if outage.is_database_outage(exc):
+                outage.breaker.trip(exc)
+            raise Unavailable(unavailable, found) from exc
         if len(_cache) + len(missing) > MAX_CACHED:
             _cache.clear()
         for agent_id, (sha, raw) in cards.items():
@@ -180,10 +229,14 @@ def _reviewed_descriptions() -> dict[str, str] | None:
     """``agent_id -> description`` of the current discovery snapshot (operator-reviewed); the
     last ones read when the database cannot be read now, None when none were ever read."""
     global _reviewed
+    if outage.breaker.is_open:
+        return _reviewed
     try:
         snapshot = snapshot_current()
-    except DatabaseError:
+    except DatabaseError as exc:
         logger.warning("reviewed tool descriptions not read: the database is unavailable")
+        if outage.is_database_outage(exc):
+            outage.breaker.trip(exc)
         return _reviewed
     _reviewed = {} if snapshot is None else {
         row["agent_id"]: row["description"] for row in snapshot.agents
@@ -222,13 +275,24 @@ def page(routes: list[AgentRoute], cursor: str | None) -> tuple[list[AgentRoute]
 def tools_listed(routes: list[AgentRoute],
                  reviewed: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Tool definitions (MCP ``Tool`` fields) of ``routes``, in order, with the reviewed
-    descriptions of a pinned snapshot (``reviewed``), else of the current one."""
-    tools = _load(routes)
+    descriptions of a pinned snapshot (``reviewed``), else of the current one. While the
+    database cannot be read, an agent whose card this node never read is listed by its id
+    alone (calling it answers ``registry_unavailable`` until the card can be read)."""
+    unread = False
+    try:
+        tools = _load(routes)
+    except Unavailable as exc:
+        tools, unread = exc.found, True
     if reviewed is None:
         reviewed = _reviewed_descriptions()
     listed = []
     for route in routes:
         tool = tools.get(route.agent_id)
+        if tool is None and unread:
+            listed.append({"name": route.agent_id, "title": route.agent_id,
+                           "description": f"The A2A agent {route.agent_id}.",
+                           "input_schema": MESSAGE_SCHEMA})
+            continue
         if tool is None:  # deregistered since the table was read
             continue
         listed.append({

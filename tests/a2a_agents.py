@@ -17,6 +17,8 @@ What the executor does depends on the user's text:
 * ``task ...``  -- a Task: submitted, working, ``steps`` artifact chunks ``step_delay`` apart,
   completed. Streamed, every event leaves the agent as it happens, so a caller can observe
   incremental arrival;
+* ``parts ...`` -- one Message ``parts: <JSON>``: the parts the agent received, described
+  (kind; a file's name, media type and size or URL; a data part's data);
 * anything else -- one Message ``echo: <text>``.
 
 Card shapes (``card_shape``), served at ``/.well-known/agent-card.json``:
@@ -75,6 +77,7 @@ from a2a.types import (
     TaskState,
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -199,6 +202,11 @@ class EchoExecutor(AgentExecutor):
             await updater.complete(new_text_message(f"done: {text}", context_id=context_id,
                                                     task_id=task_id))
             return
+        if text.startswith("parts"):
+            received = [_described(part) for part in context.message.parts]
+            await event_queue.enqueue_event(new_text_message(
+                f"parts: {json.dumps(received, sort_keys=True)}", context_id=context_id))
+            return
         await event_queue.enqueue_event(
             new_text_message(f"echo: {text}", context_id=context_id))
 
@@ -207,6 +215,22 @@ class EchoExecutor(AgentExecutor):
         updater = TaskUpdater(event_queue, context.task_id, context.context_id)
         await updater.cancel(new_text_message("cancelled", context_id=context.context_id,
                                               task_id=context.task_id))
+
+
+def _described(part: Any) -> dict[str, Any]:
+    """What the agent received in one part (an SDK ``Part``)."""
+    kind = part.WhichOneof("content")
+    described: dict[str, Any] = {"kind": kind}
+    if kind == "text":
+        described["text"] = part.text
+    elif kind == "raw":
+        described.update(filename=part.filename, media_type=part.media_type,
+                         size=len(part.raw), head=part.raw[:16].decode("latin-1"))
+    elif kind == "url":
+        described.update(filename=part.filename, media_type=part.media_type, url=part.url)
+    elif kind == "data":
+        described["data"] = MessageToDict(part.data)
+    return described
 
 
 def build_card(url: str, *, name: str = "Echo Agent", card_shape: str = "both",

@@ -58,7 +58,7 @@ def node_b(request, live_server_url, redis_url, postgres_url):
     node_id = f"node-b-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(NODE_ID=node_id, DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL,
-               SECRET_KEY="cluster-test", LOG_LEVEL="WARNING",
+               SECRET_KEY=settings.SECRET_KEY, LOG_LEVEL="WARNING",  # one installation: one key
                ALLOWED_HOSTS="127.0.0.1,localhost", **getattr(request, "param", {}))
     process, port = start_node(env, what="node B", timeout=30)
     url = f"http://127.0.0.1:{port}"

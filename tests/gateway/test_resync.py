@@ -200,3 +200,20 @@ async def test_a_bulk_lease_renewal_moves_the_marker_only_of_lapsed_leases(node)
     assert live.routing_changed_at == live_marker
     await _incremental(node)
     assert node.table.get("lapsed-lease") is not None
+
+
+async def test_table_watchers_hear_what_events_and_resyncs_changed(node):
+    """``RoutingTable.watch`` (what the MCP bridge's change notifications hang on) hears every
+    change once, whichever way it arrived; nothing when nothing changed."""
+    heard: list[set[str]] = []
+    unwatch = node.table.watch(lambda ids: heard.append(set(ids)))
+    await run(_register)("watched-event", lost=False)  # the event
+    await run(_register)("watched-missed")  # its event lost: the incremental resync
+    await _incremental(node)
+    await _incremental(node)  # nothing changed since
+    await run(_quietly)(services.agent_deregister, actor=SYSTEM, agent_id="watched-missed")
+    await node.resync(full=True)  # the full resync's comparison
+    unwatch()
+    await run(_register)("unwatched", lost=False)
+
+    assert heard == [{"watched-event"}, {"watched-missed"}, {"watched-missed"}]

@@ -14,14 +14,15 @@ T = TypeVar("T")
 
 
 async def with_client(base_url: str, token: str | None, use: Callable[[Client], Awaitable[T]],
-                      *, mode: str = "auto", path: str = "/mcp") -> T:
+                      *, mode: str = "auto", path: str = "/mcp", **options: Any) -> T:
     """Connect an SDK client to ``base_url``'s ``/mcp`` (or ``path``: a query string pinning
     a snapshot) with a bearer ``token`` (none: no Authorization header) and answer
-    ``use(client)``."""
+    ``use(client)``. ``options``: more arguments of the SDK's ``Client`` (a
+    ``message_handler``)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
         transport = streamable_http_client(f"{base_url}{path}", http_client=http)
-        async with Client(transport, mode=mode) as client:
+        async with Client(transport, mode=mode, **options) as client:
             return await use(client)
 
 

@@ -444,5 +444,6 @@ def test_bad_requests_get_clear_answers_never_a_500(live_server_url, caller):
     assert not_json.status_code == 400 and not_json.json()["error"]["code"] == -32700
     assert wrong_params.status_code < 500, wrong_params.text
     assert "error" in wrong_params.text
-    assert get.status_code == delete.status_code == 405  # stateless: no stream, no session
-    assert get.headers["allow"] == "POST"
+    # A GET stream needs the session id initialize answered; no session holds state to delete.
+    assert get.status_code == 400 and "Missing session ID" in get.json()["error"]["message"]
+    assert delete.status_code == 405 and delete.headers["allow"] == "GET, POST"

@@ -5,7 +5,8 @@ running node (private Redis too, distributed mode) and restarted.
   reaching the agent exactly once; a token never verified gets ``auth_unavailable`` (503,
   retryable, executed false); revocations are honoured once the database is back;
 * every other surface answers a JSON 503 with Retry-After, fast; /readyz names the database;
-* the node recovers by itself once the database returns.
+* the node recovers by itself once the database returns;
+* ``/mcp`` lists and calls from the node's memory meanwhile.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import uuid
 import httpx
 import pytest
 
+from tests.mcp_bridge.clients import all_tools, run
 from tests.reliability.conftest import register, rpc_ids_received
 
 pytestmark = pytest.mark.timeout(180)
@@ -263,3 +265,62 @@ def test_an_outage_is_logged_as_lines_not_unretrieved_futures(pg, tokens, start_
     assert log.count("token lookup failed") == 1, log[-4000:]
     assert log.count("token lookups work again") == 1, log[-4000:]
     assert log.count("periodic task registry-expire-agents (") <= 1, log[-4000:]
+
+
+def test_mcp_lists_and_calls_from_memory_during_an_outage(pg, tokens, start_node, agent):
+    """``/mcp`` while PostgreSQL is down: tools are listed from the routing table and the cards
+    the node read before (an agent whose card it never read by its id alone), calls go through
+    the gateway as ``/a2a`` calls do; what needs the database is a clear, retryable error (an
+    unread card's call, a token never verified), never a 500 and never a long wait."""
+    node = start_node(A2A_AUTH_CACHE_SECONDS="0.5")
+    known = register(node.url, tokens["admin"], agent.url)
+
+    async def list_and_call(client):
+        listed = {tool.name: tool for tool in await all_tools(client)}
+        return listed, await client.call_tool(known, {"message": "hi"})
+
+    run(node.url, tokens["caller"], list_and_call)  # the card and the token now in memory
+    unread = register(node.url, tokens["admin"], agent.url)
+
+    pg.kill()
+    time.sleep(1.0)  # the token's cache entry lapses: only the stale window serves it now
+    answers = {}
+    for mode in ("auto", "legacy"):
+        started = time.monotonic()
+        answers[mode] = run(node.url, tokens["caller"], list_and_call, mode=mode), \
+            time.monotonic() - started
+
+    async def call_unread(client):
+        return await client.call_tool(unread, {"message": "hi"})
+
+    unread_call = run(node.url, tokens["caller"], call_unread)
+    late, elapsed = _timed("POST", f"{node.url}/mcp", json={
+        "jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers={
+        "Authorization": f"Bearer {tokens['late']}",
+        "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28"})
+
+    for mode, ((listed, result), seconds) in answers.items():
+        print(f"MCP session ({mode}) during the outage: {seconds:.2f}s")
+        assert set(listed) == {known, unread, "get_task"}, mode
+        assert listed[known].title == "Fault agent"  # from the card read before the outage
+        assert listed[unread].title == unread
+        assert listed[unread].input_schema["required"] == ["message"]
+        assert not result.is_error and result.content[0].text == "echo: hi", (mode, result)
+        assert seconds < 3 * ANSWER_BOUND_SECONDS, (mode, seconds)
+    assert unread_call.is_error
+    assert unread_call.structured_content == {
+        "agent_id": unread, "kind": "registry_unavailable", "executed": False, "retryable": True}
+    assert late.status_code == 503 and int(late.headers["retry-after"]) >= 1
+    assert late.json()["error"]["data"]["kind"] == "auth_unavailable"
+    assert elapsed < ANSWER_BOUND_SECONDS
+
+    # Back: the card is read, the call goes through.
+    pg.start()
+    deadline = time.monotonic() + 15
+    while True:
+        unread_call = run(node.url, tokens["caller"], call_unread)
+        if not unread_call.is_error:
+            break
+        assert time.monotonic() < deadline, (unread_call, node.log())
+        time.sleep(0.2)
+    assert unread_call.content[0].text == "echo: hi"
