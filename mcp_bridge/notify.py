@@ -41,7 +41,7 @@ from typing import Any
 from django.conf import settings
 from django.core import signing
 
-from config import node as node_config
+from core import lifecycle as node_config
 from registry.permissions import Actor
 from registry.token_cache import AuthFailed, AuthUnavailable
 

@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl
 from channels.db import database_sync_to_async
 from django.db import DatabaseError
 
-from config import outage
+from core import outage
 from discovery.models import Snapshot
 from discovery.sessions import SessionError, session_pin
 from discovery.snapshots import snapshot_get

@@ -51,7 +51,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 
-from config import outage
+from core import outage
 from gateway import errors, inprocess, runtime
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import gateway_base_url
@@ -100,7 +100,7 @@ async def _pinned(ctx: Any, actor: Actor) -> pins.Pinned | None:
 
 def _probe_if_down() -> None:
     """A read found the database down (and tripped the outage breaker): make sure the probe
-    that closes the breaker runs (``config.outage``)."""
+    that closes the breaker runs (``core.outage``)."""
     if outage.breaker.is_open:
         outage.breaker.ensure_probe()
 

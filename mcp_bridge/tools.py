@@ -33,7 +33,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import DatabaseError
 
-from config import outage
+from core import outage
 from discovery.snapshots import snapshot_current
 from registry.cards import SHAPE_A2A_10, card_shape
 from registry.events import AgentRoute
