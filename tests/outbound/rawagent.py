@@ -90,6 +90,18 @@ class RawAgent:
             self.requests.append(request)
         return request
 
+    def wait_closed(self, conn: socket.socket, seconds: float) -> None:
+        """Wait up to ``seconds`` for the peer to close ``conn`` (end of stream or a reset)."""
+        conn.settimeout(seconds)
+        try:
+            while conn.recv(65536):
+                pass
+        except TimeoutError:
+            return  # still open: closed_by_peer stays unset
+        except OSError:
+            pass
+        self.closed_by_peer.set()
+
     def close(self) -> None:
         self.listener.close()
 

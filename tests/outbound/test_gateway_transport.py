@@ -118,6 +118,8 @@ def test_header_floods_are_bounded(gw, shape):
             agent.sent += len(piece)
             if agent.sent > (256 << 20):
                 return
+        # All written (the kernel's buffers can hold 1 MiB): wait for the node's close.
+        agent.wait_closed(conn, 15)
 
     with RawAgent(script) as agent:
         register("flood-agent", agent.url)

@@ -279,7 +279,8 @@ def test_mcp_lists_and_calls_from_memory_during_an_outage(pg, tokens, start_node
         listed = {tool.name: tool for tool in await all_tools(client)}
         return listed, await client.call_tool(known, {"message": "hi"})
 
-    run(node.url, tokens["caller"], list_and_call)  # the card and the token now in memory
+    # The card and the token now in memory; the module's earlier agents may be listed too.
+    before, _ = run(node.url, tokens["caller"], list_and_call)
     unread = register(node.url, tokens["admin"], agent.url)
 
     pg.kill()
@@ -301,7 +302,8 @@ def test_mcp_lists_and_calls_from_memory_during_an_outage(pg, tokens, start_node
 
     for mode, ((listed, result), seconds) in answers.items():
         print(f"MCP session ({mode}) during the outage: {seconds:.2f}s")
-        assert set(listed) == {known, unread, "get_task"}, mode
+        # ours all there, nothing the node did not know of (an earlier agent may have expired)
+        assert {known, unread, "get_task"} <= set(listed) <= set(before) | {unread}, mode
         assert listed[known].title == "Fault agent"  # from the card read before the outage
         assert listed[unread].title == unread
         assert listed[unread].input_schema["required"] == ["message"]
