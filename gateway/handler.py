@@ -240,9 +240,8 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         caller, route = admitted
     if method in push.METHODS and (len(body) <= LAZY_ABOVE_BYTES or push.MARKER in body):
         whole = payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body)
-        refused = await push.check(method, whole.get("params"))
+        refused = await refused_webhook(scope, agent_id, caller, method, whole.get("params"))
         if refused is not None:
-            _refused(scope, agent_id, caller, method, errors.WEBHOOK_REFUSED)
             await _error(send, errors.WEBHOOK_REFUSED, rpc_id, agent_id, refused)
             return
     metrics.count_request(agent_id, method)
@@ -413,6 +412,18 @@ async def admit_binding_call(node: GatewayNode, scope: dict[str, Any], headers: 
             return None
         return actor.client_id, route
     return await _admit_to_agent(node, scope, _discard, headers, caller, agent_id, method)
+
+
+async def refused_webhook(scope: dict[str, Any], agent_id: str, caller: str, method: str,
+                          params: Any) -> str | None:
+    """Why a push-notification webhook ``params`` of ``method`` carries is refused
+    (:mod:`gateway.push`; the refusal audited), or None: the one check of every binding."""
+    if method not in push.METHODS:
+        return None
+    refused = await push.check(method, params)
+    if refused is not None:
+        _refused(scope, agent_id, caller, method, errors.WEBHOOK_REFUSED)
+    return refused
 
 
 async def forward_binding_call(node: GatewayNode, route, client_id: str, send, receive,

@@ -381,6 +381,10 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     except TranslationError as exc:
         call.fail(errors.INVALID_REQUEST, str(exc))
         return
+    refused = await handler.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+    if refused is not None:
+        call.fail(errors.WEBHOOK_REFUSED, refused)
+        return
     body = orjson.dumps({"jsonrpc": "2.0", "id": f"grpc-{next(_ids)}", "method": rpc_method,
                          "params": params})
     tags = headers.tags

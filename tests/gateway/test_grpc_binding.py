@@ -247,3 +247,36 @@ def test_a_call_entering_another_nodes_listener_reaches_the_owner(
     assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
     assert [r.rpc_method for r in target.agent.recorder.rpc()] == \
         ["SendMessage", "SendStreamingMessage"]
+
+
+async def test_a_refused_webhook_is_invalid_argument_and_never_reaches_the_agent(
+        grpc_address, echo_agent_factory, register_agent, caller):
+    """The push-notification webhook a gRPC request carries is checked as on JSON-RPC: a
+    metadata address is refused before the agent (``webhook_refused``, executed false), an
+    acceptable one goes through."""
+    target = register_agent(echo_agent_factory(card_shape="both"))
+    token = tuple(auth(caller).items())
+    metadata_url = "http://169.254.169.254/latest/meta-data/"
+    send = a2a_pb2.SendMessageRequest(tenant=target.agent_id,
+                                      message=user_message("hello").message)
+    send.configuration.task_push_notification_config.url = metadata_url
+    create = a2a_pb2.TaskPushNotificationConfig(tenant=target.agent_id, task_id="t1",
+                                                url=metadata_url)
+
+    async def calls():
+        async with grpc.aio.insecure_channel(grpc_address) as channel:
+            stub = grpc10.A2AServiceStub(channel)
+            for rpc, request in [(stub.SendMessage, send),
+                                 (stub.CreateTaskPushNotificationConfig, create)]:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await rpc(request, metadata=token)
+                code, executed, info = status_of(refused.value)
+                assert (code, executed, info["kind"]) == \
+                    (grpc.StatusCode.INVALID_ARGUMENT, "false", "webhook_refused")
+                assert "metadata" in refused.value.details()
+            send.configuration.task_push_notification_config.url = "http://127.0.0.1:9/hook"
+            reply = await stub.SendMessage(send, metadata=token)
+            assert get_message_text(reply.message) == "echo: hello"
+
+    await on_node(calls())
+    assert [r.rpc_method for r in target.agent.recorder.rpc()] == ["SendMessage"]
