@@ -11,40 +11,16 @@ from django.core.exceptions import ValidationError
 from discovery.config_file import ConfigFileError
 from discovery.loop import run_cycle
 from discovery.models import Need, Snapshot
-from tests.discovery.servers import make_card
+from tests.discovery.servers import EVERYDAY_AGENTS, everyday_card
 
 pytestmark = pytest.mark.django_db
-
-#: Cards written the way their publishers would, none naming what the needs below ask for in
-#: the needs' words: the money changer never says "euro" or "yen".
-AGENTS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
-    "money": ("Money Changer", "Converts amounts between the world's currencies at live "
-              "foreign-exchange rates.",
-              [("convert", "Convert an amount of money into another currency."),
-               ("rates", "Today's and past exchange rates between two currencies.")]),
-    "sky": ("Sky Watch", "Forecasts for any city: temperature, rain, snow and wind.",
-            [("forecast", "Hourly and ten-day forecasts."),
-             ("now", "Conditions outside right now.")]),
-    "words": ("Polyglot", "Renders documents and messages in more than fifty languages.",
-              [("render", "Render a text in another language, keeping its tone.")]),
-    "trips": ("Fare Hunter", "Finds and books plane tickets between airports worldwide.",
-              [("search", "Compare fares across airlines."), ("book", "Book a seat.")]),
-    "ledger": ("Ledger", "Bookkeeping for small businesses: invoices, receipts, tax returns.",
-               [("invoice", "Issue and chase invoices."), ("vat", "Prepare the VAT return.")]),
-}
-
 
 def _serve(card_server) -> list[dict[str, Any]]:
     """Every agent's card on the card server, as probe entries of the configuration."""
     probes = []
-    for name, (title, description, skills) in AGENTS.items():
+    for name in EVERYDAY_AGENTS:
         prefix = f"/a/{name}"
-        card = make_card(title, card_server.base(prefix), [
-            {"id": sid, "name": sid, "description": text, "tags": [name]}
-            for sid, text in skills
-        ])
-        card["description"] = description
-        card_server.set_card(prefix, card)
+        card_server.set_card(prefix, everyday_card(name, card_server.base(prefix)))
         probes.append({"local_name": f"{name}_agent", "base_url": card_server.base(prefix)})
     return probes
 
@@ -60,7 +36,7 @@ def test_a_need_in_words_selects_the_agent_meant(card_server, configure, cache):
         {"text": "what should I pack for the weather in Oslo", "description": "Weather."},
     ])
     report = run_cycle(cache=cache)
-    assert report.fetched == len(AGENTS)
+    assert report.fetched == len(EVERYDAY_AGENTS)
     assert _selected() == ["money_agent", "sky_agent"]
     described = {a["local_name"]: a["description"] for a in Snapshot.objects.current().agents}
     assert described == {"money_agent": "Currency conversion.", "sky_agent": "Weather."}
