@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 
 from discovery.config_file import ConfigFileError
 from discovery.loop import run_cycle
-from discovery.models import Need, Snapshot
+from discovery.models import CapabilityTag, Need, Snapshot
 from tests.discovery.servers import EVERYDAY_AGENTS, everyday_card
 
 pytestmark = pytest.mark.django_db
@@ -107,3 +107,21 @@ def test_the_file_syncs_text_needs_and_refuses_bad_ones(configure):
 def test_a_need_is_a_tag_or_a_text():
     with pytest.raises(ValidationError, match="not both"):
         Need(description="d").full_clean()
+
+
+def test_the_admin_adds_a_need_in_words(admin_client, card_server, configure, cache):
+    from django.urls import reverse
+
+    form = {"text": "convert euros to yen", "input_modes": "[]", "output_modes": "[]",
+            "description": "Currency conversion.", "enabled": "on", "origin": "admin"}
+    both = admin_client.post(reverse("admin:discovery_need_add"),
+                             {**form, "tag": CapabilityTag.objects.create(name="fx").pk})
+    assert both.status_code == 200 and "not both" in both.content.decode()
+    added = admin_client.post(reverse("admin:discovery_need_add"), form)
+    assert added.status_code == 302, added.content.decode()[:2000]
+    changelist = admin_client.get(reverse("admin:discovery_need_changelist")).content.decode()
+    assert "convert euros to yen" in changelist
+    # The cycle uses it as a need from the file would be used.
+    configure(probe=_serve(card_server))
+    run_cycle(cache=cache)
+    assert _selected() == ["money_agent"]
