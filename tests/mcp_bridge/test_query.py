@@ -29,9 +29,9 @@ def everyday(api, echo_agent) -> dict[str, str]:
     return ids
 
 
-def _names(base: str, token: str, query: str | None, mode: str, ours: dict[str, str]
-           ) -> list[str]:
-    path = "/mcp" if query is None else f"/mcp?q={quote(query)}"
+def _names(base: str, token: str, query: str | None, mode: str, ours: dict[str, str],
+           path: str | None = None) -> list[str]:
+    path = path or ("/mcp" if query is None else f"/mcp?q={quote(query)}")
     names = {agent_id: name for name, agent_id in ours.items()}
     tools = run(base, token, all_tools, mode=mode, path=path)
     # Agents another test left in the node's table are not ours to judge.
@@ -71,3 +71,17 @@ def test_a_filtered_list_is_still_what_the_caller_may_call(live_server_url, ever
     result = run(live_server_url, scoped.token, call,
                  path=f"/mcp?q={quote('convert euros to yen')}")
     assert not result.is_error and result.content[0].text == "echo: 100 EUR in JPY?"
+
+
+def test_a_text_within_a_pinned_snapshot(live_server_url, everyday, caller):
+    """``?snapshot=`` and ``?q=`` together: the snapshot's agents, ranked by the text."""
+    from discovery.snapshots import SelectedAgent, snapshot_publish
+
+    pinned = ["money", "sky", "words"]
+    snapshot, _ = snapshot_publish(agents=[SelectedAgent(
+        local_name=f"{name}_agent", description=f"Reviewed {name}.", agent_id=everyday[name],
+        card_sha256="0" * 64, card_url="", source="static") for name in pinned])
+    query = f"snapshot={snapshot.digest}&q={quote('pay for my travel abroad')}"
+    # The fare hunter would come first, but it is not in the snapshot.
+    assert _names(live_server_url, caller.token, None, "auto", everyday,
+                  path=f"/mcp?{query}") == ["money", "get_task"]
