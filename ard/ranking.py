@@ -412,14 +412,15 @@ def _embedded(embedder: Any, texts: list[str]) -> Any:
     import numpy as np
 
     keys = [(embedder.name, hashlib.sha256(t.encode()).hexdigest()) for t in texts]
-    missing = [i for i, k in enumerate(keys) if k not in _card_vectors]
+    found: list[Any] = [_card_vectors.get(k) for k in keys]  # read once: may be cleared
+    missing = [i for i, v in enumerate(found) if v is None]
     if missing:
         if len(_card_vectors) + len(missing) > MAX_CARD_VECTORS:
             _card_vectors.clear()
         fresh = embedder.embed([texts[i] for i in missing])
         for i, vector in zip(missing, fresh, strict=True):
-            _card_vectors[keys[i]] = vector
-    return np.stack([_card_vectors[k] for k in keys]).astype(np.float32)
+            found[i] = _card_vectors[keys[i]] = vector
+    return np.stack(found).astype(np.float32)
 
 
 def rank_cards(*, text: str, cards: Mapping[str, dict[str, Any]]) -> list[tuple[str, int]]:
