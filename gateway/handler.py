@@ -1,6 +1,6 @@
 """The lean ASGI handler of ``/a2a/...``: the gateway's hot path, reached before Django.
 
-The router (gateway.routing) hands every request its :class:`~gateway.runtime.GatewayNode`:
+The router (node.router) hands every request its :class:`~gateway.runtime.GatewayNode`:
 the handler reads the node's settings, routing table, subscribers, token cache and limiter
 from it, and never looks a node up itself.
 

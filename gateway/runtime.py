@@ -5,7 +5,7 @@ A node is built with its settings (:class:`gateway.conf.NodeSettings`) and, on
 Subscriber Manager (and so the virtual subscribers), the replicator and the node inbox, the
 rate limiter, its subscription to registry events and to the metrics collector, and the
 background jobs (database resync, node heartbeat). The ASGI router hands the node to the
-``/a2a`` handler on every request (``gateway.routing``). Imports go one way: this module imports
+``/a2a`` handler on every request (``node.router``). Imports go one way: this module imports
 the collaborators, none of them imports it, and a test can build two nodes in one process.
 
 :class:`NodeHost` is the slot an ASGI application serves from. ``GatewayConfig.ready()``
