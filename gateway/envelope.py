@@ -97,7 +97,8 @@ def query(body: bytes, tags: dict[str, str]) -> dict[str, Any]:
 
 
 def start(
-    request_id: str, status: int, headers: list, body: bytes, *, more: bool, sse: bool
+    request_id: str, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *,
+    more: bool, sse: bool,
 ) -> dict[str, Any]:
     return {"type": REPLY, "i": request_id, "k": START, "status": status, "headers": headers,
             "body": body, "more": more, "sse": sse}

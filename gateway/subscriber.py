@@ -46,8 +46,8 @@ import asyncio
 import itertools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, cast
 
 import orjson
 
@@ -112,7 +112,8 @@ class BrokerSink:
                  "credited", "credit_timeout", "_credit_waiter", "number", "piece",
                  "pieces_sent", "pieces_received")
 
-    def __init__(self, layer, channel: str, request_id: str, tasks: set[asyncio.Task]) -> None:
+    def __init__(self, layer: Any, channel: str, request_id: str,
+                 tasks: set[asyncio.Task[Any]]) -> None:
         self.layer = layer
         self.channel = channel
         self.request_id = request_id
@@ -123,7 +124,7 @@ class BrokerSink:
         self.credited = 0
         #: How long a flow-controlled stream waits for credit (set with ``window``).
         self.credit_timeout = 0.0
-        self._credit_waiter: asyncio.Future | None = None
+        self._credit_waiter: asyncio.Future[None] | None = None
         #: The number of the last reply message published (gateway.envelope: numbered, so the
         #: entry node detects a lost one).
         self.number = 0
@@ -205,8 +206,9 @@ class BrokerSink:
             logger.warning("reply to %s lost: %s: %s", self.channel, type(exc).__name__, exc)
 
 
-def _spawn(tasks: set[asyncio.Task], coro) -> asyncio.Task:
-    task = asyncio.get_running_loop().create_task(coro)
+def _spawn(tasks: set[asyncio.Task[Any]], coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    # A sink's answer is a coroutine typed as the Awaitable its protocol promises.
+    task = asyncio.get_running_loop().create_task(cast(Coroutine[Any, Any, Any], coro))
     tasks.add(task)
     task.add_done_callback(tasks.discard)
     return task
@@ -215,7 +217,7 @@ def _spawn(tasks: set[asyncio.Task], coro) -> asyncio.Task:
 class VirtualSubscriber:
     """One agent's subscriber on its owning node."""
 
-    def __init__(self, route: AgentRoute, layer, settings: NodeSettings) -> None:
+    def __init__(self, route: AgentRoute, layer: Any, settings: NodeSettings) -> None:
         self.settings = settings
         self.agent_id = route.agent_id
         self.client_id = f"a2a-vsub-{route.agent_id}"
@@ -223,7 +225,7 @@ class VirtualSubscriber:
         self.layer = layer
         self.route = route
         self.in_flight = 0
-        self.streams: dict[str, asyncio.Task] = {}
+        self.streams: dict[str, asyncio.Task[Any]] = {}
         self._stream_sinks: dict[str, BrokerSink] = {}  # flow-controlled streams (broker)
         self._cancel_requested: dict[str, Any] = {}  # request id -> the stream's JSON-RPC id
         #: stream_cancels for request ids with no stream here (oldest first, bounded)
@@ -232,8 +234,8 @@ class VirtualSubscriber:
         # request id of each caller connection attached to one (gateway.resume).
         self._replays: dict[str, ReplayStream] = {}
         self._attached: dict[str, ReplayStream] = {}
-        self._tasks: set[asyncio.Task] = set()
-        self._receiver: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._receiver: asyncio.Task[Any] | None = None
         self._stopping = False
         self.sse_active = 0  # read by the metrics collector at scrape time
         self._client: outbound.Client | None = None  # the loop's shared client, looked up once
@@ -247,7 +249,7 @@ class VirtualSubscriber:
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self, *, after: asyncio.Task | None = None, standby: bool = False) -> None:
+    def start(self, *, after: asyncio.Task[Any] | None = None, standby: bool = False) -> None:
         """Start receiving; ``after`` is a previous subscriber's teardown to wait for.
         ``standby``: another live node's subscriber owns the channel now; take it over (module
         docstring, "Handover")."""
@@ -352,7 +354,7 @@ class VirtualSubscriber:
     def running(self) -> bool:
         return self._receiver is not None and not self._receiver.done()
 
-    async def _receive_loop(self, after: asyncio.Task | None) -> None:
+    async def _receive_loop(self, after: asyncio.Task[Any] | None) -> None:
         # One long-lived receive() per channel, never cancelled and re-issued (messages are lost
         # that way on both Redis layers); cancelled only on teardown.
         if after is not None:
@@ -535,7 +537,8 @@ class VirtualSubscriber:
         self._cancel(request_id, task)
         return True
 
-    def _cancel(self, request_id: str, task: asyncio.Task, tries: int = CANCEL_RETRIES) -> None:
+    def _cancel(self, request_id: str, task: asyncio.Task[Any],
+                tries: int = CANCEL_RETRIES) -> None:
         """Cancel a stream's task, and cancel it again while it keeps running: a cancellation
         can be swallowed by code the relay awaits (redis-py's asyncio client, under
         channels-redis, sometimes completes a ``publish`` whose task was cancelled meanwhile;
@@ -736,7 +739,7 @@ class VirtualSubscriber:
         finally:
             outbound.finish(response)  # an unfinished stream's connection is closed
 
-    async def _relay(self, response, sink: Sink, request_id: str) -> None:
+    async def _relay(self, response: Any, sink: Sink, request_id: str) -> None:
         status = response.status
         if not 100 <= status <= 599:
             # No server can relay it (uvicorn has no status line for 999; Daphne would): one
@@ -757,7 +760,8 @@ class VirtualSubscriber:
         else:
             await self._relay_body(response, headers, sink, request_id)
 
-    async def _relay_body(self, response, headers: list, sink: Sink, request_id: str) -> None:
+    async def _relay_body(self, response: Any, headers: list[tuple[bytes, bytes]], sink: Sink,
+                          request_id: str) -> None:
         cap = self.settings.A2A_MAX_RESPONSE_BYTES
         length = response.content_length
         status = response.status
@@ -779,7 +783,8 @@ class VirtualSubscriber:
             await sink(env.chunk(request_id, piece, more=True))
         await sink(env.chunk(request_id, b"", more=False))
 
-    async def _relay_events(self, response, headers: list, sink: Sink, request_id: str) -> None:
+    async def _relay_events(self, response: Any, headers: list[tuple[bytes, bytes]], sink: Sink,
+                            request_id: str) -> None:
         settings = self.settings
         cap = settings.A2A_MAX_RESPONSE_BYTES
         keepalive = settings.A2A_SSE_KEEPALIVE_SECONDS
