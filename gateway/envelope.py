@@ -85,7 +85,7 @@ TAG_RECEIVED = "a2a_received"
 #: by ``a2a_stream_id`` (its public stream id), replaying the events after ``a2a_last_event``.
 RESUME_METHOD = "stream_resume"
 TAG_LAST_EVENT = "a2a_last_event"
-# Ownership handover on a broadcasting layer (gateway.subscriber, "Handover"): a new owner's
+# Ownership handover on a broadcasting layer (gateway.handover): a new owner's
 # subscriber publishes a probe until it hears its own, then a takeover; both carry its nonce.
 PROBE_METHOD = "a2a_probe"
 TAKEOVER_METHOD = "a2a_takeover"

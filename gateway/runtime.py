@@ -123,7 +123,7 @@ class GatewayNode:
         self.table = RoutingTable(settings)
         self.liveness = self._liveness()
         # On a broadcasting layer a move between two live nodes is a handover (both receive on
-        # the agent's channel for a while: gateway.subscriber, "Handover").
+        # the agent's channel for a while: gateway.handover).
         broadcasting = self.liveness is not None and _broadcasts(self.layer)
         self.manager = SubscriberManager(
             self.table, self.layer, settings,
@@ -260,7 +260,7 @@ class GatewayNode:
 
     async def _hand_over(self) -> None:
         """A clean stop: hand this node's agents to the live nodes before stopping; each old
-        subscriber drains after the new owner's takeover (gateway.subscriber, "Handover")."""
+        subscriber drains after the new owner's takeover (gateway.handover)."""
         liveness = self.liveness
         assert liveness is not None  # stop() checked
         await asyncio.to_thread(liveness.stopping)
