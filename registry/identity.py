@@ -49,7 +49,7 @@ from core import threads
 from outbound import clients
 from outbound import policy as outbound_policy
 from registry import netcheck
-from registry.permissions import ALL_SCOPES, Actor
+from registry.permissions import ALL_SCOPES, SCOPE_ADMIN, SCOPE_REGISTER, Actor
 from registry.signatures import ALGORITHMS, MAX_JWKS_BYTES, parse_jwks
 
 logger = logging.getLogger(__name__)
@@ -492,10 +492,16 @@ def _actor(issuer: Issuer, claims: dict[str, Any]) -> Actor:
             # An empty allowed list means "any agent": a missing claim must not grant that.
             raise TokenRefused(
                 f"token refused: claim {issuer.allowed_agents_claim!r} (allowed agents) missing")
+    scopes = issuer.scopes(claims)
+    if SCOPE_REGISTER in scopes and not allowed and SCOPE_ADMIN not in scopes:
+        # A JWT caller owns no agent row: what it may register, heartbeat and deregister is
+        # what its allowed-agents claim names; without one, register would reach every agent
+        # no API client owns.
+        scopes -= {SCOPE_REGISTER}
     tenant = _claim(claims, issuer.tenant_claim) if issuer.tenant_claim else None
     return Actor(
         client_id=f"{CLIENT_PREFIX}{issuer.name}:{subject[:200]}",
-        scopes=issuer.scopes(claims),
+        scopes=scopes,
         allowed_agents=allowed,
         tenant=tenant if isinstance(tenant, str) else "",
         external=True,

@@ -229,3 +229,31 @@ def test_off_without_issuers(live_server_url, keys, agent_id):
 def test_configuration_errors_name_the_entry(entry, message):
     with pytest.raises(ImproperlyConfigured, match=message):
         identity.parse_issuers([entry])
+
+
+def test_jwt_registrar_manages_the_agents_its_claim_names(live_server_url, idp, agent_id,
+                                                          echo_agent):
+    token = idp.token(scope="a2a.register a2a.call", agents=["jwt-own", agent_id])
+    auth = _bearer(token)
+    r = httpx.post(f"{live_server_url}/api/v1/agents", headers=auth,
+                   json={"agent_id": "jwt-own", "url": echo_agent.url,
+                         "card": echo_agent.card_document})
+    assert r.status_code == 201, r.text
+    r = httpx.post(f"{live_server_url}/api/v1/agents/jwt-own/heartbeat", headers=auth)
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{live_server_url}/agents/heartbeat", headers=auth,
+                   json={"agent_id": "jwt-own"})
+    assert r.status_code == 200, r.text
+    assert _send(live_server_url, "jwt-own", token).status_code == 200
+    # An agent an API client owns stays that client's, whatever the claim names.
+    r = httpx.delete(f"{live_server_url}/api/v1/agents/{agent_id}", headers=auth)
+    assert r.status_code == 403, r.text
+    r = httpx.post(f"{live_server_url}/agents/heartbeat", headers=auth,
+                   json={"agent_id": agent_id})
+    assert r.status_code == 403, r.text
+    # Another JWT caller whose claim does not name it cannot touch it.
+    other = _bearer(idp.token(sub="bob", scope="a2a.register", agents=["elsewhere"]))
+    r = httpx.delete(f"{live_server_url}/api/v1/agents/jwt-own", headers=other)
+    assert r.status_code in (403, 404), r.text
+    r = httpx.delete(f"{live_server_url}/api/v1/agents/jwt-own", headers=auth)
+    assert r.status_code == 204, r.text
