@@ -20,6 +20,7 @@ from tests.conftest import make_client
 from tests.identity_provider import AUDIENCE, IdentityProvider, SigningKey
 
 pytestmark = pytest.mark.django_db(transaction=True)
+V10 = {"A2A-Version": "1.0"}
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,13 @@ def idp(keys, settings):
 
 
 @pytest.fixture
+def echo_agent(echo_agent_factory):
+    """An SDK echo agent with JSON-RPC (1.0 and 0.3) and HTTP+JSON interfaces."""
+    return echo_agent_factory(interfaces=[("JSONRPC", "1.0"), ("JSONRPC", "0.3"),
+                                          ("HTTP+JSON", "1.0")])
+
+
+@pytest.fixture
 def agent_id(echo_agent, register_agent) -> str:
     return register_agent(echo_agent, "jwt-echo").agent_id
 
@@ -59,13 +67,21 @@ def _send(base: str, agent_id: str, token: str) -> httpx.Response:
 
 
 def _surfaces(base: str, agent_id: str, token: str) -> dict[str, httpx.Response]:
-    """The same credential on each surface: the gateway, /api/v1, KubeMQ, ARD, /metrics."""
+    """The same credential on each surface: the gateway (JSON-RPC and HTTP+JSON), /api/v1,
+    KubeMQ, ARD, /metrics, the MCP bridge."""
     return {
         "a2a": _send(base, agent_id, token),
         "api": httpx.get(f"{base}/api/v1/agents/{agent_id}", headers=_bearer(token)),
         "kubemq": httpx.get(f"{base}/agents/{agent_id}", headers=_bearer(token)),
         "ard": httpx.get(f"{base}/ard/v1/agents", headers=_bearer(token)),
         "metrics": httpx.get(f"{base}/metrics", headers=_bearer(token)),
+        "http+json": httpx.post(
+            f"{base}/a2a/{agent_id}/message:send", headers={**_bearer(token), **V10}, timeout=10,
+            json={"message": {"messageId": "m2", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}),
+        "mcp": httpx.post(
+            f"{base}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
+            headers={**_bearer(token), "Accept": "application/json, text/event-stream",
+                     "MCP-Protocol-Version": "2025-11-25"}),
     }
 
 
