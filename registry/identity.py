@@ -18,7 +18,9 @@ is answered from memory like a verified API key.
   keys, so calls keep being verified while the identity provider is down. A ``kid`` not in
   the set forces a refresh (key rotation), at most once per
   ``A2A_JWT_JWKS_MIN_REFRESH_SECONDS`` per issuer, so tokens naming random kids cannot make
-  the node hammer the identity provider.
+  the node hammer the identity provider. (The card-signature JWKS fetcher lives in discovery,
+  above this layer, with discovery's timeouts: the few lines of GET here are this layer's own,
+  with the provider's timeout, ``A2A_JWT_FETCH_TIMEOUT_SECONDS``.)
 * **Verification** is PyJWT's (signature, ``exp``, ``nbf``, ``iat``, ``iss``, ``aud``, with
   ``A2A_JWT_LEEWAY_SECONDS``); what PyJWT would leave to configuration is refused here first:
   ``alg: none``, every HS* algorithm (a public key used as an HMAC secret: algorithm
@@ -70,6 +72,10 @@ CLIENT_PREFIX = "jwt:"
 
 class TokenRefused(Exception):
     """The JWT is not accepted; the message names the reason (answered with a 401)."""
+
+
+class UnknownKey(TokenRefused):
+    """No key of the issuer has the token's kid (not remembered: it may be published soon)."""
 
 
 class KeysUnavailable(TokenRefused):
@@ -460,7 +466,7 @@ def _unknown_key(inspected: _Inspected) -> TokenRefused:
         why = keys.error or "not fetched yet"
         return KeysUnavailable(
             f"identity provider keys unavailable for {keys.issuer.issuer}: {why}")
-    return TokenRefused(f"token refused: unknown key (kid {inspected.kid!r} is not in the "
+    return UnknownKey(f"token refused: unknown key (kid {inspected.kid!r} is not in the "
                         f"issuer's key set)")
 
 

@@ -366,7 +366,7 @@ class TokenCache:
                 return entry[0]
             raise AuthUnavailable(str(exc))
         self._entries.pop(key, None)
-        if "unknown key" not in str(exc):
+        if not isinstance(exc, identity.UnknownKey):
             _put(self._unknown, key, (now + self.lifetime_seconds, str(exc)), self.MAX_UNKNOWN)
         raise AuthFailed(str(exc))
 
