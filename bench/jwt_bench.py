@@ -5,7 +5,8 @@ provider (``tests/identity_provider.py``, in this process: discovery and a JWKS 
 key made here) and proxies to the fast local agent (``bench/apps.py:upstream``, core 0 too);
 ``wrk`` on core 1 POSTs a 1 KiB JSON-RPC ``message/send`` to ``/a2a/{id}`` with either an API
 key or an RS256 JWT (scope ``a2a.call``) in ``Authorization``. The arms alternate in
-interleaved rounds (order rotating); the figure per arm is the median over rounds:
+interleaved rounds (order rotating); the figure per arm is the median over rounds, and each
+ratio the median of the per-round ratios (the two runs of a round are back to back):
 
 * ``api-key`` / ``jwt``: the production setting (``A2A_AUTH_CACHE_SECONDS`` 10): a verified
   credential is answered from the token cache -- the claim to check is that a JWT caller costs
@@ -20,7 +21,7 @@ Reported per arm: req/s, wrk's p50/p99, the node's CPU µs per request (utime+st
 discovery document and JWKS (once each: verified tokens never wait on the provider).
 
     .venv/bin/python bench/jwt_bench.py --quick        # ~1 minute
-    .venv/bin/python bench/jwt_bench.py [--uncached]   # 5 rounds x 5 s per arm and scenario
+    .venv/bin/python bench/jwt_bench.py [--uncached]   # 10 rounds x 3 s per arm and scenario
 """
 
 from __future__ import annotations
@@ -98,6 +99,12 @@ def start_node(name: str, tmp: Path, upstream_url: str, issuers: list[dict],
     return node, proc, caller
 
 
+def paired(runs: dict[str, list[dict]], arm: str, reference: str, figure: str) -> float:
+    """The median over rounds of ``arm``'s figure divided by ``reference``'s in that round."""
+    pairs = zip(runs[arm], runs[reference], strict=True)
+    return round(median([a[figure] / r[figure] for a, r in pairs]), 3)
+
+
 def probe(url: str, token: str) -> None:
     response = httpx.post(url, content=rpc_body(1024), timeout=10,
                           headers={"Authorization": f"Bearer {token}",
@@ -109,8 +116,8 @@ def probe(url: str, token: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds x 3 s")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--duration", type=int, default=5, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--duration", type=int, default=3, help="seconds per wrk run")
     parser.add_argument("--uncached", action="store_true",
                         help="also a node re-resolving every credential on every call")
     args = parser.parse_args()
@@ -178,15 +185,20 @@ def main() -> None:
                         "errors": sum(s["errors"] for s in samples),
                         "rounds": samples,
                     }
-                ratios = {"jwt_over_api_key_rps": round(
-                    summary["jwt"]["rps"] / summary["api-key"]["rps"], 3),
-                    "jwt_over_api_key_cpu": round(summary["jwt"]["cpu_us_per_request"]
-                                                  / summary["api-key"]["cpu_us_per_request"], 3)}
+                ratios = {
+                    # Paired: each round's JWT run against the same round's API-key run (run
+                    # back to back), median over rounds -- the machine's load drifts between
+                    # rounds far more than the two arms differ.
+                    "jwt_over_api_key_rps": paired(runs, "jwt", "api-key", "rps"),
+                    "jwt_over_api_key_cpu": paired(runs, "jwt", "api-key", "cpu_us_per_request"),
+                    "jwt_over_api_key_rps_of_medians": round(
+                        summary["jwt"]["rps"] / summary["api-key"]["rps"], 3),
+                }
                 if args.uncached:
-                    ratios["jwt_uncached_over_api_key_rps"] = round(
-                        summary["jwt-uncached"]["rps"] / summary["api-key"]["rps"], 3)
-                    ratios["api_key_uncached_over_api_key_rps"] = round(
-                        summary["api-key-uncached"]["rps"] / summary["api-key"]["rps"], 3)
+                    ratios["jwt_uncached_over_api_key_rps"] = paired(
+                        runs, "jwt-uncached", "api-key", "rps")
+                    ratios["api_key_uncached_over_api_key_rps"] = paired(
+                        runs, "api-key-uncached", "api-key", "rps")
                 report["scenarios"][f"{label} c={conns}"] = {"arms": summary, "ratios": ratios}
         finally:
             for p in reversed(procs):
