@@ -21,7 +21,7 @@ Reported per arm: req/s, wrk's p50/p99, the node's CPU µs per request (utime+st
 discovery document and JWKS (once each: verified tokens never wait on the provider).
 
     .venv/bin/python bench/jwt_bench.py --quick        # ~1 minute
-    .venv/bin/python bench/jwt_bench.py [--uncached]   # 10 rounds x 3 s per arm and scenario
+    .venv/bin/python bench/jwt_bench.py [--uncached]   # 20 rounds x 2 s per arm and scenario
 """
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ def probe(url: str, token: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds x 3 s")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--duration", type=int, default=3, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--duration", type=int, default=2, help="seconds per wrk run")
     parser.add_argument("--uncached", action="store_true",
                         help="also a node re-resolving every credential on every call")
     args = parser.parse_args()

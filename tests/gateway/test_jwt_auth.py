@@ -2,12 +2,13 @@
 
 A real identity provider runs on loopback (tests/identity_provider.py: OIDC discovery and a
 JWKS with keys made here); the platform is served by a real uvicorn (``live_server_url``) and
-calls go through the gateway (``/a2a/{id}``, JSON-RPC) to a real a2a-sdk agent, through
-``/api/v1``, the KubeMQ API, ARD and ``/metrics``.
+calls go through the gateway (``/a2a/{id}``: JSON-RPC, HTTP+JSON, gRPC) to a real a2a-sdk agent,
+through ``/api/v1``, the KubeMQ API, ARD, the MCP bridge and ``/metrics``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -273,3 +274,41 @@ def test_jwt_registrar_manages_the_agents_its_claim_names(live_server_url, idp, 
     assert r.status_code in (403, 404), r.text
     r = httpx.delete(f"{live_server_url}/api/v1/agents/jwt-own", headers=auth)
     assert r.status_code == 204, r.text
+
+
+@pytest.fixture
+def grpc_listener(settings):
+    """The node's gRPC listener on a free port (set before the live server starts)."""
+    settings.A2A_GRPC_PORT = 0
+
+
+async def test_jwt_on_the_grpc_binding(grpc_listener, live_server_url, idp, agent_id):
+    import grpc
+    from a2a.types import a2a_pb2
+    from a2a.types import a2a_pb2_grpc as grpc10
+
+    from core import lifecycle as node_config
+    from gateway import runtime
+    from tests.a2a_agents import user_message
+
+    address = f"127.0.0.1:{node_config.grpc_port()}"
+    request = a2a_pb2.SendMessageRequest(tenant=agent_id, message=user_message("hi").message)
+    good = idp.token(agents=[agent_id])
+    expired = idp.token(agents=[agent_id], exp=int(time.time()) - 3600)
+
+    async def calls():
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = grpc10.A2AServiceStub(channel)
+            reply = await stub.SendMessage(request, metadata=(("authorization",
+                                                               f"Bearer {good}"),))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.SendMessage(request, metadata=(("authorization",
+                                                           f"Bearer {expired}"),))
+            return reply, refused.value
+
+    # On the node's loop: grpcio's asyncio layer serves one event loop per process.
+    loop = runtime.current_node().loop
+    reply, refused = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(calls(), loop))
+    assert reply.HasField("message") or reply.HasField("task")
+    assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "expired" in refused.details()
