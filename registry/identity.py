@@ -306,8 +306,10 @@ class IssuerKeys:
         self.fetches += 1
         try:
             keys = self._read()
-        except TokenRefused as exc:
-            self.error = str(exc)
+        except Exception as exc:  # whatever fails, the last good keys stay
+            if not isinstance(exc, TokenRefused):
+                logger.exception("JWT issuer %s: reading the keys failed", self.issuer.issuer)
+            self.error = str(exc) or type(exc).__name__
             retry = max(1.0, settings.A2A_JWT_JWKS_MIN_REFRESH_SECONDS)
             self._expires_at = time.monotonic() + retry
             logger.warning("JWT issuer %s: %s (keeping %d cached key(s))", self.issuer.issuer,
@@ -497,7 +499,7 @@ def _finish(token: str, inspected: _Inspected, key: Any) -> Verified:
         raise TokenRefused(f"token refused: claim {exc.claim!r} missing") from None
     except jwt.InvalidSignatureError:
         raise TokenRefused("token refused: bad signature") from None
-    except jwt.InvalidTokenError as exc:
+    except (jwt.PyJWTError, TypeError, ValueError) as exc:
         raise TokenRefused(f"token refused: {exc}") from None
     return Verified(actor=_actor(issuer, claims), expires_at=float(claims["exp"]))
 

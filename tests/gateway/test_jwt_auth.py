@@ -312,3 +312,27 @@ async def test_jwt_on_the_grpc_binding(grpc_listener, live_server_url, idp, agen
     assert reply.HasField("message") or reply.HasField("task")
     assert refused.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "expired" in refused.details()
+
+
+def test_malformed_jwts_are_401_never_500(live_server_url, idp, agent_id, keys, settings):
+    settings.A2A_METRICS_REQUIRE_TOKEN = True
+    import base64
+
+    def b64(value) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+
+    good = idp.token(agents=[agent_id])
+    head, body, sig = good.split(".")
+    garbage = [
+        "a.b.c", "..", f"{head}..", f"{head}.{body}.", "%%.~~.!!",
+        f"{b64([1])}.{body}.{sig}",  # a header that is not an object
+        f"{b64({'alg': 'RS256', 'kid': ['x']})}.{body}.{sig}",  # a kid that is not a string
+        f"{head}.{b64({**idp.claims(agents=[agent_id]), 'exp': 'soon'})}.{sig}",
+        f"{head}.{b64({**idp.claims(agents=[agent_id]), 'iss': ['a', 'b']})}.{sig}",
+        idp.token(agents=[agent_id], aud=7),
+        idp.token(agents=[agent_id], sub=None),
+    ]
+    for token in garbage:
+        for surface, r in _surfaces(live_server_url, agent_id, token).items():
+            assert r.status_code == 401, (token, surface, r.status_code, r.text)
+    assert _send(live_server_url, agent_id, good).status_code == 200
