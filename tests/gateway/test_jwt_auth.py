@@ -336,3 +336,34 @@ def test_malformed_jwts_are_401_never_500(live_server_url, idp, agent_id, keys, 
         for surface, r in _surfaces(live_server_url, agent_id, token).items():
             assert r.status_code == 401, (token, surface, r.status_code, r.text)
     assert _send(live_server_url, agent_id, good).status_code == 200
+
+
+def test_a_cached_jwt_is_never_served_past_its_exp(live_server_url, idp, agent_id, settings):
+    settings.A2A_JWT_LEEWAY_SECONDS = 0
+    settings.A2A_AUTH_CACHE_SECONDS = 30  # far longer than the token lives
+    token = idp.token(agents=[agent_id], exp=int(time.time()) + 2)
+    assert _send(live_server_url, agent_id, token).status_code == 200
+    assert _send(live_server_url, agent_id, token).status_code == 200  # from the cache
+    time.sleep(2.5)
+    r = _send(live_server_url, agent_id, token)
+    assert r.status_code == 401 and "expired" in r.text
+    r = httpx.get(f"{live_server_url}/api/v1/agents/{agent_id}", headers=_bearer(token))
+    assert r.status_code == 401 and "expired" in r.text
+
+
+def test_claim_mappings(settings):
+    settings.A2A_JWT_ISSUERS = [{
+        "issuer": "https://sso.example.com/realms/acme", "audience": "a2a",
+        "claims": {"scopes": "realm_access.roles", "subject": "oid", "tenant": "tid"},
+        "scope_map": {"a2a-caller": ["call"], "a2a-registrar": ["register", "call"]},
+    }]
+    issuer = identity.issuers()["https://sso.example.com/realms/acme"].issuer
+    claims = {"oid": "u-1", "tid": "acme", "realm_access": {"roles": ["a2a-registrar", "x"]}}
+    actor = identity._actor(issuer, claims)
+    # register dropped: no allowed-agents claim configured, so it would reach every unowned agent
+    assert actor.scopes == frozenset({"call"}) and actor.allowed_agents == frozenset()
+    assert (actor.client_id, actor.tenant, actor.external) == \
+        ("jwt:sso.example.com:u-1", "acme", True)
+    assert issuer.scopes({"realm_access": {"roles": "a2a-caller,a2a-registrar"}}) == \
+        frozenset({"call", "register"})
+    assert issuer.scopes({}) == frozenset()
