@@ -10,7 +10,3 @@ class RegistryConfig(AppConfig):
         from core import tracing
 
         tracing.setup()
-        # A wrong A2A_JWT_ISSUERS entry fails the process at start, naming it.
-        from registry import identity
-
-        identity.check_configuration()

@@ -574,12 +574,6 @@ def verify_sync(token: str, *, wait_seconds: float) -> Verified:
     return _finish(token, inspected, key)
 
 
-def check_configuration() -> None:
-    """Parse ``A2A_JWT_ISSUERS`` now (the registry app calls it at start: a wrong entry fails
-    the process at once, naming it)."""
-    issuers()
-
-
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
     if setting == "A2A_JWT_ISSUERS":
         _registry.source = object()

@@ -367,3 +367,15 @@ def test_claim_mappings(settings):
     assert issuer.scopes({"realm_access": {"roles": "a2a-caller,a2a-registrar"}}) == \
         frozenset({"call", "register"})
     assert issuer.scopes({}) == frozenset()
+
+
+def test_a_wrong_issuer_entry_stops_the_node_at_start_naming_it(tmp_path):
+    from tests.servers import fresh_env, run_manage
+
+    env = fresh_env(tmp_path, A2A_JWT_ISSUERS='[{"issuer": "https://sso.example.com", '
+                                              '"audience": "a2a", "algorithms": ["HS256"]}]')
+    result = run_manage(env, "check", check=False)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "configuration error: A2A_JWT_ISSUERS[0]: algorithms ['HS256'] not accepted"), \
+        result.stderr
