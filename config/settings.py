@@ -7,6 +7,7 @@ in-memory channel layer, Celery tasks run in-process. ``DATABASE_URL`` selects P
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -405,6 +406,21 @@ A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
 A2A_AUTH_STALE_SECONDS = env_float("A2A_AUTH_STALE_SECONDS", 300)
 A2A_AUTH_LOOKUP_TIMEOUT_SECONDS = env_float("A2A_AUTH_LOOKUP_TIMEOUT_SECONDS", 1.0, minimum=0.05)
 A2A_AUTH_LOOKUP_THREADS = env_int("A2A_AUTH_LOOKUP_THREADS", 4, minimum=1)
+# External identity (docs/identity.md): JWTs from trusted issuers, a JSON list (off when empty),
+# each entry checked here so a wrong one stops the process at start, named.
+try:
+    A2A_JWT_ISSUERS = json.loads(env_str("A2A_JWT_ISSUERS", "") or "[]")
+except ValueError as exc:
+    raise ImproperlyConfigured(f"A2A_JWT_ISSUERS is not JSON: {exc}") from None
+if A2A_JWT_ISSUERS:
+    from registry.identity import parse_issuers
+
+    parse_issuers(A2A_JWT_ISSUERS)
+A2A_JWT_MAX_BYTES = env_int("A2A_JWT_MAX_BYTES", 8192, minimum=256)
+A2A_JWT_LEEWAY_SECONDS = env_float("A2A_JWT_LEEWAY_SECONDS", 60)
+A2A_JWT_JWKS_TTL_SECONDS = env_float("A2A_JWT_JWKS_TTL_SECONDS", 600, minimum=1)
+A2A_JWT_JWKS_MIN_REFRESH_SECONDS = env_float("A2A_JWT_JWKS_MIN_REFRESH_SECONDS", 30)
+A2A_JWT_FETCH_TIMEOUT_SECONDS = env_float("A2A_JWT_FETCH_TIMEOUT_SECONDS", 5, minimum=0.1)
 A2A_ROUTING_RESYNC_SECONDS = env_float("A2A_ROUTING_RESYNC_SECONDS", 30, minimum=0.1)
 # The incremental resync reads rows changed since its previous read began minus this overlap
 # (clock skew between nodes, transactions that commit late); a full reload every
