@@ -30,9 +30,11 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gateway import access
+from gateway.bodies import Receive, Send
 
 #: Method names counted as themselves: A2A 0.3, A2A 1.0, and KubeMQ's tasks/send.
 KNOWN_METHODS = frozenset({
@@ -122,7 +124,7 @@ def forget_agent(agent_id: str) -> None:
 
 
 class GatewayCollector(Collector):
-    def describe(self) -> Iterator:
+    def describe(self) -> Iterator[Metric]:
         # Names only: registration must not run collect() (the node may not exist yet).
         yield CounterMetricFamily("kubemq_a2a_requests", "", labels=["agent_id", "method"])
         yield HistogramMetricFamily("kubemq_a2a_request_duration_seconds", "",
@@ -134,7 +136,7 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily("kubemq_a2a_registration_batches", "")
         yield CounterMetricFamily("kubemq_a2a_registration_batch_items", "")
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
             "kubemq_a2a_requests", "A2A JSON-RPC requests routed to an agent.",
             labels=["agent_id", "method"])
@@ -197,14 +199,14 @@ def _bound(value: float) -> str:
     return repr(float(value))
 
 
-def _subscribers() -> list:
+def _subscribers() -> list[Any]:
     return [s for manager in list(_managers) for s in list(manager.subscribers.values())]
 
 
 REGISTRY.register(GatewayCollector())
 
 
-async def metrics_app(scope, receive, send) -> None:
+async def metrics_app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     """``GET /metrics``: the Prometheus text exposition of this process."""
     if scope["method"] not in ("GET", "HEAD"):
         await send({"type": "http.response.start", "status": 405,
