@@ -65,10 +65,8 @@ _HTTP_CODES = {400: "INTERNAL", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED"
                404: "UNIMPLEMENTED", 429: "UNAVAILABLE", 502: "UNAVAILABLE",
                503: "UNAVAILABLE", 504: "UNAVAILABLE"}
 _ids = itertools.count(1)
-
-
-class _Abort(Exception):
-    """The call's answer is an error status (already decided)."""
+#: How often a relay waiting for its caller to leave looks whether the RPC ended.
+DONE_POLL_SECONDS = 0.5
 
 
 class GrpcCall(handler.BindingCaller):
@@ -95,9 +93,13 @@ class GrpcCall(handler.BindingCaller):
         self.reply: Any = None
         self.ended = False  # a streamed error ended the caller's stream
         self.gone = False
+        # Set when a write finds the caller gone. No ``context.add_done_callback``: grpcio keeps
+        # ``partial(callback, context)`` in the call's state, which the context holds -- a
+        # reference cycle that keeps the call's HTTP/2 stream counted open until the cycle
+        # collector runs, so after about a hundred calls a connection's new streams were
+        # refused (REFUSED_STREAM). :meth:`receive` looks at ``context.done()`` instead.
         self._done = asyncio.Event()
         self.initial_sent = False
-        context.add_done_callback(lambda _context: self._done.set())
 
     # --- the gateway's errors ------------------------------------------------------------------
 
@@ -141,8 +143,16 @@ class GrpcCall(handler.BindingCaller):
     # --- the agent's answer (ASGI messages of the relay) ---------------------------------------
 
     async def receive(self) -> dict[str, Any]:
-        """The relay's view of the caller: it leaves when the RPC ends (cancelled)."""
-        await self._done.wait()
+        """The relay's view of the caller: it leaves when the RPC ends (cancelled), seen within
+        DONE_POLL_SECONDS (a caller's cancellation also cancels the handler itself)."""
+        context = self.context
+        while not context.done():
+            try:
+                async with asyncio.timeout(DONE_POLL_SECONDS):
+                    await self._done.wait()
+                break
+            except TimeoutError:
+                continue
         return {"type": "http.disconnect"}
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -258,9 +268,14 @@ class GrpcCall(handler.BindingCaller):
         if self.failure is not None:
             status, trailers = self.failure
             trailers = [*trailers, (STATUS_DETAILS, status.SerializeToString())]
-            await self.context.abort(_CODES.get(status.code, grpc.StatusCode.UNKNOWN),
-                                     status.message, tuple(trailers))
-            raise _Abort  # not reached: abort raises
+            # The status set and the handler returns: ``context.abort`` would raise an error
+            # the call's state keeps, whose traceback holds the frames that hold the context (a
+            # cycle keeping the HTTP/2 stream counted open until the collector runs).
+            context = self.context
+            context.set_code(_CODES.get(status.code, grpc.StatusCode.UNKNOWN))
+            context.set_details(status.message)
+            context.set_trailing_metadata(tuple(trailers))
+            return None
         self.context.set_trailing_metadata(((EXECUTED, "true"),))
         if self.method.core.streaming:
             return None

@@ -280,3 +280,35 @@ async def test_a_refused_webhook_is_invalid_argument_and_never_reaches_the_agent
 
     await on_node(calls())
     assert [r.rpc_method for r in target.agent.recorder.rpc()] == ["SendMessage"]
+
+
+async def test_many_calls_on_one_channel_all_go_through(grpc_address, echo_agent_factory,
+                                                        register_agent, caller, settings):
+    """More calls on one connection than its concurrent-stream limit, one after another and
+    in bursts: each call's stream is released when it ends (none refused, none failing)."""
+    target = register_agent(echo_agent_factory(card_shape="both"))
+    token = tuple(auth(caller).items())
+    request = a2a_pb2.SendMessageRequest(tenant=target.agent_id,
+                                         message=user_message("hello").message)
+    unknown = a2a_pb2.GetTaskRequest(tenant=target.agent_id, id="no-such-task")
+    total = 3 * settings.A2A_GRPC_MAX_CONCURRENT_STREAMS
+
+    async def calls():
+        async with grpc.aio.insecure_channel(grpc_address) as channel:
+            stub = grpc10.A2AServiceStub(channel)
+            for _ in range(total // 2):  # one after another; every other one refused
+                reply = await stub.SendMessage(request, metadata=token)
+                assert get_message_text(reply.message) == "echo: hello"
+            for _ in range(total // 4):
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.GetTask(unknown, metadata=token)
+                assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+            replies = await asyncio.gather(*(stub.SendMessage(request, metadata=token)
+                                             for _ in range(total // 4)))
+            assert {get_message_text(r.message) for r in replies} == {"echo: hello"}
+            for i in range(total // 2):  # streams, read to their end
+                print("stream", i, flush=True)
+                events = [e async for e in stub.SendStreamingMessage(request, metadata=token)]
+                assert events and get_message_text(events[-1].message) == "echo: hello"
+
+    await asyncio.wait_for(on_node(calls()), 120)
