@@ -37,8 +37,9 @@ import grpc
 import orjson
 from django.conf import settings as django_settings
 
+from gateway import agent_bindings as agents
 from gateway import errors, handler, runtime
-from gateway.grpc_binding import agents, translate
+from gateway.grpc_binding import translate
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
