@@ -45,7 +45,14 @@ from gateway import agent_bindings, errors, metrics, push, recorder, rest, rest_
 from gateway import envelope as env
 from gateway.binding import BindingCaller
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
-from gateway.cards import serve_card
+from gateway.cards import (
+    EXTENDED_CARD_ANONYMOUS,
+    EXTENDED_CARD_METHODS,
+    CardRewrite,
+    gateway_url,
+    rewrite_card,
+    serve_card,
+)
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
 from gateway.inbox import STREAM_GAP, Reassembly
 from gateway.jsonrpc import (
@@ -62,6 +69,7 @@ from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
 from gateway.translation import V03, TranslationError, Unsupported, agent_request
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
+from registry.permissions import ANONYMOUS_ID
 from registry.token_cache import AuthFailed, AuthUnavailable
 
 if TYPE_CHECKING:
@@ -231,6 +239,10 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         if refused is not None:
             await _error(send, errors.WEBHOOK_REFUSED, rpc_id, agent_id, refused)
             return
+    if method in EXTENDED_CARD_METHODS:
+        send = await _extended_card(scope, send, headers, rpc_id, agent_id, caller, method)
+        if send is None:
+            return
     metrics.count_request(agent_id, method)
     timeout = request_timeout(payload, settings)
     tags = headers.tags
@@ -347,6 +359,11 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
             return
         caller, route = admitted
     assert route is not None  # a caller is admitted only to a routed agent (_fresh_caller too)
+    if method in EXTENDED_CARD_METHODS:
+        send = await _extended_card(scope, send, headers, REST, agent_id, caller, method,
+                                    rest_body=bool(route.http_json_endpoint))
+        if send is None:
+            return
     if not route.http_json_endpoint:  # translated to the agent's JSON-RPC
         await _translated_rest(node, scope, receive, send, route, caller, headers, tail,
                                method, body, payload, started)
@@ -427,11 +444,36 @@ async def _translated_rest(node: GatewayNode, scope: dict[str, Any], receive, se
     if version == V03 and "a2a_hdr_a2a-extensions" in tags:
         tags.setdefault("a2a_hdr_x-a2a-extensions", tags["a2a_hdr_a2a-extensions"])
     answer = rest_translate.RestTranslation(call, version, send)
+    if isinstance(send, CardRewrite):  # the extended card: rewritten once translated
+        url = send.url
+        answer = rest_translate.RestTranslation(call, version, send.send,
+                                                card=lambda card: rewrite_card(card, url))
     timeout = request_timeout({"params": payload} if payload else {}, node.settings)
     await forward_binding_call(node, route, caller, answer.send, receive, answer, headers,
                                rpc_method, rpc, timeout, streaming=call.method.streaming,
                                binding="HTTP+JSON", started=started, payload={"params": params})
     await answer.finish()
+
+
+async def _extended_card(scope: dict[str, Any], send, headers: RequestHeaders, rpc_id: Any,
+                         agent_id: str, caller: str, method: str, *, rest_body: bool = False):
+    """An extended-card call (A2A's ``GetExtendedAgentCard``): answered only to an
+    authenticated caller (an anonymous one, with ``A2A_ALLOW_ANONYMOUS``, gets 401, audited;
+    None), and its card rewritten like the public card: the ``send`` that does it."""
+    if anonymous_card_call(scope, agent_id, caller, method):
+        await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, EXTENDED_CARD_ANONYMOUS,
+                     extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
+        return None
+    return CardRewrite(send, gateway_url(scope, headers, agent_id), rest=rest_body)
+
+
+def anonymous_card_call(scope: dict[str, Any], agent_id: str, caller: str, method: str) -> bool:
+    """Whether ``method`` asks for the extended card and ``caller`` is anonymous: then it is
+    refused (audited; the caller answers ``unauthenticated``), on every binding."""
+    if method in EXTENDED_CARD_METHODS and caller == ANONYMOUS_ID:
+        _refused(scope, agent_id, caller, method, errors.UNAUTHENTICATED)
+        return True
+    return False
 
 
 # --- callers of other bindings (gateway.grpc_binding) -----------------------------------------
