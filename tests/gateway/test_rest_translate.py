@@ -10,6 +10,9 @@ answer back. Each test asserts what the caller got and what arrived at the agent
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import httpx
 import pytest
 from a2a.helpers import get_message_text
@@ -155,3 +158,71 @@ async def test_list_tasks_and_errors_in_rest_form(echo_agent_factory, register_a
         agent_03.stop()
         gone = await http.post(f"{t03.gateway_base}message:send", json=SEND)
         assert gone.status_code == 502 and gone.headers["x-a2a-executed"] == "false"
+
+
+async def test_translated_stream_bounds_as_for_every_stream(gateway_path, echo_agent_factory,
+                                                            register_agent, caller, settings):
+    """A translated stream is the gateway's stream: the caller leaving frees the agent's slot
+    (the agent's JSON-RPC stream is closed), and an agent gone quiet past the idle timeout ends
+    it with a terminal ``event: error`` in the binding's form."""
+    agent = echo_agent_factory(card_shape="both")
+    target = register_agent(agent, max_concurrency=1)
+    hold = {"message": {"messageId": "h1", "role": "ROLE_USER", "parts": [{"text": "wait"}]}}
+    async with httpx.AsyncClient(timeout=30, headers=caller.auth) as http:
+        async with http.stream("POST", f"{target.gateway_base}message:stream",
+                               json=hold) as held:
+            async for piece in held.aiter_bytes():
+                if b"data:" in piece:
+                    break  # the stream is running at the agent
+            busy = await http.post(f"{target.gateway_base}message:send", json=SEND)
+            assert busy.status_code == 429 and busy.headers["x-a2a-executed"] == "false"
+        for _ in range(100):  # bounded: 10 s
+            answer = await http.post(f"{target.gateway_base}message:send", json=SEND)
+            if answer.status_code == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert answer.status_code == 200, answer.text
+
+        settings.A2A_SSE_IDLE_TIMEOUT_SECONDS = 1
+        async with http.stream("POST", f"{target.gateway_base}message:stream",
+                               json=hold) as response:
+            assert response.status_code == 200
+            body = b"".join([piece async for piece in response.aiter_bytes()])
+    events = body.replace(b"\r\n", b"\n").strip().split(b"\n\n")
+    assert events[0].startswith(b"data: ")
+    assert "task" in json.loads(events[0][6:])  # the agent's first event, translated
+    assert events[-1].startswith(b"event: error\ndata: "), body[-500:]
+    error = json.loads(events[-1].split(b"data: ", 1)[1])["error"]
+    assert (error["code"], error["status"]) == (504, "DEADLINE_EXCEEDED")
+    assert error["details"][0]["metadata"]["kind"] == "timeout"
+
+
+async def test_push_config_routes_reach_the_agent_translated(echo_agent_factory, register_agent,
+                                                             caller):
+    """The push-notification-config routes become the agent's JSON-RPC methods (the webhook
+    checked first, as on every binding); this agent has no push support, and its A2A error
+    comes back in the SDK REST server's form."""
+    agent = echo_agent_factory(card_shape="both")
+    target = register_agent(agent)
+    config = {"url": "http://127.0.0.1:9/hook", "id": "c1"}
+    async with httpx.AsyncClient(timeout=30, headers=caller.auth) as http:
+        created = await http.post(f"{target.gateway_base}tasks/t1/pushNotificationConfigs",
+                                  json=config)
+        listed = await http.get(f"{target.gateway_base}tasks/t1/pushNotificationConfigs")
+        got = await http.get(f"{target.gateway_base}tasks/t1/pushNotificationConfigs/c1")
+        deleted = await http.delete(f"{target.gateway_base}tasks/t1/pushNotificationConfigs/c1")
+        refused = await http.post(f"{target.gateway_base}tasks/t1/pushNotificationConfigs",
+                                  json={"url": "http://169.254.169.254/latest", "id": "c2"})
+    for response in (created, listed, got, deleted):
+        error = response.json()["error"]
+        assert response.status_code == error["code"] >= 400, response.text
+        assert error["details"][0]["domain"] == "a2a-protocol.org"
+        assert response.headers["x-a2a-executed"] == "true"
+    assert [r.rpc_method for r in agent.recorder.rpc()] == [
+        "CreateTaskPushNotificationConfig", "ListTaskPushNotificationConfigs",
+        "GetTaskPushNotificationConfig", "DeleteTaskPushNotificationConfig"]
+    params = json.loads(agent.recorder.rpc()[0].body)["params"]
+    assert (params["taskId"], params["url"], params["id"]) == ("t1", config["url"], "c1")
+    # A webhook the outbound rules refuse never reaches the agent.
+    assert refused.status_code == 400 and refused.headers["x-a2a-executed"] == "false"
+    assert refused.json()["error"]["details"][0]["reason"] == "WEBHOOK_REFUSED"
