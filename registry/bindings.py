@@ -250,12 +250,14 @@ def _with_http_json(interfaces: list[dict[str, Any]], fields: dict[str, str],
                     card: dict[str, Any]) -> list[dict[str, Any]]:
     """``interfaces`` (served 1.0 entries) offering HTTP+JSON: an agent without its own gets
     the gateway's (translated to its JSON-RPC) after its own entries, one per protocol version
-    of its JSON-RPC entries (1.0 when it lists none), so its preference stays first. An agent
-    with its own keeps its entries as they are (its calls are forwarded there)."""
-    if http_json_endpoint(card):
-        return interfaces
-    versions = [i.get("protocolVersion") for i in interfaces
-                if interface_binding(i.get("protocolBinding")) == JSONRPC] or ["1.0"]
+    of its JSON-RPC entries (1.0 when they name none), so its preference stays first. An agent
+    with its own keeps its entries as they are (its calls are forwarded there), and so does a
+    card listing no JSON-RPC interface (nothing to translate to)."""
+    jsonrpc = [i for i in interfaces if interface_binding(i.get("protocolBinding")) == JSONRPC]
+    if http_json_endpoint(card) or not jsonrpc:
+        return interfaces  # translation needs the agent's JSON-RPC
+    versions = [v for v in (i.get("protocolVersion") for i in jsonrpc)
+                if isinstance(v, str) and v] or ["1.0"]
     added = [{**fields, "protocolBinding": HTTP_JSON, "protocolVersion": version}
              for version in dict.fromkeys(versions)]
     return [*interfaces, *added]
@@ -281,7 +283,8 @@ def _rewrite_03(card: dict[str, Any], out: dict[str, Any],
     out["url"] = served[main]["url"]
     if "preferredTransport" in card or main != JSONRPC:
         out["preferredTransport"] = main
-    if not http_json_endpoint(card):
-        # The gateway's HTTP+JSON (translated) after the agent's own interfaces.
+    if not http_json_endpoint(card) and (main == JSONRPC or any(
+            interface_binding(i.get("transport")) == JSONRPC for i in kept)):
+        # The gateway's HTTP+JSON (translated to its JSON-RPC) after the agent's interfaces.
         out["additionalInterfaces"] = [*kept, {**served[HTTP_JSON], "transport": HTTP_JSON}]
     return out
