@@ -34,6 +34,7 @@ from urllib.parse import parse_qsl
 import orjson
 from a2a.compat.v0_3 import conversions
 from a2a.types import a2a_pb2 as pb
+from a2a.utils.constants import A2A_JSON_MEDIA_TYPE
 from a2a.utils.proto_utils import parse_params
 from google.protobuf.json_format import MessageToDict, Parse, ParseError
 from google.protobuf.message import Message
@@ -57,6 +58,7 @@ from gateway.translation import (
     agent_result,
 )
 
+_A2A_JSON = A2A_JSON_MEDIA_TYPE.encode()
 #: The routes A2A 0.3 has under ``v1/`` (its A2A 1.0 method names; no ListTasks).
 _ROUTES_03 = frozenset(FROM_03)
 #: Relayed agent headers the translated answer does not keep (its framing is the gateway's; a
@@ -292,13 +294,14 @@ class RestTranslation(BindingCaller):
     # --- writing the caller's answer -----------------------------------------------------------
 
     async def _respond(self, status: int, body: Any, *, executed: bool,
-                       extra: list[tuple[bytes, bytes]] | None = None) -> None:
+                       extra: list[tuple[bytes, bytes]] | None = None,
+                       media_type: bytes = b"application/json") -> None:
         if self.started:
             return
         data = orjson.dumps(body)
         self.started = self.done = True
         await self.out({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(data)),
+            (b"content-type", media_type), (b"content-length", b"%d" % len(data)),
             (b"x-a2a-executed", b"true" if executed else b"false"), *(extra or ())]})
         await self.out({"type": "http.response.body", "body": data})
 
@@ -413,8 +416,10 @@ class RestTranslation(BindingCaller):
             return
         if method.streaming:
             await self._event(data)
-        else:
-            await self._respond(200, data, executed=True, extra=self._agent_headers())
+        else:  # the media types of the SDK's REST server: A2A's for 1.0 routes
+            await self._respond(200, data, executed=True, extra=self._agent_headers(),
+                                media_type=_A2A_JSON if self.call.version == V10
+                                else b"application/json")
 
     async def finish(self) -> None:
         """The caller's answer once the relay ended: the unary reply, an answer that was not

@@ -110,6 +110,9 @@ async def test_rest_client_sends_streams_gets_and_cancels_a_json_rpc_agent(
     assert len(calls) == 6 and all(r.headers["x-a2a-executed"] == "true" for r in calls)
     [streamed] = [r for r in calls if r.request.url.path.endswith("message:stream")]
     assert streamed.headers["content-type"].startswith("text/event-stream")
+    # The media types the SDK's REST server answers with (A2A's for the 1.0 routes).
+    assert calls[0].headers["content-type"] == (
+        "application/a2a+json" if version == "1.0" else "application/json")
 
 
 async def test_list_tasks_and_errors_in_rest_form(echo_agent_factory, register_agent, caller):
