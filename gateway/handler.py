@@ -20,8 +20,10 @@ database query, no Django.
 
 Every other path under ``/a2a/{agent_id}/`` is a route of the A2A HTTP+JSON binding
 (:mod:`gateway.rest`, :func:`handle_rest`): the same checks and the same way to the subscriber,
-with the caller's HTTP method and path in the Query's tags, and the gateway's errors in that
-binding's form.
+with the caller's HTTP method and path in the Query's tags -- or, for an agent without an
+HTTP+JSON interface, translated to its JSON-RPC (:mod:`gateway.rest_translate`) -- and the
+gateway's errors in that binding's form. The extended agent card (every binding) is answered
+only to authenticated callers and rewritten like the public card (:class:`CardRewrite`).
 
 Before any of that, a body announced above ``A2A_MAX_REQUEST_BYTES`` is answered 413 unread,
 and a large (above 64 KiB) or chunked body is read only once the caller authenticates (else
