@@ -7,7 +7,7 @@ class ArdConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from ard import indexer, metrics, selectors
+        from ard import indexer, metrics, ranking, selectors
         from registry import events
         from registry import selectors as registry_selectors
 
@@ -15,5 +15,7 @@ class ArdConfig(AppConfig):
         events.subscribe(indexer.on_registry_event, many=indexer.on_registry_events)
         # And ranks the registry's own text search (API ?q=, the admin's search box).
         registry_selectors.set_text_search(selectors.registry_agents_ranked)
+        # And cards not registered (yet): discovery's needs described in words.
+        registry_selectors.set_card_ranking(ranking.rank_cards)
         # Its writer's gauges, served by the node's GET /metrics with the gateway's.
         metrics.register()

@@ -282,7 +282,7 @@ def _write(batch: list[AgentDoc]) -> int:
 
 
 # --- the deferred writer -------------------------------------------------------------------------
-# Registrations written together (PostgreSQL's group commit, gateway.registrations) hand their
+# Registrations written together (PostgreSQL's group commit, node.registrations) hand their
 # new agents' documents to this process's index writer instead of writing them in the batch: a
 # document's full-text vector costs PostgreSQL about as much as the rest of the registration, and
 # written by one thread of its own, many batches' documents in one statement, it no longer holds

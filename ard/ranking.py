@@ -16,19 +16,24 @@ descriptions and examples) with ``ts_rank`` on PostgreSQL and ``bm25`` on SQLite
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
 from django.db import connection
 from django.db.models import QuerySet
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from ard.models import AgentDoc
+
+K = TypeVar("K", bound=Hashable)
 
 MAX_TERMS = 32
 _TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
@@ -98,13 +103,37 @@ def _allowed(candidates: QuerySet[AgentDoc], ids: list[int], chunk: int = 2000) 
 def scored_among(rows: list[tuple[int, float]], allowed: set[int]) -> list[tuple[int, int, int]]:
     """``(id, id, 0-100 score)`` of the ``rows`` in ``allowed`` at or above the cutoff, best
     first; ties go to the older document (lower id): deterministic, and no join to sort by."""
-    kept = [(i, r) for i, r in rows if i in allowed]
-    top = max((r for _, r in kept), default=0.0)
+    return scored_list([(i, i, r) for i, r in rows if i in allowed])
+
+
+def scored_list(ranks: list[tuple[K, Any, float]]) -> list[tuple[K, Any, int]]:
+    """``(key, tie-break, 0-100 score)`` of ``(key, tie-break, rank)`` rows at or above the
+    cutoff, best first, ties by the tie-break: the one scoring of every ranker here."""
+    top = max((r for _, _, r in ranks), default=0.0)
     if top <= 0:
         return []
     cut = _cutoff_ratio() * top
-    kept = sorted((k for k in kept if k[1] >= cut), key=lambda k: (-k[1], k[0]))
-    return [(i, i, _score(r, top)) for i, r in kept]
+    kept = sorted((k for k in ranks if k[2] >= cut), key=lambda k: (-k[2], k[1]))
+    return [(key, tie, _score(r, top)) for key, tie, r in kept]
+
+
+def fuse(
+    lexical: Mapping[K, float], semantic: Mapping[K, float]
+) -> list[tuple[K, float, float, float]]:
+    """``(key, fused, lexical 0-1, cosine)`` of every key either ranking matched, best first
+    (ties by key): ``ARD_FUSION_LEXICAL_WEIGHT x lexical + ARD_FUSION_SEMANTIC_WEIGHT x
+    cosine / best cosine``."""
+    top_sim = max(semantic.values(), default=0.0)
+    w_lex = settings.ARD_FUSION_LEXICAL_WEIGHT
+    w_sem = settings.ARD_FUSION_SEMANTIC_WEIGHT
+    out = []
+    for key in lexical.keys() | semantic.keys():
+        lex, sim = lexical.get(key, 0.0), semantic.get(key, 0.0)
+        f = w_lex * lex + (w_sem * sim / top_sim if top_sim > 0 else 0.0)
+        if f > 0:
+            out.append((key, f, lex, sim))
+    out.sort(key=lambda o: (-o[1], o[0]))
+    return out
 
 
 class _SqlRanker:
@@ -238,36 +267,40 @@ class PortableRanker:
         ("examples", 2.0),
     )
 
-    def _scored(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, str, float]]:
+    def _scored(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, str, int]]:
         terms = query_terms(text)
         if not terms:
             return []
         rows = list(
             candidates.order_by().values_list("id", "agent_id", *[f for f, _ in self.FIELDS])
         )
-        tokenised = [[_stems(v or "") for v in row[2:]] for row in rows]
+        ranks = self.ranks(terms, [(row[0], row[1], row[2:]) for row in rows])
+        return scored_list(ranks)
+
+    @classmethod
+    def ranks(
+        cls, terms: list[str], rows: list[tuple[K, Any, tuple[str | None, ...]]]
+    ) -> list[tuple[K, Any, float]]:
+        """``(key, tie-break, rank > 0)`` of the ``rows`` (key, tie-break, the :data:`FIELDS`'
+        texts) sharing a term with ``terms``; the idf is over ``rows``."""
+        tokenised = [[_stems(v or "") for v in fields] for _, _, fields in rows]
         n = len(rows) or 1
-        df = {t: sum(1 for doc in tokenised if any(t in f for f in doc)) for t in map(_stem, terms)}
+        stems = list(map(_stem, terms))
+        df = {t: sum(1 for doc in tokenised if any(t in f for f in doc)) for t in stems}
         out = []
-        for row, fields in zip(rows, tokenised, strict=True):
+        for (key, tie, _), fields in zip(rows, tokenised, strict=True):
             r = 0.0
-            for term in map(_stem, terms):
+            for term in stems:
                 if not df.get(term):
                     continue
                 idf = math.log(1 + n / df[term])
                 r += idf * sum(
                     w * f.count(term) / (1 + math.log(1 + len(f)))
-                    for (_, w), f in zip(self.FIELDS, fields, strict=True)
+                    for (_, w), f in zip(cls.FIELDS, fields, strict=True)
                 )
             if r > 0:
-                out.append((row[0], row[1], r))
-        if not out:
-            return []
-        top = max(r for _, _, r in out)
-        cut = _cutoff_ratio()
-        out = [o for o in out if o[2] >= cut * top]
-        out.sort(key=lambda o: (-o[2], o[1]))
-        return [(i, a, _score(r, top)) for i, a, r in out]
+                out.append((key, tie, r))
+        return out
 
     def rank(self, *, text: str, candidates: QuerySet[AgentDoc], offset: int, limit: int) -> Ranked:
         scored = self._scored(text, candidates)
@@ -336,25 +369,10 @@ class HybridRanker:
             lexical = {i: s / 100 for i, _, s in self.lexical._scored(text, candidates)}
             allowed = _allowed(candidates, [i for i, _ in near]) if near else set()
         semantic = {i: s for i, s in near if i in allowed}
-        top_sim = max(semantic.values(), default=0.0)
-        w_lex = settings.ARD_FUSION_LEXICAL_WEIGHT
-        w_sem = settings.ARD_FUSION_SEMANTIC_WEIGHT
-        out = []
-        for i in lexical.keys() | semantic.keys():
-            lex, sim = lexical.get(i, 0.0), semantic.get(i, 0.0)
-            f = w_lex * lex + (w_sem * sim / top_sim if top_sim > 0 else 0.0)
-            if f > 0:
-                out.append((i, f, lex, sim))
-        out.sort(key=lambda o: (-o[1], o[0]))
-        return out
+        return fuse(lexical, semantic)
 
     def _scored(self, text: str, candidates: QuerySet[AgentDoc]) -> list[tuple[int, int, int]]:
-        fused = self.fused(text, candidates)
-        if not fused:
-            return []
-        top = fused[0][1]
-        cut = _cutoff_ratio() * top
-        return [(i, i, _score(f, top)) for i, f, _, _ in fused if f >= cut]
+        return scored_list([(i, i, f) for i, f, _, _ in self.fused(text, candidates)])
 
     def rank(self, *, text: str, candidates: QuerySet[AgentDoc], offset: int, limit: int) -> Ranked:
         scored = self._scored(text, candidates)
@@ -382,3 +400,62 @@ def get_ranker() -> Ranker:
     """The one selector: ``ARD_RANKER`` when set to a class path, else by database vendor --
     fused with semantic search (:class:`HybridRanker`) unless ``ARD_SEMANTIC`` is off."""
     return _ranker_for(settings.ARD_RANKER or "auto", connection.vendor, settings.ARD_SEMANTIC)
+
+
+#: Embeddings of cards ranked by :func:`rank_cards`, by model and text (a discovery cycle ranks
+#: mostly the same cards as the last one); cleared when full.
+_card_vectors: dict[tuple[str, str], Any] = {}
+MAX_CARD_VECTORS = 10_000
+
+
+def _embedded(embedder: Any, texts: list[str]) -> Any:
+    import numpy as np
+
+    keys = [(embedder.name, hashlib.sha256(t.encode()).hexdigest()) for t in texts]
+    found: list[Any] = [_card_vectors.get(k) for k in keys]  # read once: may be cleared
+    missing = [i for i, v in enumerate(found) if v is None]
+    if missing:
+        if len(_card_vectors) + len(missing) > MAX_CARD_VECTORS:
+            _card_vectors.clear()
+        fresh = embedder.embed([texts[i] for i in missing])
+        for i, vector in zip(missing, fresh, strict=True):
+            found[i] = _card_vectors[keys[i]] = vector
+    return np.stack(found).astype(np.float32)
+
+
+def rank_cards(*, text: str, cards: Mapping[str, dict[str, Any]]) -> list[tuple[str, int]]:
+    """``(key, 0-100 score)`` of the ``cards`` matching ``text``, best first (ties by key):
+    cards that need not be in the index (a discovery cycle's candidates), ranked as search ranks
+    documents. Each card becomes its search document (:func:`ard.documents.build_document`);
+    the lexical ranking is :class:`PortableRanker`'s (the full-text engines index stored
+    documents only), the semantic one the cosine of the document's and the query's embeddings by
+    the configured embedder at or above ``ARD_SEMANTIC_MIN_SIMILARITY``; both are fused by
+    :func:`fuse` and scored by :func:`scored_list` with the ``ARD_MIN_SCORE`` cutoff, as
+    :class:`HybridRanker` does. Lexical alone when ``ARD_SEMANTIC`` is off."""
+    from ard import documents, embeddings
+
+    if not cards:
+        return []
+    now = timezone.now()
+    docs = {
+        key: documents.build_document(
+            agent_id=key, card=card, updated_at=now,
+            name=card["name"] if isinstance(card.get("name"), str) else key,
+            description=card["description"] if isinstance(card.get("description"), str) else "",
+        )
+        for key, card in cards.items()
+    }
+    terms = query_terms(text)
+    rows = [(k, k, tuple(d[f] for f, _ in PortableRanker.FIELDS)) for k, d in docs.items()]
+    lexical = (
+        {k: s / 100 for k, _, s in scored_list(PortableRanker.ranks(terms, rows))} if terms else {}
+    )
+    semantic: dict[str, float] = {}
+    embedder = embeddings.get_embedder()
+    if embedder is not None:
+        matrix = _embedded(embedder, [embeddings.document_text(d) for d in docs.values()])
+        cosines = matrix @ embedder.embed([text])[0]
+        floor = settings.ARD_SEMANTIC_MIN_SIMILARITY
+        semantic = {k: float(c) for k, c in zip(docs, cosines, strict=True) if c >= floor}
+    fused = fuse(lexical, semantic)
+    return [(k, s) for k, _, s in scored_list([(k, k, f) for k, f, _, _ in fused])]

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from ard import documents
+from ard import documents, indexer
 from ard.models import AgentDoc
 from ard.query import (
     MAX_OFFSET,
@@ -273,3 +273,26 @@ def registry_agents_ranked(*, text: str, agents: QuerySet[Agent], limit: int = 1
     owners = dict(AgentDoc.objects.filter(pk__in=[h.doc_id for h in hits])
                   .values_list("pk", "registry_agent_id"))
     return [owners[h.doc_id] for h in hits if h.doc_id in owners]
+
+
+#: Agents named by id in the candidates' query at most (more: every routable agent is ranked
+#: and the answer narrowed to them afterwards).
+MAX_NAMED = 1000
+
+
+def agents_ranked(*, text: str, agent_ids: Collection[str], limit: int = 1000
+                  ) -> list[tuple[str, int]]:
+    """``(agent id, 0-100 score)`` of the routable agents of ``agent_ids`` matching ``text``,
+    best first, by the same ranking as ``POST /search`` (the MCP bridge's ``/mcp?q=``; it may
+    wait for this node's deferred documents, as search does: not on a shared thread). Scores
+    are relative to the best of ``agent_ids`` (of every routable agent, past
+    :data:`MAX_NAMED` ids)."""
+    indexer.settle_deferred()  # this node's deferred documents first (read your writes)
+    wanted = set(agent_ids)
+    candidates = AgentDoc.objects.filter(active=True)
+    if len(wanted) <= MAX_NAMED:
+        candidates = candidates.filter(agent_id__in=sorted(wanted))
+    hits = get_ranker().rank(text=text, candidates=candidates, offset=0, limit=limit).hits
+    owners = dict(AgentDoc.objects.filter(pk__in=[h.doc_id for h in hits])
+                  .values_list("pk", "agent_id"))
+    return [(owners[h.doc_id], int(h.score)) for h in hits if owners.get(h.doc_id) in wanted]

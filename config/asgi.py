@@ -13,9 +13,9 @@ from asgiref.sync import markcoroutinefunction  # noqa: E402
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
 from core.lifecycle import lifespan_app  # noqa: E402
-from gateway.routing import http_application  # noqa: E402
 from mcp_bridge.server import routes as mcp_routes  # noqa: E402
 from node.edge import limit_body  # noqa: E402
+from node.router import http_application  # noqa: E402
 
 _http = limit_body(http_application(django_asgi_app, apps=mcp_routes()))
 _other = ProtocolTypeRouter({"http": _http, "lifespan": lifespan_app})

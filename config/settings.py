@@ -7,6 +7,7 @@ in-memory channel layer, Celery tasks run in-process. ``DATABASE_URL`` selects P
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -405,6 +406,21 @@ A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
 A2A_AUTH_STALE_SECONDS = env_float("A2A_AUTH_STALE_SECONDS", 300)
 A2A_AUTH_LOOKUP_TIMEOUT_SECONDS = env_float("A2A_AUTH_LOOKUP_TIMEOUT_SECONDS", 1.0, minimum=0.05)
 A2A_AUTH_LOOKUP_THREADS = env_int("A2A_AUTH_LOOKUP_THREADS", 4, minimum=1)
+# External identity (docs/identity.md): JWTs from trusted issuers, a JSON list (off when empty),
+# each entry checked here so a wrong one stops the process at start, named.
+try:
+    A2A_JWT_ISSUERS = json.loads(env_str("A2A_JWT_ISSUERS", "") or "[]")
+except ValueError as exc:
+    raise ImproperlyConfigured(f"A2A_JWT_ISSUERS is not JSON: {exc}") from None
+if A2A_JWT_ISSUERS:
+    from registry.identity import parse_issuers
+
+    parse_issuers(A2A_JWT_ISSUERS)
+A2A_JWT_MAX_BYTES = env_int("A2A_JWT_MAX_BYTES", 8192, minimum=256)
+A2A_JWT_LEEWAY_SECONDS = env_float("A2A_JWT_LEEWAY_SECONDS", 60)
+A2A_JWT_JWKS_TTL_SECONDS = env_float("A2A_JWT_JWKS_TTL_SECONDS", 600, minimum=1)
+A2A_JWT_JWKS_MIN_REFRESH_SECONDS = env_float("A2A_JWT_JWKS_MIN_REFRESH_SECONDS", 30)
+A2A_JWT_FETCH_TIMEOUT_SECONDS = env_float("A2A_JWT_FETCH_TIMEOUT_SECONDS", 5, minimum=0.1)
 A2A_ROUTING_RESYNC_SECONDS = env_float("A2A_ROUTING_RESYNC_SECONDS", 30, minimum=0.1)
 # The incremental resync reads rows changed since its previous read began minus this overlap
 # (clock skew between nodes, transactions that commit late); a full reload every
@@ -494,6 +510,9 @@ DISCOVERY_AGENT_TTL_SECONDS = env_int(
 DISCOVERY_SESSION_IDLE_SECONDS = env_float("DISCOVERY_SESSION_IDLE_SECONDS", 86400, minimum=1)
 DISCOVERY_ALERT_WEBHOOK_URL = env_str("DISCOVERY_ALERT_WEBHOOK_URL")
 DISCOVERY_POLICY_HOOK = env_str("DISCOVERY_POLICY_HOOK")  # dotted path: hook(need, record, card)
+# A need described in words (``text``) matches the cycle's cards that ARD's ranker scores at or
+# above this (0-100, 100 the best card of the cycle for that text).
+DISCOVERY_NEED_TEXT_MIN_SCORE = env_int("DISCOVERY_NEED_TEXT_MIN_SCORE", 50, minimum=1)
 # Size cap of one ARD ai-catalog.json read by the "catalogs" discovery source.
 DISCOVERY_CATALOG_MAX_BYTES = env_int("DISCOVERY_CATALOG_MAX_BYTES", 1024 * 1024, minimum=1024)
 
@@ -545,8 +564,14 @@ A2A_MCP_KEEPALIVE_SECONDS = env_float("A2A_MCP_KEEPALIVE_SECONDS", 15.0, minimum
 # many bytes decoded in all (the request itself stays under A2A_MAX_REQUEST_BYTES).
 A2A_MCP_MAX_FILES = env_int("A2A_MCP_MAX_FILES", 10, minimum=0)
 A2A_MCP_MAX_FILE_BYTES = env_int("A2A_MCP_MAX_FILE_BYTES", 4 * 1024 * 1024, minimum=0)
+# /mcp?q=<text> lists the tools whose agents ARD's ranker scores at or above this (0-100, 100
+# the best match of the text), best first.
+A2A_MCP_QUERY_MIN_SCORE = env_int("A2A_MCP_QUERY_MIN_SCORE", 50, minimum=1)
 
 # --- settings that must agree with one another (checked last: every name above has been read) ---
+for _name in ("DISCOVERY_NEED_TEXT_MIN_SCORE", "A2A_MCP_QUERY_MIN_SCORE"):
+    if globals()[_name] > 100:
+        raise ImproperlyConfigured(f"{_name} is a score from 1 to 100")
 if A2A_NODE_LIVENESS_TTL_SECONDS <= A2A_NODE_LIVENESS_REFRESH_SECONDS:
     raise ImproperlyConfigured(
         f"A2A_NODE_LIVENESS_TTL_SECONDS ({A2A_NODE_LIVENESS_TTL_SECONDS:g}) must be above "

@@ -62,6 +62,7 @@ class SourceFeedAdmin(admin.ModelAdmin):
 class NeedInline(admin.StackedInline):
     model = Need
     extra = 0
+    exclude = ["text"]  # a tag's need; needs given as text are added on their own page
 
 
 @admin.register(CapabilityTag)
@@ -73,10 +74,20 @@ class CapabilityTagAdmin(admin.ModelAdmin):
 
 @admin.register(Need)
 class NeedAdmin(admin.ModelAdmin):
-    list_display = ["tag", "input_modes", "output_modes", "description", "enabled", "origin"]
+    list_display = ["tag", "text", "input_modes", "output_modes", "description", "enabled",
+                    "origin"]
     list_select_related = ["tag"]
     list_filter = ["enabled", "origin"]
+    search_fields = ["tag__name", "text", "description"]
     autocomplete_fields = ["tag"]
+    fieldsets = [
+        (None, {"fields": ["tag", "text"],
+                "description": "A tag from the vocabulary (matched exactly against the skills' "
+                               "tags), or what is needed in words (matched by meaning, as ARD "
+                               "search ranks agents: DISCOVERY_NEED_TEXT_MIN_SCORE)."}),
+        (None, {"fields": ["input_modes", "output_modes", "description", "require_signed",
+                           "enabled", "origin"]}),
+    ]
 
 
 @admin.register(DiscoveryPolicy)

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.db import transaction
 
 from discovery.models import (
+    NEED_TEXT_MAX,
     AllowedHost,
     CapabilityTag,
     ConfiguredAgent,
@@ -135,14 +136,22 @@ def validate_config(data: dict[str, Any]) -> dict[str, Any]:
             raise ConfigFileError("kubernetes: must be an object with a label_selector")
         out["kubernetes"] = kube
     out["catalogs"] = _catalogs(data.get("catalogs"))
-    tags: set[str] = set()
+    keys: set[tuple[str, str]] = set()
     for i, entry in enumerate(_list(data, "needs")):
-        tag = entry.get("tag")
-        if not isinstance(tag, str) or not tag.strip():
-            raise ConfigFileError(f"needs[{i}].tag: required")
-        if tag in tags:
-            raise ConfigFileError(f"needs[{i}].tag: {tag!r} is used twice")
-        tags.add(tag)
+        tag, text = entry.get("tag"), entry.get("text")
+        if (tag is None) == (text is None):
+            raise ConfigFileError(
+                f"needs[{i}]: give a tag, or a text describing what is needed (not both)"
+            )
+        kind, value = ("tag", tag) if tag is not None else ("text", text)
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigFileError(f"needs[{i}].{kind}: a non-empty string")
+        value = value.strip()
+        if kind == "text" and len(value) > NEED_TEXT_MAX:
+            raise ConfigFileError(f"needs[{i}].text: at most {NEED_TEXT_MAX} characters")
+        if (kind, value) in keys:
+            raise ConfigFileError(f"needs[{i}].{kind}: {value!r} is used twice")
+        keys.add((kind, value))
         description = entry.get("description")
         if not isinstance(description, str) or not description.strip():
             raise ConfigFileError(f"needs[{i}].description: a reviewed description is required")
@@ -150,7 +159,8 @@ def validate_config(data: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(require_signed, bool):
             raise ConfigFileError(f"needs[{i}].require_signed: must be true or false")
         out["needs"].append({
-            "tag": tag.strip(), "require_signed": require_signed,
+            "tag": value if kind == "tag" else "", "text": value if kind == "text" else "",
+            "require_signed": require_signed,
             "input_modes": _str_list(entry.get("input_modes"), f"needs[{i}].input_modes"),
             "output_modes": _str_list(entry.get("output_modes"), f"needs[{i}].output_modes"),
             "description": description,
@@ -248,20 +258,26 @@ def _sync(config: dict[str, Any], sha256: str) -> None:
         keep.append(feed.pk)
     SourceFeed.objects.filter(origin=file).exclude(pk__in=keep).delete()
 
-    tags = {e["tag"]: e for e in config["needs"]}
-    for tag_name, entry in tags.items():
-        tag, _ = CapabilityTag.objects.get_or_create(
-            name=tag_name, defaults={"meaning": entry["description"], "origin": file}
-        )
-        Need.objects.update_or_create(
-            tag=tag,
-            defaults={
-                "input_modes": entry["input_modes"], "output_modes": entry["output_modes"],
-                "description": entry["description"], "enabled": True, "origin": file,
-                "require_signed": entry["require_signed"],
-            },
-        )
-    Need.objects.filter(origin=file).exclude(tag__name__in=list(tags)).delete()
+    tags = {e["tag"]: e for e in config["needs"] if e["tag"]}
+    texts = {e["text"]: e for e in config["needs"] if e["text"]}
+    for key, entry in [*tags.items(), *texts.items()]:
+        defaults = {
+            "input_modes": entry["input_modes"], "output_modes": entry["output_modes"],
+            "description": entry["description"], "enabled": True, "origin": file,
+            "require_signed": entry["require_signed"],
+        }
+        if entry["tag"]:
+            tag, _ = CapabilityTag.objects.get_or_create(
+                name=key, defaults={"meaning": entry["description"], "origin": file}
+            )
+            Need.objects.update_or_create(tag=tag, defaults=defaults)
+        else:
+            Need.objects.update_or_create(text=key, defaults=defaults)
+    stale = [
+        n.pk for n in Need.objects.filter(origin=file).select_related("tag")
+        if (n.tag.name not in tags if n.tag is not None else n.text not in texts)
+    ]
+    Need.objects.filter(pk__in=stale).delete()
 
     policy, _ = DiscoveryPolicy.objects.get_or_create(pk=1)
     policy.max_agents = config.get("max_agents", 20)

@@ -24,7 +24,7 @@ from discovery import alerts, metrics
 from discovery.card_cache import CardCache, CardEntry, Outcome, RefreshResult, default_cache
 from discovery.config_file import ConfigFileError, config_file_sync
 from discovery.health import DEGRADED, degraded_urls, health_observe_many
-from discovery.matcher import matched_needs, needs_active, policy_hook
+from discovery.matcher import EXACT, matched_needs, needs_active, policy_hook, text_matches
 from discovery.models import Alert, ConfiguredAgent, CycleRun, DiscoveryPolicy, SourceFeed
 from discovery.resolver import Admission, allowlist_entries, resolve
 from discovery.sessions import sessions_expire
@@ -457,22 +457,33 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
         usable[i] = (record, entry)
     gated = _signature_gate(usable)
     gate_on = signatures.policy() != "off"
+    cards: dict[int, tuple[EndpointRecord, CardEntry, bool]] = {}
     for i, (record, entry) in usable.items():
         signed = gated.get(i)
         if gate_on and signed is None:
             continue  # require: no valid signature (alerted)
         if signed is not None and signed.sha256 != entry.sha256:
             entry = replace(entry, card=signed.card, raw=signed.raw, sha256=signed.sha256)
+        cards[i] = (record, entry, signed is not None and signed.valid)
+    # Needs given as text rank the cycle's cards together (scores are relative to the best).
+    by_text = text_matches(
+        {str(i): e.card for i, (r, e, _) in cards.items()  # type: ignore[misc]  # has_card
+         if not (r.configured and r.source == ConfiguredAgent.Kind.STATIC)},
+        needs, signed={str(i) for i, (_, _, valid) in cards.items() if valid},
+    )
+    for i, (record, entry, valid) in cards.items():
         card: dict[str, Any] = entry.card  # type: ignore[assignment]  # has_card checked above
+        score = EXACT
         if record.configured and record.source == ConfiguredAgent.Kind.STATIC:
             description = record.description
         else:
-            matched = matched_needs(card, needs, record=record, hook=hook,
-                                    signed=signed is not None and signed.valid)
+            matched = matched_needs(card, needs, record=record, hook=hook, signed=valid,
+                                    text_scores=by_text.get(str(i)))
             if not matched:
                 continue
+            (best, score) = matched[0]
             description = record.description if record.configured and record.description \
-                else matched[0].description
+                else best.description
         endpoint = card_endpoint(card)
         reason = admission.refusal(endpoint) if endpoint else "the card has no endpoint"  # type: ignore[assignment]  # None: admitted
         if reason and record.inline_card is None:
@@ -485,7 +496,8 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
         candidates.append(SelectedAgent(
             local_name=record.local_name, description=description,
             agent_id=record.target_agent_id, card_sha256=entry.sha256, card_url=record.card_url,
-            source=record.source, critical=record.critical, card=card, raw=entry.raw,
+            source=record.source, critical=record.critical, score=score, card=card,
+            raw=entry.raw,
         ))
     report.candidates = len(candidates)
     kept, left_out = select_capped(candidates, max_agents=policy.max_agents)

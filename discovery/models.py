@@ -126,10 +126,23 @@ class CapabilityTag(models.Model):
         return self.name
 
 
-class Need(models.Model):
-    """A capability the platform needs: a vocabulary tag plus the modes it must accept/emit."""
+#: The longest need given as text (it is indexed: a unique text per need).
+NEED_TEXT_MAX = 500
 
-    tag = models.OneToOneField(CapabilityTag, on_delete=models.CASCADE, related_name="need")
+
+class Need(models.Model):
+    """A capability the platform needs, plus the modes it must accept/emit: a vocabulary tag
+    (matched exactly against the skills' tags), or a description in words (``text``: matched by
+    ARD's ranker, the cards scoring at least ``DISCOVERY_NEED_TEXT_MIN_SCORE``). One of the two."""
+
+    tag = models.OneToOneField(
+        CapabilityTag, on_delete=models.CASCADE, related_name="need", null=True, blank=True
+    )
+    text = models.CharField(
+        max_length=NEED_TEXT_MAX, blank=True, default="",
+        help_text="Instead of a tag: what is needed, in words (e.g. 'convert euros to yen'); "
+                  "cards are matched by meaning, as ARD search ranks them.",
+    )
     input_modes = models.JSONField(default=list, blank=True)
     output_modes = models.JSONField(default=list, blank=True)
     description = models.TextField(
@@ -142,12 +155,26 @@ class Need(models.Model):
     origin = models.CharField(max_length=8, choices=Origin.choices, default=Origin.ADMIN)
 
     class Meta:
-        ordering = ["tag__name"]
+        ordering = ["tag__name", "text"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(Q(tag__isnull=False) & Q(text=""))
+                | (Q(tag__isnull=True) & ~Q(text="")),
+                name="need_tag_or_text",
+            ),
+            models.UniqueConstraint(
+                fields=["text"], condition=~Q(text=""), name="need_text_unique"
+            ),
+        ]
 
     def __str__(self) -> str:
-        return f"{self.tag.name} {self.input_modes}->{self.output_modes}"
+        what = self.tag.name if self.tag is not None else repr(self.text[:60])
+        return f"{what} {self.input_modes}->{self.output_modes}"
 
     def clean(self) -> None:
+        self.text = self.text.strip()
+        if bool(self.tag_id) == bool(self.text):
+            raise ValidationError("Give a tag or a text (what is needed, in words), not both.")
         for field in ("input_modes", "output_modes"):
             value = getattr(self, field)
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

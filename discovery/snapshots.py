@@ -33,6 +33,9 @@ class SelectedAgent:
     card_url: str
     source: str
     critical: bool = False
+    # How well it matched a need (0-100): 100 by tag and for static agents; a need given as
+    # text, the ranker's score. Not published: it only orders the cap.
+    score: int = field(default=100, compare=False)
     card: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     raw: bytes | None = field(default=None, repr=False, compare=False)
 
@@ -54,11 +57,13 @@ def snapshot_digest(pairs: Iterable[tuple[str, str]]) -> str:
 
 def select_capped(candidates: list[SelectedAgent], *, max_agents: int
                   ) -> tuple[list[SelectedAgent], list[SelectedAgent]]:
-    """Keep at most ``max_agents``: critical first, then configured, then discovered, each by
-    local name. Returns ``(kept, left_out)``."""
+    """Keep at most ``max_agents``: critical first, then configured, then discovered, each
+    the better matches first (:attr:`SelectedAgent.score`), then by local name. Returns
+    ``(kept, left_out)``."""
     order = {"static": 0, "probe": 1}
     ranked = sorted(
-        candidates, key=lambda a: (not a.critical, order.get(a.source, 2), a.local_name)
+        candidates,
+        key=lambda a: (not a.critical, order.get(a.source, 2), -a.score, a.local_name),
     )
     return ranked[:max_agents], ranked[max_agents:]
 

@@ -3,7 +3,7 @@ mode.
 
 ``A2A_METRICS_REQUIRE_TOKEN`` (default: on in distributed mode, or whenever
 ``A2A_METRICS_TOKEN`` is set) requires ``Authorization: Bearer <A2A_METRICS_TOKEN>`` (for a
-Prometheus scrape config) or an admin-scope API token.
+Prometheus scrape config) or an admin-scope API token or JWT; a refusal names its reason.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from django.conf import settings
 
 from registry.auth import bearer_token
 from registry.token_cache import AuthFailed, shared_token_cache
 
-UNAUTHORIZED = (
-    b'{"error": "metrics need Authorization: Bearer <A2A_METRICS_TOKEN or an admin token>"}'
-)
+NEEDS_TOKEN = "metrics need Authorization: Bearer <A2A_METRICS_TOKEN or an admin token>"
 
 
 def _authorization(scope: dict[str, Any]) -> str | None:
@@ -30,36 +29,39 @@ def _authorization(scope: dict[str, Any]) -> str | None:
     return None
 
 
-async def metrics_allowed(scope: dict[str, Any]) -> bool:
-    """Whether this request may read the metrics."""
+async def metrics_refusal(scope: dict[str, Any]) -> str | None:
+    """None when this request may read the metrics, else why not (answered in the 401)."""
     if not settings.A2A_METRICS_REQUIRE_TOKEN:
-        return True
+        return None
     authorization = _authorization(scope)
     token = bearer_token(authorization)
     if token is None:
-        return False
+        return NEEDS_TOKEN
     expected = settings.A2A_METRICS_TOKEN
     if expected and hmac.compare_digest(token.encode(), expected.encode()):
-        return True
+        return None
     try:
-        # The process's one token cache: a revoked admin token stops reading metrics when it
-        # stops calling agents.
+        # The process's one token cache: a revoked admin token (or an expired JWT) stops
+        # reading metrics when it stops calling agents.
         actor = await shared_token_cache().actor(authorization)
-    except AuthFailed:
-        return False
-    return actor is not None and actor.is_admin and not actor.is_anonymous
+    except AuthFailed as exc:
+        return str(exc)
+    if actor is not None and actor.is_admin and not actor.is_anonymous:
+        return None
+    return NEEDS_TOKEN
 
 
-async def refuse(send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+async def refuse(send: Callable[[dict[str, Any]], Awaitable[None]], reason: str) -> None:
+    body = orjson.dumps({"error": reason})
     await send(
         {
             "type": "http.response.start",
             "status": 401,
             "headers": [
                 (b"content-type", b"application/json"),
-                (b"content-length", str(len(UNAUTHORIZED)).encode()),
+                (b"content-length", str(len(body)).encode()),
                 (b"www-authenticate", b'Bearer realm="metrics"'),
             ],
         }
     )
-    await send({"type": "http.response.body", "body": UNAUTHORIZED})
+    await send({"type": "http.response.body", "body": body})

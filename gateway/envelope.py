@@ -85,7 +85,7 @@ TAG_RECEIVED = "a2a_received"
 #: by ``a2a_stream_id`` (its public stream id), replaying the events after ``a2a_last_event``.
 RESUME_METHOD = "stream_resume"
 TAG_LAST_EVENT = "a2a_last_event"
-# Ownership handover on a broadcasting layer (gateway.subscriber, "Handover"): a new owner's
+# Ownership handover on a broadcasting layer (gateway.handover): a new owner's
 # subscriber publishes a probe until it hears its own, then a takeover; both carry its nonce.
 PROBE_METHOD = "a2a_probe"
 TAKEOVER_METHOD = "a2a_takeover"
@@ -97,7 +97,8 @@ def query(body: bytes, tags: dict[str, str]) -> dict[str, Any]:
 
 
 def start(
-    request_id: str, status: int, headers: list, body: bytes, *, more: bool, sse: bool
+    request_id: str, status: int, headers: list[tuple[bytes, bytes]], body: bytes, *,
+    more: bool, sse: bool,
 ) -> dict[str, Any]:
     return {"type": REPLY, "i": request_id, "k": START, "status": status, "headers": headers,
             "body": body, "more": more, "sse": sse}

@@ -1,6 +1,6 @@
 """The lean ASGI handler of ``/a2a/...``: the gateway's hot path, reached before Django.
 
-The router (gateway.routing) hands every request its :class:`~gateway.runtime.GatewayNode`:
+The router (node.router) hands every request its :class:`~gateway.runtime.GatewayNode`:
 the handler reads the node's settings, routing table, subscribers, token cache and limiter
 from it, and never looks a node up itself.
 
@@ -45,6 +45,7 @@ import orjson
 from core import lifecycle as node_config
 from gateway import agent_bindings, errors, metrics, push, recorder, rest, rest_translate, tracing
 from gateway import envelope as env
+from gateway.admission import AUTH_FIRST_ABOVE_BYTES, unauthenticated
 from gateway.binding import BindingCaller
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
 from gateway.cards import (
@@ -89,9 +90,6 @@ JSONRPC_NOT_2_0 = 'jsonrpc must be "2.0"'
 #: How long a Query sent through the broker may go without any sign of life from the
 #: subscriber (a reply or an ack) before the gateway answers `unreachable`.
 ACK_TIMEOUT_SECONDS = 3.0
-#: Bodies above this (or chunked) wait for authentication before they are read (the same
-#: threshold as Daphne's, node.servers.AUTH_FIRST_ABOVE_BYTES).
-AUTH_FIRST_ABOVE_BYTES = 64 * 1024
 #: The ``stream_gap`` error's message (after its prefix).
 GAP_DETAIL = "reply messages between the nodes were lost; events may be missing"
 _CARD_PATHS = (".well-known/agent-card.json", ".well-known/agent.json")
@@ -761,14 +759,9 @@ async def _authenticated(node: GatewayNode, scope, authorization, send, agent_id
                          rpc_id: Any = None) -> bool:
     """Whether the caller authenticates (answered 401 if not), checked before the body is
     read; ``_admit`` repeats it from the token cache with the request's id."""
-    try:
-        actor = await node.tokens.actor(authorization)
-    except AuthFailed as exc:
-        detail = str(exc)
-    else:
-        if actor is not None:
-            return True
-        detail = UNAUTHENTICATED_MESSAGE
+    detail = await unauthenticated(node.tokens, authorization)
+    if detail is None:
+        return True
     _refused(scope, agent_id, None, "", errors.UNAUTHENTICATED)
     # Connection: close, so the server stops reading (and discarding) the unread body.
     await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, detail,

@@ -211,8 +211,9 @@ async def metrics_app(scope, receive, send) -> None:
                     "headers": [(b"allow", b"GET, HEAD"), (b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
         return
-    if not await access.metrics_allowed(scope):
-        await access.refuse(send)
+    refusal = await access.metrics_refusal(scope)
+    if refusal is not None:
+        await access.refuse(send, refusal)
         return
     body = generate_latest(REGISTRY)
     await send({

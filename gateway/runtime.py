@@ -5,7 +5,7 @@ A node is built with its settings (:class:`gateway.conf.NodeSettings`) and, on
 Subscriber Manager (and so the virtual subscribers), the replicator and the node inbox, the
 rate limiter, its subscription to registry events and to the metrics collector, and the
 background jobs (database resync, node heartbeat). The ASGI router hands the node to the
-``/a2a`` handler on every request (``gateway.routing``). Imports go one way: this module imports
+``/a2a`` handler on every request (``node.router``). Imports go one way: this module imports
 the collaborators, none of them imports it, and a test can build two nodes in one process.
 
 :class:`NodeHost` is the slot an ASGI application serves from. ``GatewayConfig.ready()``
@@ -123,7 +123,7 @@ class GatewayNode:
         self.table = RoutingTable(settings)
         self.liveness = self._liveness()
         # On a broadcasting layer a move between two live nodes is a handover (both receive on
-        # the agent's channel for a while: gateway.subscriber, "Handover").
+        # the agent's channel for a while: gateway.handover).
         broadcasting = self.liveness is not None and _broadcasts(self.layer)
         self.manager = SubscriberManager(
             self.table, self.layer, settings,
@@ -260,7 +260,7 @@ class GatewayNode:
 
     async def _hand_over(self) -> None:
         """A clean stop: hand this node's agents to the live nodes before stopping; each old
-        subscriber drains after the new owner's takeover (gateway.subscriber, "Handover")."""
+        subscriber drains after the new owner's takeover (gateway.handover)."""
         liveness = self.liveness
         assert liveness is not None  # stop() checked
         await asyncio.to_thread(liveness.stopping)

@@ -17,37 +17,18 @@ to the agent's HTTP+JSON interface URL with that method and path; its streaming 
 Replies are reply messages (gateway.envelope) written to a *sink*: the broker reply channel, or
 the receiving gateway itself on the local fast path. The same handlers serve both.
 
-Handover (ownership moving between two live nodes on a pub/sub layer, ``direct`` or ``pubsub``,
-where every process receiving on ``_AGENTS_.{agent_id}`` gets every message): for a while both
-the old owner's and the new owner's subscriber receive on the channel, and each Query must be
-executed by exactly one of them. Redis delivers a channel's messages to all its subscribers in
-one order, so the new owner marks a point in that order:
-
-1. The new subscriber starts in *standby*: it receives, but drops the Queries it gets through
-   the broker (the old owner, still active, answers them).
-2. It publishes ``a2a_probe`` (with a nonce of its own) until it receives its own probe: its
-   subscription is then in place. It publishes ``a2a_takeover`` once.
-3. Every subscriber sees the takeover at the same place among the Queries. The new one becomes
-   *active* when it receives its own takeover: it answers every Query after it. The old one,
-   on a takeover that is not its own, becomes *draining*: it answers no Query after it (the new
-   one does), keeps serving the control messages of its own streams (``stream_cancel``,
-   ``stream_credit``, ``stream_resume``), lets its in-flight calls finish, then unsubscribes.
-
-So a Query before the takeover is the old owner's, one after it the new owner's: none runs
-twice, none is dropped. The local fast path is never affected (a Query handed over in-process
-never went through the channel). Bounds: a new subscriber that never hears its own takeover
-goes active after ``HANDOVER_SIGNAL_SECONDS``; an old one never told drains after the same
-time; draining ends after ``A2A_HANDOVER_TIMEOUT_SECONDS`` (what still runs is cancelled).
+Handover between two live nodes (gateway.handover): a subscriber in *standby* or *draining*
+drops the Queries it gets through the broker, keeps serving its own streams' control
+messages, and a draining one stops once its calls are done.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, cast
 
 import orjson
 
@@ -55,6 +36,7 @@ from gateway import envelope as env
 from gateway import errors, tracing
 from gateway import metrics as m
 from gateway.conf import NodeSettings
+from gateway.handover import Handover
 from gateway.headers import outbound_headers, relayed_response_headers
 from gateway.jsonrpc import parse_request
 from gateway.resume import ReplayStream, not_found
@@ -76,11 +58,6 @@ WHOLE_BODY_BYTES = 256 * 1024
 ACK_AFTER_SECONDS = 0.5
 #: How long the kubemq profile's stream_cancel notice to the agent may take.
 CANCEL_NOTICE_TIMEOUT_SECONDS = 5.0
-#: Handover: how long a new subscriber waits to hear its own takeover (else it goes active),
-#: and how long an old one keeps answering while waiting for the takeover (else it drains).
-HANDOVER_SIGNAL_SECONDS = 5.0
-#: Handover: the interval of a standby subscriber's probes until it hears one.
-PROBE_INTERVAL_SECONDS = 0.1
 #: Methods the subscriber handles itself (never forwarded as a sync call).
 _CONTROL_METHODS = frozenset({env.CANCEL_METHOD, env.CREDIT_METHOD, env.RESUME_METHOD})
 #: How many stream_cancels for not-yet-seen streams a subscriber remembers.
@@ -89,10 +66,6 @@ EARLY_CANCELS = 1024
 #: CANCEL_RETRIES times): its cancellation was swallowed by something it awaited.
 CANCEL_RETRY_SECONDS = 0.5
 CANCEL_RETRIES = 20
-# Subscriber nonces: this process's random prefix and a counter (a node creates one subscriber
-# per agent registered; a uuid4 each cost a system call).
-_NONCE_PREFIX = uuid.uuid4().hex[:16]
-_nonces = itertools.count()
 
 
 class StreamStalled(Exception):
@@ -112,7 +85,8 @@ class BrokerSink:
                  "credited", "credit_timeout", "_credit_waiter", "number", "piece",
                  "pieces_sent", "pieces_received")
 
-    def __init__(self, layer, channel: str, request_id: str, tasks: set[asyncio.Task]) -> None:
+    def __init__(self, layer: Any, channel: str, request_id: str,
+                 tasks: set[asyncio.Task[Any]]) -> None:
         self.layer = layer
         self.channel = channel
         self.request_id = request_id
@@ -123,7 +97,7 @@ class BrokerSink:
         self.credited = 0
         #: How long a flow-controlled stream waits for credit (set with ``window``).
         self.credit_timeout = 0.0
-        self._credit_waiter: asyncio.Future | None = None
+        self._credit_waiter: asyncio.Future[None] | None = None
         #: The number of the last reply message published (gateway.envelope: numbered, so the
         #: entry node detects a lost one).
         self.number = 0
@@ -205,8 +179,9 @@ class BrokerSink:
             logger.warning("reply to %s lost: %s: %s", self.channel, type(exc).__name__, exc)
 
 
-def _spawn(tasks: set[asyncio.Task], coro) -> asyncio.Task:
-    task = asyncio.get_running_loop().create_task(coro)
+def _spawn(tasks: set[asyncio.Task[Any]], coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    # A sink's answer is a coroutine typed as the Awaitable its protocol promises.
+    task = asyncio.get_running_loop().create_task(cast(Coroutine[Any, Any, Any], coro))
     tasks.add(task)
     task.add_done_callback(tasks.discard)
     return task
@@ -215,7 +190,7 @@ def _spawn(tasks: set[asyncio.Task], coro) -> asyncio.Task:
 class VirtualSubscriber:
     """One agent's subscriber on its owning node."""
 
-    def __init__(self, route: AgentRoute, layer, settings: NodeSettings) -> None:
+    def __init__(self, route: AgentRoute, layer: Any, settings: NodeSettings) -> None:
         self.settings = settings
         self.agent_id = route.agent_id
         self.client_id = f"a2a-vsub-{route.agent_id}"
@@ -223,7 +198,7 @@ class VirtualSubscriber:
         self.layer = layer
         self.route = route
         self.in_flight = 0
-        self.streams: dict[str, asyncio.Task] = {}
+        self.streams: dict[str, asyncio.Task[Any]] = {}
         self._stream_sinks: dict[str, BrokerSink] = {}  # flow-controlled streams (broker)
         self._cancel_requested: dict[str, Any] = {}  # request id -> the stream's JSON-RPC id
         #: stream_cancels for request ids with no stream here (oldest first, bounded)
@@ -232,53 +207,25 @@ class VirtualSubscriber:
         # request id of each caller connection attached to one (gateway.resume).
         self._replays: dict[str, ReplayStream] = {}
         self._attached: dict[str, ReplayStream] = {}
-        self._tasks: set[asyncio.Task] = set()
-        self._receiver: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._receiver: asyncio.Task[Any] | None = None
         self._stopping = False
         self.sse_active = 0  # read by the metrics collector at scrape time
         self._client: outbound.Client | None = None  # the loop's shared client, looked up once
-        # Handover (module docstring): "active", "standby" (a new owner before its takeover)
-        # or "draining" (an old owner after a new owner's takeover).
-        self.mode = "active"
-        self.nonce = f"{_NONCE_PREFIX}{next(_nonces):x}"  # unique per subscriber ever made
-        self._probe_heard: asyncio.Event | None = None
-        self._takeover_heard: asyncio.Event | None = None
-        self._drained: asyncio.Event | None = None
+        self.handover = Handover(self.client_id, self._publish)
+        self._drained: asyncio.Event | None = None  # set when draining and nothing runs
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self, *, after: asyncio.Task | None = None, standby: bool = False) -> None:
+    def start(self, *, after: asyncio.Task[Any] | None = None, standby: bool = False) -> None:
         """Start receiving; ``after`` is a previous subscriber's teardown to wait for.
-        ``standby``: another live node's subscriber owns the channel now; take it over (module
-        docstring, "Handover")."""
+        ``standby``: another live node's subscriber owns the channel now; take it over
+        (gateway.handover)."""
         loop = asyncio.get_running_loop()
         self._receiver = loop.create_task(self._receive_loop(after), name=self.client_id)
         if standby:
-            self.mode = "standby"
-            self._probe_heard = asyncio.Event()
-            self._takeover_heard = asyncio.Event()
-            _spawn(self._tasks, self._take_over())
-
-    async def _take_over(self) -> None:
-        """A standby subscriber: probe until subscribed, publish the takeover, go active when
-        it comes back (or after HANDOVER_SIGNAL_SECONDS)."""
-        base = {env.TAG_NONCE: self.nonce, env.TAG_REQUEST_ID: "", env.TAG_REPLY_CHANNEL: ""}
-        try:
-            async with asyncio.timeout(HANDOVER_SIGNAL_SECONDS):
-                while not self._probe_heard.is_set():  # type: ignore[union-attr]  # standby: set
-                    await self._publish({**base, env.TAG_METHOD: env.PROBE_METHOD})
-                    try:
-                        async with asyncio.timeout(PROBE_INTERVAL_SECONDS):
-                            await self._probe_heard.wait()  # type: ignore[union-attr]  # standby: set
-                    except TimeoutError:
-                        pass
-                await self._publish({**base, env.TAG_METHOD: env.TAKEOVER_METHOD})
-                await self._takeover_heard.wait()  # type: ignore[union-attr]  # standby: set
-        except TimeoutError:
-            logger.warning("%s: takeover not confirmed in %g s; going active", self.client_id,
-                           HANDOVER_SIGNAL_SECONDS)
-        if self.mode == "standby":
-            self.mode = "active"
+            self.handover.standby()
+            _spawn(self._tasks, self.handover.take_over())
 
     async def _publish(self, tags: dict[str, str]) -> None:
         try:
@@ -286,35 +233,13 @@ class VirtualSubscriber:
         except Exception as exc:
             logger.warning("%s: handover signal not sent: %s", self.client_id, exc)
 
-    def _control(self, tags: dict[str, Any]) -> None:
-        """A handover signal received on the channel (module docstring)."""
-        method = tags.get(env.TAG_METHOD)
-        mine = tags.get(env.TAG_NONCE) == self.nonce
-        if method == env.PROBE_METHOD:
-            if mine and self._probe_heard is not None:
-                self._probe_heard.set()
-        elif mine:
-            if self.mode == "standby":
-                self.mode = "active"
-            if self._takeover_heard is not None:
-                self._takeover_heard.set()
-        elif self.mode != "draining":
-            logger.info("%s: taken over by another node; draining", self.client_id)
-            self.mode = "draining"
-            self._check_drained()
-
     async def hand_off(self, timeout: float) -> None:
         """The agent moved to another live node: keep answering until its subscriber takes
-        over (at most HANDOVER_SIGNAL_SECONDS), let in-flight calls finish (at most
-        ``timeout``), then stop."""
+        over (gateway.handover), let in-flight calls finish (at most ``timeout``), then
+        stop."""
         if self._drained is None:
             self._drained = asyncio.Event()
-        try:
-            async with asyncio.timeout(HANDOVER_SIGNAL_SECONDS):
-                while self.mode != "draining":
-                    await asyncio.sleep(0.05)
-        except TimeoutError:
-            self.mode = "draining"
+        await self.handover.until_taken_over()
         self._check_drained()
         try:
             async with asyncio.timeout(timeout):
@@ -325,7 +250,7 @@ class VirtualSubscriber:
         await self.stop()
 
     def _check_drained(self) -> None:
-        if self.mode == "draining" and self._drained is not None and self.in_flight <= 0 \
+        if self.handover.draining and self._drained is not None and self.in_flight <= 0 \
                 and not self.streams:
             self._drained.set()
 
@@ -352,7 +277,7 @@ class VirtualSubscriber:
     def running(self) -> bool:
         return self._receiver is not None and not self._receiver.done()
 
-    async def _receive_loop(self, after: asyncio.Task | None) -> None:
+    async def _receive_loop(self, after: asyncio.Task[Any] | None) -> None:
         # One long-lived receive() per channel, never cancelled and re-issued (messages are lost
         # that way on both Redis layers); cancelled only on teardown.
         if after is not None:
@@ -372,14 +297,15 @@ class VirtualSubscriber:
             if not isinstance(tags, dict):
                 continue
             if env.TAG_NONCE in tags:
-                self._control(tags)
+                if self.handover.heard(tags):
+                    self._check_drained()
                 continue
-            if self.mode != "active" and (
+            if not self.handover.active and (
                 tags.get(env.TAG_METHOD) not in _STREAM_CONTROL
                 or (tags.get(env.TAG_METHOD) == env.RESUME_METHOD
                     and tags.get(env.TAG_STREAM_ID) not in self._replays)
             ):
-                continue  # handover: the other owner answers this Query (module docstring)
+                continue  # handover: the other owner answers this Query (gateway.handover)
             reply_channel = tags.get(env.TAG_REPLY_CHANNEL)
             request_id = tags.get(env.TAG_REQUEST_ID)
             if not isinstance(reply_channel, str) or not isinstance(request_id, str):
@@ -503,7 +429,7 @@ class VirtualSubscriber:
         self.streams.pop(request_id, None)
         self._stream_sinks.pop(request_id, None)
         self._cancel_requested.pop(request_id, None)
-        if self.mode == "draining":
+        if self.handover.draining:
             self._check_drained()
 
     def cancel_stream(self, request_id: str) -> bool:
@@ -535,7 +461,8 @@ class VirtualSubscriber:
         self._cancel(request_id, task)
         return True
 
-    def _cancel(self, request_id: str, task: asyncio.Task, tries: int = CANCEL_RETRIES) -> None:
+    def _cancel(self, request_id: str, task: asyncio.Task[Any],
+                tries: int = CANCEL_RETRIES) -> None:
         """Cancel a stream's task, and cancel it again while it keeps running: a cancellation
         can be swallowed by code the relay awaits (redis-py's asyncio client, under
         channels-redis, sometimes completes a ``publish`` whose task was cancelled meanwhile;
@@ -677,7 +604,7 @@ class VirtualSubscriber:
                                  executed=True))
         finally:
             self.in_flight -= 1
-            if self.mode == "draining":
+            if self.handover.draining:
                 self._check_drained()
 
     async def _run_stream(self, query: dict[str, Any], sink: Sink, request_id: str) -> None:
@@ -736,7 +663,7 @@ class VirtualSubscriber:
         finally:
             outbound.finish(response)  # an unfinished stream's connection is closed
 
-    async def _relay(self, response, sink: Sink, request_id: str) -> None:
+    async def _relay(self, response: Any, sink: Sink, request_id: str) -> None:
         status = response.status
         if not 100 <= status <= 599:
             # No server can relay it (uvicorn has no status line for 999; Daphne would): one
@@ -757,7 +684,8 @@ class VirtualSubscriber:
         else:
             await self._relay_body(response, headers, sink, request_id)
 
-    async def _relay_body(self, response, headers: list, sink: Sink, request_id: str) -> None:
+    async def _relay_body(self, response: Any, headers: list[tuple[bytes, bytes]], sink: Sink,
+                          request_id: str) -> None:
         cap = self.settings.A2A_MAX_RESPONSE_BYTES
         length = response.content_length
         status = response.status
@@ -779,7 +707,8 @@ class VirtualSubscriber:
             await sink(env.chunk(request_id, piece, more=True))
         await sink(env.chunk(request_id, b"", more=False))
 
-    async def _relay_events(self, response, headers: list, sink: Sink, request_id: str) -> None:
+    async def _relay_events(self, response: Any, headers: list[tuple[bytes, bytes]], sink: Sink,
+                            request_id: str) -> None:
         settings = self.settings
         cap = settings.A2A_MAX_RESPONSE_BYTES
         keepalive = settings.A2A_SSE_KEEPALIVE_SECONDS

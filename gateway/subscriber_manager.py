@@ -6,7 +6,7 @@ deregistration, expiry, or when the agent re-registers on another node. Subscrib
 replicated: only the owning node runs one; other nodes route to it through the broker.
 
 When an agent moves between two live nodes on a broadcasting layer (pub/sub), the move is a
-handover (``gateway.subscriber``, "Handover"): the new owner's subscriber starts in standby and
+handover (``gateway.handover``): the new owner's subscriber starts in standby and
 takes the channel over; the old one drains instead of being torn down at once.
 """
 

@@ -41,7 +41,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 import mcp_types as types
 import orjson
@@ -71,6 +71,8 @@ _ACTOR = "a2a.actor"
 _AUTHORIZATION = "a2a.authorization"
 #: Room above the response cap for the reply's JSON-RPC envelope.
 _REPLY_SLACK = 64 * 1024
+#: The longest ``?q=`` text (as ARD's ``query.text``).
+MAX_QUERY_CHARS = 2000
 #: The longest a cancelled call's ``tasks/cancel`` may take.
 CANCEL_TIMEOUT_SECONDS = 30.0
 
@@ -98,6 +100,17 @@ async def _pinned(ctx: Any, actor: Actor) -> pins.Pinned | None:
         raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
 
 
+def _query_text(ctx: Any) -> str | None:
+    """The text of ``/mcp?q=<text>`` (tools ranked by it), None without one."""
+    raw = (ctx.request.scope.get("query_string") or b"") if ctx.request is not None else b""
+    text = next((v for k, v in parse_qsl(raw.decode("latin-1")) if k == "q"), None)
+    if text is None or not text.strip():
+        return None
+    if len(text) > MAX_QUERY_CHARS:
+        raise MCPError(types.INVALID_PARAMS, f"q is longer than {MAX_QUERY_CHARS} characters")
+    return text.strip()
+
+
 def _probe_if_down() -> None:
     """A read found the database down (and tripped the outage breaker): make sure the probe
     that closes the breaker runs (``core.outage``)."""
@@ -117,7 +130,16 @@ async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
     routes = tools.callable_routes(node.table.routes(), actor)
     if pinned is not None:
         routes = [r for r in routes if r.agent_id in pinned.descriptions]
-    chunk, next_cursor = tools.page(routes, params.cursor if params else None)
+    text = _query_text(ctx)
+    listed_routes = routes
+    if text is not None and routes:
+        try:
+            listed_routes = await tools.routes_ranked(routes, text)
+        except tools.Unavailable as exc:
+            _probe_if_down()
+            raise MCPError(types.INTERNAL_ERROR, str(exc)) from exc
+    chunk, next_cursor = tools.page(listed_routes, params.cursor if params else None,
+                                    ranked=text is not None)
     # While the database is down: from memory (cards read before; unread ones by id alone).
     listed = [types.Tool(**tool) for tool in await tools.tools_listed(
         chunk, pinned.descriptions if pinned is not None else None)]

@@ -17,6 +17,12 @@ discovered agent satisfies, as published in the current discovery snapshot), tha
 tool's description and the card's text is not used. Elsewhere the card's description and skills
 are used, unless ``A2A_MCP_CARD_DESCRIPTIONS`` is off: then only the agent's id and card name.
 
+**Filtered by a text.** ``/mcp?q=<text>`` lists only the tools whose agents ARD's ranker (the
+one ``POST /ard/v1/search`` uses: words and meaning fused) scores at or above
+``A2A_MCP_QUERY_MIN_SCORE`` for the text, best first (:func:`routes_ranked`); ``get_task`` stays.
+It narrows the list a client hands its model; it is no permission: every tool the caller may
+call can still be called.
+
 The list comes from the node's in-memory routing table (what is routable now) filtered by the
 caller's scopes; each tool is built once per card version (keyed by the route's card hash) from
 the stored card, read from the database on a miss, together with the other misses of the page.
@@ -24,6 +30,7 @@ the stored card, read from the database on a miss, together with the other misse
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -31,9 +38,10 @@ from typing import Any
 import orjson
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, close_old_connections
 
-from core import outage
+from ard.selectors import agents_ranked
+from core import outage, threads
 from discovery.snapshots import snapshot_current
 from registry.cards import SHAPE_A2A_10, card_shape
 from registry.events import AgentRoute
@@ -263,12 +271,61 @@ def callable_routes(table_routes: list[AgentRoute], actor: Actor) -> list[AgentR
                   key=lambda r: r.agent_id)
 
 
-def page(routes: list[AgentRoute], cursor: str | None) -> tuple[list[AgentRoute], str | None]:
-    """One page of routes after ``cursor`` (an agent id) and the next page's cursor."""
+#: Begins the cursor of a ranked list (an offset: the ranking has no key to resume after);
+#: never the first character of an agent id.
+RANKED_CURSOR = "#"
+#: Threads ranking tools for ``?q=`` on a node.
+SEARCH_WORKERS = 2
+
+
+def page(routes: list[AgentRoute], cursor: str | None, *, ranked: bool = False
+         ) -> tuple[list[AgentRoute], str | None]:
+    """One page of routes after ``cursor`` and the next page's cursor: an agent id for
+    ``routes`` by agent id, an offset for ``ranked`` ones (in rank order)."""
+    if ranked:
+        digits = (cursor or "").removeprefix(RANKED_CURSOR)
+        start = int(digits) if cursor and cursor.startswith(RANKED_CURSOR) \
+            and digits.isdigit() else 0
+        chunk = routes[start:start + PAGE_SIZE]
+        following = start + PAGE_SIZE
+        return chunk, (f"{RANKED_CURSOR}{following}" if len(routes) > following else None)
     if cursor:
         routes = [r for r in routes if r.agent_id > cursor]
     chunk = routes[:PAGE_SIZE]
     return chunk, (chunk[-1].agent_id if len(routes) > PAGE_SIZE else None)
+
+
+async def routes_ranked(routes: list[AgentRoute], text: str) -> list[AgentRoute]:
+    """The ``routes`` whose agents the search index's ranker scores at least
+    ``A2A_MCP_QUERY_MIN_SCORE`` for ``text``, best first. Raises :class:`Unavailable` when
+    the index cannot be read. On threads of its own (``mcp-search``): the ranking may wait
+    for this node's deferred search documents, never on the thread Django's views share."""
+    return await asyncio.get_running_loop().run_in_executor(
+        threads.pool("mcp-search", SEARCH_WORKERS), _routes_ranked, routes, text
+    )
+
+
+def _routes_ranked(routes: list[AgentRoute], text: str) -> list[AgentRoute]:
+    close_old_connections()
+    try:
+        return _ranked(routes, text)
+    finally:
+        close_old_connections()
+
+
+def _ranked(routes: list[AgentRoute], text: str) -> list[AgentRoute]:
+    by_id = {r.agent_id: r for r in routes}
+    unavailable = "the search index cannot be read now: list without ?q=, or retry shortly"
+    if outage.breaker.is_open:
+        raise Unavailable(unavailable)
+    try:
+        ranked = agents_ranked(text=text, agent_ids=list(by_id))
+    except DatabaseError as exc:
+        if outage.is_database_outage(exc):
+            outage.breaker.trip(exc)
+        raise Unavailable(unavailable) from exc
+    floor = settings.A2A_MCP_QUERY_MIN_SCORE
+    return [by_id[agent_id] for agent_id, score in ranked if score >= floor]
 
 
 @database_sync_to_async

@@ -60,10 +60,6 @@ class ServerLimits:
         return self.a2a_body_bytes if path.startswith(prefix) else self.api_body_bytes  # type: ignore[arg-type]  # prefix has path's type
 
 
-#: Under Daphne, gateway bodies above this (or chunked) wait for authentication before they are
-#: read. Smaller ones arrive with their headers anyway (one socket read), so the hot path of
-#: small calls skips the extra step; the gateway authenticates them before parsing.
-AUTH_FIRST_ABOVE_BYTES = 64 * 1024
 
 
 class PortInUse(Exception):
@@ -125,21 +121,16 @@ def too_large_response(path: bytes, cap: int) -> bytes:
 async def unauthenticated_response(path: bytes, authorization: str | None) -> bytes | None:
     """The gateway's 401 for a caller that does not authenticate, or None if it does."""
     from gateway import errors, runtime
-    from registry.auth import UNAUTHENTICATED_MESSAGE
-    from registry.token_cache import AuthFailed, shared_token_cache
+    from gateway.admission import unauthenticated
+    from registry.token_cache import shared_token_cache
 
     # The running node's token cache (the process's one cache unless the node was given its
     # own), the same the gateway's handler authenticates with.
     node = runtime.current_node()
     tokens = node.tokens if node is not None else shared_token_cache()
-    try:
-        actor = await tokens.actor(authorization)
-    except AuthFailed as exc:
-        detail = str(exc)
-    else:
-        if actor is not None:
-            return None
-        detail = UNAUTHENTICATED_MESSAGE
+    detail = await unauthenticated(tokens, authorization)
+    if detail is None:
+        return None
     agent_id = path[5:].split(b"/", 1)[0].decode("latin-1")
     body = errors.error_body(errors.UNAUTHENTICATED, agent_id=agent_id, detail=detail)
     response = _raw_response(401, "Unauthorized", body, a2a=True)
@@ -350,6 +341,8 @@ def daphne_factory_class(limits: ServerLimits):
     replaces (see :func:`run_daphne`)."""
     from daphne.http_protocol import HTTPFactory, WebRequest
     from twisted.web import http
+
+    from gateway.admission import AUTH_FIRST_ABOVE_BYTES
 
     class LimitedWebRequest(WebRequest):
         _refused = False

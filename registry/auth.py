@@ -7,7 +7,8 @@ Tokens are djangorestframework-api-key keys: ``<8-character prefix>.<32-characte
 letters and digits (``PLATFORM_TOKEN_RE``). A header in any other shape is not one of this
 platform's tokens: it costs no database lookup, and with anonymous access on it is ignored (the
 caller is anonymous), as KubeMQ without gateway auth ignores credentials meant for someone
-else.
+else -- except a JWT (three dot-separated parts) while trusted issuers are configured
+(``A2A_JWT_ISSUERS``): it is verified through the same cache, and refused with its reason.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
 from core import outage
+from registry import identity
 from registry.permissions import Actor, anonymous_actor, staff_actor
 from registry.token_cache import (
     PLATFORM_TOKEN_RE,
@@ -45,6 +47,13 @@ class TokenAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         token = bearer_token(header)
+        if token is not None and not is_platform_token(token) and identity.looks_like_jwt(token):
+            # A JWT from a trusted issuer: verified against the issuer's keys, no database.
+            try:
+                actor = shared_token_cache().actor_sync(header)
+            except AuthFailed as exc:
+                raise exceptions.AuthenticationFailed(str(exc)) from None
+            return (actor, token)
         if not is_platform_token(token):
             if settings.A2A_ALLOW_ANONYMOUS:
                 return None  # not ours: ignored, the caller is anonymous
@@ -94,5 +103,6 @@ class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
         return {
             "type": "http",
             "scheme": "bearer",
-            "description": "An API client's token: `manage.py create_client NAME --scopes ...`.",
+            "description": "An API client's token (`manage.py create_client NAME --scopes ...`) "
+            "or a JWT from an issuer trusted in `A2A_JWT_ISSUERS`.",
         }

@@ -295,7 +295,7 @@ class AgentItemView(KubeMQView):
         return self._deregister(request, segment)
 
     def _register(self, request) -> Response:
-        # Under ASGI, gateway.registrations answers bearer-token registrations before Django;
+        # Under ASGI, node.registrations answers bearer-token registrations before Django;
         # both use kubemq_register, so the answers are the same.
         data = _read_object(request)
         return Response(kubemq_register(actor=request_actor(request), data=data,
@@ -309,7 +309,7 @@ class AgentItemView(KubeMQView):
 def kubemq_register(*, actor, data: dict[str, Any], body: bytes) -> dict[str, Any]:
     """``POST /agents/register``: the answer (200) to a registration whose body ``body`` parsed
     as ``data`` (:func:`parse_object`), for the view and the ASGI fast path
-    (gateway.registrations) alike. Refusals raise; both answer them with
+    (node.registrations) alike. Refusals raise; both answer them with
     :func:`kubemq_exception_handler`."""
     agent, created = services.register_one(kubemq_registration(actor=actor, data=data,
                                                                body=body))
@@ -340,7 +340,7 @@ def kubemq_registered(agent: Agent, created: bool) -> dict[str, Any]:
 
 def kubemq_heartbeat(*, actor, body: bytes) -> tuple[int, dict[str, Any]]:
     """``POST /agents/heartbeat``: status and JSON body, for this view and the ASGI fast path
-    (gateway.heartbeats) alike."""
+    (node.heartbeats) alike."""
     try:
         beat = services.agent_heartbeat(actor=actor, agent_id=kubemq_heartbeat_id(body))
     except _KubeMQError as exc:

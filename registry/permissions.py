@@ -26,6 +26,10 @@ class Actor:
     allowed_agents: frozenset[str] = frozenset()  # empty: any agent
     api_client_pk: str | None = None
     is_anonymous: bool = False
+    #: A caller authenticated by a trusted JWT issuer (registry.identity), not an API key.
+    external: bool = False
+    #: The tenant a JWT's tenant claim names (recorded; tenants are not enforced yet).
+    tenant: str = ""
 
     @property
     def is_authenticated(self) -> bool:  # DRF reads this on request.user

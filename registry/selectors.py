@@ -104,6 +104,27 @@ def agents_search(agents: QuerySet[Agent], text: str) -> QuerySet[Agent]:
     return agents.filter(pk__in=order).annotate(search_rank=rank).order_by("search_rank")
 
 
+#: ``(text=..., cards={key: card}) -> [(key, 0-100 score)]``, best first: the same ranking over
+#: cards that need not be registered (discovery's text needs rank a cycle's candidates with
+#: it). Registered by the search index (ard): discovery, beside it, imports neither.
+CardRanking = Callable[..., list[tuple[str, int]]]
+_card_ranking: CardRanking | None = None
+
+
+def set_card_ranking(fn: CardRanking | None) -> None:
+    """Register the ranking that :func:`cards_ranked` uses (ARD's)."""
+    global _card_ranking
+    _card_ranking = fn
+
+
+def cards_ranked(*, text: str, cards: dict[str, dict[str, Any]]) -> list[tuple[str, int]] | None:
+    """``(key, 0-100 score)`` of the ``cards`` matching ``text``, best first; None when no
+    ranking is registered (the ard app not installed)."""
+    if _card_ranking is None:
+        return None
+    return _card_ranking(text=text, cards=cards)
+
+
 _READ_OWNER: Any = object()
 
 

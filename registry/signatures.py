@@ -170,7 +170,7 @@ class KeyStore:
         response = self._fetcher(url, entry.etag if entry.keys else "")
         entry.fetched_at = now
         if response.status == 304 and entry.keys:
-            entry.expires_at = now + _lifetime(response.cache_control)
+            entry.expires_at = now + jwks_lifetime(response.cache_control)
             entry.etag = response.etag or entry.etag
             return entry.keys
         if response.status == 200:
@@ -182,7 +182,7 @@ class KeyStore:
                 if keys != entry.keys:
                     self.generation += 1
                 entry.keys, entry.etag, entry.error = keys, response.etag, ""
-                entry.expires_at = now + _lifetime(response.cache_control)
+                entry.expires_at = now + jwks_lifetime(response.cache_control)
                 return entry.keys
         # Failure: keep the last good keys (stale) and retry after a short backoff.
         entry.error = response.error or f"HTTP {response.status}"
@@ -222,7 +222,7 @@ class KeyStore:
             return None, f"no trusted key with kid {kid!r}"
 
 
-def _lifetime(cache_control: str) -> float:
+def jwks_lifetime(cache_control: str) -> float:
     """JWKS lifetime from Cache-Control max-age; 5 minutes when absent (like cards)."""
     for part in (cache_control or "").lower().split(","):
         name, _, value = part.strip().partition("=")

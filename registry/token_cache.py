@@ -20,6 +20,10 @@ database.
 * Unknown tokens are cached apart (bounded, oldest evicted first), so a flood of bad tokens never
   pushes verified ones out and a repeated bad token costs no lookup. Credentials that are not in
   this platform's token format cost no lookup at all (and with anonymous access on are ignored).
+* JWTs from trusted issuers (``A2A_JWT_ISSUERS``, :mod:`registry.identity`) are the other kind
+  of bearer token: verified without the database against the issuer's keys held in memory,
+  then cached here like an API key, never past the token's own ``exp``. A refused JWT is
+  remembered with its reason, which every surface answers in its 401.
 * :meth:`TokenCache.watch_client` lets a long-lived stream learn, within the cache delay, that
   its client was revoked.
 """
@@ -41,6 +45,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from core import threads
+from registry import identity
 from registry.models import ApiClient
 from registry.permissions import ANONYMOUS_ID, Actor, anonymous_actor
 from registry.selectors import actor_from_token
@@ -196,7 +201,7 @@ class TokenCache:
         )
         # header -> (actor, fresh until, usable-while-the-database-is-down until)
         self._entries: dict[str, tuple[Actor, float, float]] = {}
-        self._unknown: dict[str, float] = {}  # header -> fresh until
+        self._unknown: dict[str, tuple[float, str]] = {}  # header -> (fresh until, reason)
         self._pending: dict[str, asyncio.Future] = {}
         self._down_until = 0.0
         self._outage_since: float | None = None  # the first failed lookup of an outage
@@ -248,10 +253,16 @@ class TokenCache:
         return await self._miss(authorization, entry, now)
 
     async def _miss(self, key: str, entry, now: float) -> Actor:
-        unknown_until = self._unknown.get(key)
-        if unknown_until is not None and unknown_until > now:
-            raise AuthFailed(INVALID_TOKEN)
+        unknown = self._unknown.get(key)
+        if unknown is not None and unknown[0] > now:
+            raise AuthFailed(unknown[1])
         token = bearer_token(key)
+        if token is not None and not is_platform_token(token) and identity.looks_like_jwt(token):
+            try:
+                verified = await identity.verify(token, wait_seconds=self.jwt_wait_seconds())
+            except identity.TokenRefused as exc:
+                return self._jwt_refused(key, entry, now, exc)
+            return self._remember_jwt(key, verified)
         if not is_platform_token(token):
             anonymous = anonymous_actor()
             if anonymous is not None:
@@ -325,11 +336,39 @@ class TokenCache:
         fresh = now + self.lifetime_seconds
         if actor is None:
             self._entries.pop(key, None)  # revoked: its verified entry must not serve any more
-            _put(self._unknown, key, fresh, self.MAX_UNKNOWN)
+            _put(self._unknown, key, (fresh, INVALID_TOKEN), self.MAX_UNKNOWN)
             return
         self._unknown.pop(key, None)
         usable = now + max(self.lifetime_seconds, self.stale_seconds)
         _put(self._entries, key, (actor, fresh, usable), self.MAX_ENTRIES)
+
+    @staticmethod
+    def jwt_wait_seconds() -> float:
+        """How long a JWT naming a key not in memory waits for the issuer's key set."""
+        return float(settings.A2A_JWT_FETCH_TIMEOUT_SECONDS) + 1.0
+
+    def _remember_jwt(self, key: str, verified: identity.Verified) -> Actor:
+        """Cache a verified JWT like a verified API key, never past its own expiry."""
+        now = time.monotonic()
+        ends = now + verified.expires_at + settings.A2A_JWT_LEEWAY_SECONDS - time.time()
+        fresh = min(now + self.lifetime_seconds, ends)
+        usable = min(now + max(self.lifetime_seconds, self.stale_seconds), ends)
+        self._unknown.pop(key, None)
+        _put(self._entries, key, (verified.actor, fresh, usable), self.MAX_ENTRIES)
+        return verified.actor
+
+    def _jwt_refused(self, key: str, entry, now: float, exc: identity.TokenRefused) -> Actor:
+        """A JWT not verified now: the last verified answer while the issuer's keys cannot be
+        read (the stale window), else the refusal (remembered unless it may pass soon: an
+        unknown key may be a rotation, unreadable keys an outage)."""
+        if isinstance(exc, identity.KeysUnavailable):
+            if entry is not None and entry[2] > now:
+                return entry[0]
+            raise AuthUnavailable(str(exc))
+        self._entries.pop(key, None)
+        if not isinstance(exc, identity.UnknownKey):
+            _put(self._unknown, key, (now + self.lifetime_seconds, str(exc)), self.MAX_UNKNOWN)
+        raise AuthFailed(str(exc))
 
     def actor_sync(self, authorization: str) -> Actor | None:
         """:meth:`actor` for synchronous callers (DRF, in a worker thread): the same entries,
@@ -340,10 +379,18 @@ class TokenCache:
         entry = self._entries.get(authorization)
         if entry is not None and entry[1] > now:
             return entry[0]
-        unknown_until = self._unknown.get(authorization)
-        if unknown_until is not None and unknown_until > now:
+        unknown = self._unknown.get(authorization)
+        if unknown is not None and unknown[0] > now:
+            if unknown[1] != INVALID_TOKEN:
+                raise AuthFailed(unknown[1])
             return None
         token = bearer_token(authorization)
+        if token is not None and not is_platform_token(token) and identity.looks_like_jwt(token):
+            try:
+                verified = identity.verify_sync(token, wait_seconds=self.jwt_wait_seconds())
+            except identity.TokenRefused as exc:
+                return self._jwt_refused(authorization, entry, now, exc)
+            return self._remember_jwt(authorization, verified)
         if not is_platform_token(token):
             raise AuthFailed(BAD_HEADER if token is None else INVALID_TOKEN)
         actor = actor_from_token(token=token)
@@ -359,7 +406,9 @@ class TokenCache:
         stream learns of a revocation within the cache delay. While the database is down
         nothing is revoked (the stale window applies); the check resumes when it is back.
         Returns the function that stops watching (call it when the stream ends)."""
-        if not client_id or client_id == ANONYMOUS_ID or client_id.startswith("staff:"):
+        if not client_id or client_id == ANONYMOUS_ID or \
+                client_id.startswith(("staff:", identity.CLIENT_PREFIX)):
+            # Not API clients: a staff session, or a JWT (valid until its own exp).
             return _noop
         loop = asyncio.get_running_loop()
 
@@ -438,7 +487,7 @@ def shared_token_cache() -> TokenCache:
 def _on_setting_changed(*, setting: str, **kwargs) -> None:
     """Tests that change an auth setting while the process serves: the shared cache takes the
     new times, and forgets what it resolved under the old ones (anonymous access included)."""
-    if _shared is None or setting not in (*_SETTINGS, "A2A_ALLOW_ANONYMOUS"):
+    if _shared is None or setting not in (*_SETTINGS, "A2A_ALLOW_ANONYMOUS", "A2A_JWT_ISSUERS"):
         return
     _shared.configure(**_times())
     _shared.clear()

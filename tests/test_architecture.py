@@ -91,6 +91,17 @@ def test_packages_import_only_the_layers_below_them():
     assert offenders == {}
 
 
+def test_the_gateway_imports_no_api_surface_of_the_registry():
+    """The registry's HTTP surfaces (``registry.api``, ``registry.kubemq_api``) are served by
+    Django and by the fast paths in ``node``, never imported by the gateway."""
+    offenders = {
+        name: sorted(i for i in _imports(path)
+                     if i.startswith(("registry.api", "registry.kubemq_api")))
+        for name, path in _modules("gateway").items()
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
 def test_the_layers_form_no_cycle():
     """The allowed edges themselves run one way (a topological order exists)."""
     order: list[str] = []

@@ -19,6 +19,9 @@ from tests.servers import ROOT, free_port
 from tests.servers import fresh_env as _env
 from tests.servers import run_manage as _manage
 
+# What this checks does not depend on the pass's database or channel layer.
+pytestmark = pytest.mark.one_pass("distributed")
+
 
 def _python(env: dict[str, str], code: str) -> subprocess.CompletedProcess:
     return subprocess.run(

@@ -102,7 +102,7 @@ def _with_raw_card_of(body: bytes | None, validated: dict) -> dict:
 
 def v1_register(*, actor, data, body: bytes | None) -> tuple[int, dict]:
     """``POST /api/v1/agents``: status and JSON body of a registration whose request body
-    ``body`` parsed as ``data`` (the DRF view and the ASGI fast path, gateway.registrations).
+    ``body`` parsed as ``data`` (the DRF view and the ASGI fast path, node.registrations).
     Refusals raise; both surfaces answer them with the API's exception handler
     (:func:`registry.api.exceptions.exception_handler`).
     """
@@ -160,7 +160,7 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     @extend_schema(request=AgentRegisterInput, responses={200: AgentOutput, 201: AgentOutput})
     def create(self, request):
-        # Under ASGI, gateway.registrations answers bearer-token JSON registrations before
+        # Under ASGI, node.registrations answers bearer-token JSON registrations before
         # Django; both use v1_register, so the answers are the same.
         require_json_body(request)
         status_code, body = v1_register(actor=request_actor(request), data=request.data,
@@ -186,7 +186,7 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @extend_schema(request=None, responses=HeartbeatOutput)
     @action(detail=True, methods=["post"])
     def heartbeat(self, request, agent_id: str):
-        # Under ASGI, gateway.heartbeats answers this path before Django; both use this one
+        # Under ASGI, node.heartbeats answers this path before Django; both use this one
         # function so the answers are the same.
         status_code, body = v1_heartbeat(actor=request_actor(request), agent_id=agent_id)
         return Response(body, status=status_code)

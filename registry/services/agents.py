@@ -65,6 +65,10 @@ def _authorize_register(actor: Actor, agent_id: str, existing: Agent | None) -> 
 def _owns(actor: Actor, agent: Agent) -> bool:
     if actor.is_admin:
         return True
+    if actor.external:
+        # A JWT caller is no API client and owns no row: it manages the unowned agents its
+        # allowed-agents claim names (its register scope needs that claim: registry.identity).
+        return agent.owner_id is None and agent.agent_id in actor.allowed_agents
     return agent.owner_id == actor.api_client_pk  # anonymous owns the unowned
 
 

@@ -132,7 +132,8 @@ def agents_heartbeat(*, beats: list[tuple[Actor, str]]) -> list[HeartbeatResult 
     items: dict[str, object] = {}  # agent id -> the owner it is renewed for
     holders: list[tuple[int, str]] = []  # (index, agent id) of each heartbeat renewed here
     for index, (actor, agent_id) in enumerate(beats):
-        if not actor.has_scope(SCOPE_REGISTER):
+        if not actor.has_scope(SCOPE_REGISTER) or \
+                (actor.external and not actor.may_touch(agent_id)):
             continue
         owner_pk = items.setdefault(agent_id, _owner_key(actor))
         if owner_pk == _owner_key(actor):
@@ -162,7 +163,7 @@ def agent_heartbeat(*, actor: Actor, agent_id: str) -> HeartbeatResult:
     Only the lease moves: routing tables keep an agent routable until its ``expired`` or
     ``deregistered`` event, so a heartbeat costs one query and no broadcast.
     """
-    if not actor.has_scope(SCOPE_REGISTER):
+    if not actor.has_scope(SCOPE_REGISTER) or (actor.external and not actor.may_touch(agent_id)):
         raise PermissionDenied(f"this client may not heartbeat {agent_id}")
     renewed = _renew_lease(agent_id=agent_id, now=timezone.now(), owner_pk=_owner_key(actor))
     if renewed is None:

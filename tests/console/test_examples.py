@@ -29,7 +29,8 @@ def test_full_example_loads(name):
         "registry_local", "registry_remote", "kubernetes"}
     remote = SourceFeed.objects.get(kind="registry_remote")
     assert remote.options == {"token_env": "REGISTRY_B_TOKEN"}
-    assert set(Need.objects.values_list("tag__name", flat=True)) == {"warranty", "returns"}
+    assert set(Need.objects.values_list("tag__name", "text")) == {
+        ("warranty", ""), ("returns", ""), (None, "refund a customer in their own currency")}
     policy = DiscoveryPolicy.objects.get()
     assert (policy.max_agents, policy.degrade_after, policy.recover_after) == (20, 3, 2)
 

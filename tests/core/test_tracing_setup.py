@@ -10,8 +10,12 @@ import sys
 import time
 
 import httpx
+import pytest
 
 from tests.servers import ROOT, free_port, fresh_env, run_manage
+
+# What this checks does not depend on the pass's database or channel layer.
+pytestmark = pytest.mark.one_pass("distributed")
 
 
 def _spans(text: str) -> list[dict]:

@@ -30,6 +30,37 @@ def skill(skill_id: str, *tags: str, **modes: Any) -> dict[str, Any]:
             **modes}
 
 
+#: Cards written the way their publishers would, for the tests of matching by meaning (needs
+#: and tool lists described in words): none names what those tests ask for in the askers'
+#: words (the money changer never says "euro" or "yen").
+EVERYDAY_AGENTS: dict[str, tuple[str, str, list[tuple[str, str]]]] = {
+    "money": ("Money Changer", "Converts amounts between the world's currencies at live "
+              "foreign-exchange rates.",
+              [("convert", "Convert an amount of money into another currency."),
+               ("rates", "Today's and past exchange rates between two currencies.")]),
+    "sky": ("Sky Watch", "Forecasts for any city: temperature, rain, snow and wind.",
+            [("forecast", "Hourly and ten-day forecasts."),
+             ("now", "Conditions outside right now.")]),
+    "words": ("Polyglot", "Renders documents and messages in more than fifty languages.",
+              [("render", "Render a text in another language, keeping its tone.")]),
+    "trips": ("Fare Hunter", "Finds and books plane tickets between airports worldwide.",
+              [("search", "Compare fares across airlines."), ("book", "Book a seat.")]),
+    "ledger": ("Ledger", "Bookkeeping for small businesses: invoices, receipts, tax returns.",
+               [("invoice", "Issue and chase invoices."), ("vat", "Prepare the VAT return.")]),
+}
+
+
+def everyday_card(name: str, endpoint: str) -> dict[str, Any]:
+    """The card of :data:`EVERYDAY_AGENTS`' ``name`` served at ``endpoint``; its skills are
+    tagged with the name."""
+    title, description, skills = EVERYDAY_AGENTS[name]
+    card = make_card(title, endpoint, [
+        {"id": sid, "name": sid, "description": text, "tags": [name]} for sid, text in skills
+    ])
+    card["description"] = description
+    return card
+
+
 async def _body(receive) -> None:
     while True:
         message = await receive()

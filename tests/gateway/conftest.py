@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests import a2a_agents
+from tests import a2a_agents, passes
 from tests.a2a_agents import EchoAgent
 from tests.conftest import make_client
 
@@ -48,7 +48,7 @@ def gateway_path(request, settings) -> str:
     return request.param
 
 
-@pytest.fixture(params=["own", "aiohttp"])
+@pytest.fixture(params=passes.outbound_clients())
 def outbound_client(request, settings) -> str:
     """Run a test with the gateway's own HTTP/1.1 client and with the aiohttp one
     (``A2A_OUTBOUND_CLIENT``): a defect of the hand-written client shows as a difference."""

@@ -23,7 +23,7 @@ from tests.gateway.test_proxy import rpc
 path_mode, token = proxy.path_mode, proxy.token
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
-pytestmark = pytest.mark.usefixtures("outbound_client")
+pytestmark = [pytest.mark.usefixtures("outbound_client"), pytest.mark.one_pass("embedded")]
 
 
 class _OddStatus(socketserver.BaseRequestHandler):

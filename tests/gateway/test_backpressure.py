@@ -48,7 +48,7 @@ from tests.servers import (
 )
 
 # Every test runs with both outbound clients (tests/gateway/conftest.py).
-pytestmark = pytest.mark.usefixtures("outbound_client")
+pytestmark = [pytest.mark.usefixtures("outbound_client"), pytest.mark.one_pass("embedded")]
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENT_PAD = 64 * 1024
@@ -401,6 +401,7 @@ def test_stalled_caller_gets_a_terminal_error_event(flood, server):
         assert b"stream stalled: the caller read nothing for" in tail
 
 
+@pytest.mark.one_pass("distributed")  # the module's other tests run in the embedded pass
 def test_cross_node_stalled_callers_are_bounded(
     live_server_url, redis_url, postgres_url, flood, settings
 ):

@@ -15,8 +15,8 @@ from asgiref.sync import sync_to_async
 
 from gateway.conf import NodeSettings
 from gateway.layers import InMemoryChannelLayer
-from gateway.routing import http_application
 from gateway.runtime import GatewayNode, NodeHost
+from node.router import http_application
 from registry import services
 from registry.permissions import SYSTEM
 from tests.conftest import make_client

@@ -15,6 +15,9 @@ from tests.gateway.test_backpressure import running_node
 from tests.mcp_bridge.clients import all_tools, run
 from tests.mcp_bridge.test_notifications import Heard
 
+# What this checks does not depend on the pass's database or channel layer.
+pytestmark = pytest.mark.one_pass("distributed")
+
 
 def _register(node, agent_id: str, agent) -> None:
     response = httpx.post(f"{node.url}/api/v1/agents",

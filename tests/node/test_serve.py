@@ -19,6 +19,9 @@ from tests.servers import fresh_env as _env
 from tests.servers import run_manage as _manage
 from tests.servers import wait_for_ok as _wait_for
 
+# What this checks does not depend on the pass's database or channel layer.
+pytestmark = pytest.mark.one_pass("distributed")
+
 
 @pytest.mark.parametrize("server", ["daphne", "uvicorn"])
 def test_serve_fresh_embedded_node(tmp_path, server):

@@ -20,6 +20,9 @@ from tests.servers import fresh_env as _env
 from tests.servers import run_manage as _manage
 from tests.servers import wait_for_ok as _wait_for
 
+# What this checks does not depend on the pass's database or channel layer.
+pytestmark = pytest.mark.one_pass("embedded")
+
 SERVERS = ["daphne", "uvicorn"]
 CAP = 1024 * 1024  # A2A_MAX_REQUEST_BYTES in these nodes
 API_CAP = 64 * 1024  # A2A_MAX_API_BODY_BYTES

@@ -6,8 +6,10 @@ import socket
 
 import pytest
 
+from tests import passes
 
-@pytest.fixture(params=["own", "aiohttp"])
+
+@pytest.fixture(params=passes.outbound_clients())
 def outbound_client(request, settings) -> str:
     """The gateway's own HTTP/1.1 client and the aiohttp one (``A2A_OUTBOUND_CLIENT``)."""
     settings.A2A_OUTBOUND_CLIENT = request.param

@@ -92,7 +92,8 @@ def fleet(transactional_db):
 
 def _renewals():
     """The running node's heartbeat coalescer (one per event loop), observed, never driven."""
-    from gateway import heartbeats, runtime
+    from gateway import runtime
+    from node import heartbeats
 
     return heartbeats._renewals.on(runtime.current_node().loop)
 
@@ -155,7 +156,7 @@ def test_heartbeats_past_the_waiting_bound_are_refused_at_once(live_server_url, 
     """The queue of heartbeats waiting for the writer is bounded: with the first batch held
     and room for 3, the other 7 of 10 get a 503 with ``Retry-After`` at once, and the 3 that
     waited are renewed once the batch goes through."""
-    from gateway import heartbeats
+    from node import heartbeats
 
     monkeypatch.setattr(heartbeats, "MAX_WAITING", 3)  # read when the node's queue is made
     owner_token, _ = fleet

@@ -11,7 +11,7 @@ import os
 import httpx
 import pytest
 
-from tests import faults
+from tests import faults, passes
 from tests.a2a_agents import EchoAgent
 from tests.gateway.conftest import make_caller, register_agent  # noqa: F401 - shared fixtures
 
@@ -24,11 +24,13 @@ def _setup_failed(exc: Exception):
 
 
 @pytest.fixture(scope="module")
-def services():
+def services(request):
     """A private, migrated PostgreSQL and a private Redis for this module's tests."""
-    if faults.IN_CI and os.environ.get("DATABASE_URL"):
-        # Independent of the pass's own services: CI runs these once, in the embedded pass.
-        pytest.skip("private-service fault tests run in CI's embedded pass")
+    marker = request.node.get_closest_marker("one_pass")
+    wanted = marker.args[0] if marker is not None else "embedded"
+    if not passes.runs_here(wanted):
+        # Independent of the pass's own services: CI runs these once (tests/passes.py).
+        pytest.skip(f"private-service fault tests run in CI's {wanted} pass")
     try:
         cm = faults.private_services()
         handles = cm.__enter__()

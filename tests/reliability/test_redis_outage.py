@@ -14,7 +14,8 @@ from tests.a2a_agents import EchoAgent
 from tests.faults import sse_events as _events
 from tests.reliability.conftest import register, rpc_ids_received
 
-pytestmark = pytest.mark.timeout(120)
+# Private services only: CI runs it in its distributed pass (tests/passes.py), beside the soak.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.one_pass("distributed")]
 
 
 def _send(rpc_id, text: str = "hi", method: str = "message/send") -> dict:

@@ -1,5 +1,5 @@
 """The registration URL check resolves agent host names with a bounded wait, before a
-registration joins a batch (registry.netcheck, gateway.registrations): a registrant whose name
+registration joins a batch (registry.netcheck, node.registrations): a registrant whose name
 server answers slowly, or never, delays only its own registration -- never the batch written
 with it, nor other registrations.
 
@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from core import threads
-from gateway import registrations
+from node import registrations
 from registry import netcheck
 from registry.models import Agent
 from tests.conftest import make_client

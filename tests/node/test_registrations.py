@@ -1,4 +1,4 @@
-"""Registrations are answered by a lean ASGI handler (gateway.registrations) under the server and
+"""Registrations are answered by a lean ASGI handler (node.registrations) under the server and
 by the DRF views under Django's test client: the same requests must get the same status and
 body from both, valid or not."""
 
@@ -8,7 +8,8 @@ import orjson
 import pytest
 from django.test import Client as DjangoClient
 
-from gateway import registrations, runtime
+from gateway import runtime
+from node import registrations
 from registry import services
 from registry.models import Agent, CardVersion
 from tests.conftest import make_client

@@ -1,5 +1,5 @@
 """Registrations arriving together on a node are written together (group commit,
-gateway.registrations): each still gets its own answer -- its own refusal too -- and every
+node.registrations): each still gets its own answer -- its own refusal too -- and every
 agent written is in the registry, the node's routing table and the search index.
 
 A registration whose card the node must fetch from a slow server holds the node's batch
@@ -21,7 +21,8 @@ import orjson
 import pytest
 
 from ard.models import AgentDoc
-from gateway import registrations, runtime
+from gateway import runtime
+from node import registrations
 from registry import services
 from registry.models import Agent, CardVersion
 from tests.conftest import make_client

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from gateway import heartbeats, registrations
 from gateway.bodies import Receive, Send
 from gateway.handler import a2a_app
 from gateway.metrics import metrics_app
 from gateway.runtime import NodeHost
 from gateway.runtime import host as process_host
+from node import heartbeats, registrations
 
 #: An ASGI application.
 App = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]

@@ -12,7 +12,7 @@ the DRF views (:func:`registry.api.views.v1_heartbeat`,
 reading further (a heartbeat carries at most an agent id). While the database is down (or a
 token cannot be checked) the answer is the JSON 503 with ``Retry-After`` every surface gives
 (core.outage). An edge handler like ``/a2a``, so
-it lives with the other ASGI entry points (gateway.routing); the registry knows no ASGI.
+it lives with the other ASGI entry points (node.router); the registry knows no ASGI.
 """
 
 from __future__ import annotations

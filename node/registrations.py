@@ -1,4 +1,4 @@
-"""Registrations answered before Django's view stack, as heartbeats are (gateway.heartbeats).
+"""Registrations answered before Django's view stack, as heartbeats are (node.heartbeats).
 
 ``POST /api/v1/agents`` (a JSON body with a ``Content-Length``) and KubeMQ's
 ``POST /agents/register``, with a bearer token or none, are answered here: the token from the
@@ -31,7 +31,7 @@ from core.batching import Coalescer, Overloaded, per_loop
 from gateway import metrics
 from gateway.bodies import BodyTooLarge, Disconnected, Receive, Send, read_body
 from gateway.cards import host_allowed
-from gateway.heartbeats import authenticate, check_breaker, outage_answer, send_json
+from node.heartbeats import authenticate, check_breaker, outage_answer, send_json
 from registry import netcheck
 from registry.api.exceptions import exception_handler
 from registry.api.parsers import parse_json
@@ -134,7 +134,7 @@ async def _registered(item: _Item, extra: list[tuple[bytes, bytes]]
                       ) -> tuple[int, dict[str, Any]]:
     """``item``'s answer, written with the registrations arriving with it; the JSON 503
     (``Retry-After`` appended to ``extra``) while the database is down or the node is
-    swamped, as :func:`gateway.heartbeats.call_registry` answers."""
+    swamped, as :func:`node.heartbeats.call_registry` answers."""
     try:
         check_breaker()
         data = _object(item.body)

@@ -1,4 +1,4 @@
-"""Heartbeats are answered by a lean ASGI handler (gateway.heartbeats) under the server and by
+"""Heartbeats are answered by a lean ASGI handler (node.heartbeats) under the server and by
 the DRF views under Django's test client: both must give the same answers."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client as DjangoClient
 
-from gateway import heartbeats
+from node import heartbeats
 from registry import services
 from registry.models import Agent
 from tests.conftest import make_client
