@@ -241,7 +241,8 @@ def _rest_paths(security: list) -> dict[str, Any]:
         "404": {"description": "No such agent (or the agent's own 404)", **error},
         "413": {"description": "Request too large", **error},
         "429": {"description": "Busy (the agent's concurrency cap) or rate limited", **error},
-        "501": {"description": "The agent offers no HTTP+JSON interface", **error},
+        "501": {"description": "A method the agent's A2A version has not (ListTasks, 0.3)",
+                **error},
         "502": {"description": "The agent is unreachable or unavailable", **error},
         "504": {"description": "The agent timed out", **error},
     }

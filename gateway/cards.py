@@ -23,9 +23,12 @@ from functools import lru_cache
 from typing import Any
 
 import orjson
+from a2a.types import a2a_pb2
+from a2a.utils.proto_utils import parse_lenient
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
+from google.protobuf.json_format import MessageToDict
 
 from core import lifecycle as node_config
 from gateway import errors, metrics
@@ -200,3 +203,93 @@ async def _json(send, status: int, body: bytes, scope: dict[str, Any]) -> None:
         (b"content-length", str(len(body)).encode()),
     ]})
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+
+# --- the extended agent card (A2A's GetExtendedAgentCard) -------------------------------------
+
+#: The extended card's methods: A2A 1.0 (every binding's name) and 0.3 JSON-RPC.
+EXTENDED_CARD_METHODS = frozenset({"GetExtendedAgentCard", "agent/getAuthenticatedExtendedCard"})
+#: Why an anonymous caller (``A2A_ALLOW_ANONYMOUS``) gets no extended card.
+EXTENDED_CARD_ANONYMOUS = "the extended agent card is answered to authenticated callers only"
+
+
+def gateway_url(scope: dict[str, Any], headers: Any, agent_id: str) -> str:
+    """The agent's gateway base (``.../a2a/{agent_id}/``) as the caller reached it: where a
+    card answered to that caller points."""
+    base = gateway_base_url(scope, headers.host, headers.forwarded_proto, headers.forwarded_host)
+    return f"{base}/a2a/{agent_id}/"
+
+
+def rewrite_card(card: Any, url: str) -> Any:
+    """An agent card the agent answered (the extended card), pointed at the gateway as the
+    public card is (:func:`registry.bindings.rewrite_card_endpoints`); anything that is not a
+    JSON object is left as it is."""
+    return rewrite_card_endpoints(card, url) if isinstance(card, dict) else card
+
+
+def rewrite_core_card(card: Any, url: str) -> Any:
+    """:func:`rewrite_card` of an SDK ``AgentCard`` message (a translated answer)."""
+    return parse_lenient(rewrite_card(MessageToDict(card), url), a2a_pb2.AgentCard())
+
+
+def grpc_gateway_url(agent_id: str) -> str:
+    """The agent's gateway base for a gRPC caller, who names no HTTP host:
+    ``A2A_PUBLIC_BASE_URL``, else the gRPC listener's host (``localhost`` when it listens on
+    every address) with no port -- set ``A2A_PUBLIC_BASE_URL`` for HTTP URLs that work there."""
+    base = settings.A2A_PUBLIC_BASE_URL
+    if not base:
+        address = node_config.grpc_address()
+        host = address[0] if address and address[0] not in ("", "0.0.0.0", "::", "[::]") \
+            else "localhost"
+        base = f"http://[{host}]" if ":" in host else f"http://{host}"
+    return f"{base}/a2a/{agent_id}/"
+
+
+class CardRewrite:
+    """The caller's ``send`` for an extended-card call forwarded unchanged (JSON-RPC, or
+    HTTP+JSON to the agent's own interface): the agent's answer is held whole (it is a card,
+    within the response cap) and its card -- a JSON-RPC response's ``result``, or the HTTP+JSON
+    body -- rewritten like the public card before it reaches the caller. Errors, the gateway's
+    or the agent's, pass unchanged."""
+
+    __slots__ = ("send", "url", "rest", "start", "chunks")
+
+    def __init__(self, send, url: str, *, rest: bool) -> None:
+        self.send = send
+        self.url = url
+        self.rest = rest
+        self.start: dict[str, Any] | None = None
+        self.chunks: list[bytes] = []
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.start = message
+            return
+        if self.start is None:
+            await self.send(message)
+            return
+        self.chunks.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        start, self.start = self.start, None
+        body = b"".join(self.chunks)
+        self.chunks = []
+        if start["status"] == 200:
+            body = self._rewritten(body)
+        headers = [(k, v) for k, v in start.get("headers") or () if k != b"content-length"]
+        headers.append((b"content-length", b"%d" % len(body)))
+        await self.send({**start, "headers": headers})
+        await self.send({"type": "http.response.body", "body": body})
+
+    def _rewritten(self, body: bytes) -> bytes:
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body
+        if self.rest:
+            if not isinstance(answer, dict) or "error" in answer:
+                return body
+            return orjson.dumps(rewrite_card(answer, self.url))
+        if not isinstance(answer, dict) or not isinstance(answer.get("result"), dict):
+            return body
+        return orjson.dumps({**answer, "result": rewrite_card(answer["result"], self.url)})

@@ -67,9 +67,10 @@ STREAM_GAP = "stream_gap"
 # hosts, refused addresses, schemes, credentials, the allowlist): answered before the agent.
 WEBHOOK_REFUSED = "webhook_refused"
 
-# The HTTP+JSON binding (gateway.rest): the agent offers no HTTP+JSON interface (the gateway
-# does not translate between bindings), no A2A route has that path, or the path's route takes
-# another HTTP method.
+# The HTTP+JSON and gRPC bindings: the call cannot reach the agent on any binding it speaks (a
+# method its A2A version has not, e.g. ListTasks for a 0.3 agent; or its HTTP+JSON interface
+# left its card while the call was on its way), no A2A route has that path, or the path's
+# route takes another HTTP method.
 BINDING_UNAVAILABLE = "binding_unavailable"
 ROUTE_NOT_FOUND = "route_not_found"
 METHOD_NOT_ALLOWED = "method_not_allowed"
@@ -175,8 +176,7 @@ def message_for(
     if kind == BAD_AGENT_STATUS:
         return f"bad agent status: HTTP {status}"
     if kind == BINDING_UNAVAILABLE:
-        return f"agent {agent_id} offers no HTTP+JSON interface" + (
-            f": {detail}" if detail else "")
+        return detail or f"agent {agent_id} offers no HTTP+JSON interface"
     return detail or kind.replace("_", " ")
 
 

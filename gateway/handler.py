@@ -20,8 +20,10 @@ database query, no Django.
 
 Every other path under ``/a2a/{agent_id}/`` is a route of the A2A HTTP+JSON binding
 (:mod:`gateway.rest`, :func:`handle_rest`): the same checks and the same way to the subscriber,
-with the caller's HTTP method and path in the Query's tags, and the gateway's errors in that
-binding's form.
+with the caller's HTTP method and path in the Query's tags -- or, for an agent without an
+HTTP+JSON interface, translated to its JSON-RPC (:mod:`gateway.rest_translate`) -- and the
+gateway's errors in that binding's form. The extended agent card (every binding) is answered
+only to authenticated callers and rewritten like the public card (:class:`CardRewrite`).
 
 Before any of that, a body announced above ``A2A_MAX_REQUEST_BYTES`` is answered 413 unread,
 and a large (above 64 KiB) or chunked body is read only once the caller authenticates (else
@@ -41,11 +43,19 @@ from urllib.parse import parse_qsl
 import orjson
 
 from core import lifecycle as node_config
+from gateway import agent_bindings, errors, metrics, push, recorder, rest, rest_translate, tracing
 from gateway import envelope as env
-from gateway import errors, metrics, push, recorder, rest, tracing
 from gateway.admission import AUTH_FIRST_ABOVE_BYTES, unauthenticated
+from gateway.binding import BindingCaller
 from gateway.bodies import BodyTooLarge, Disconnected, read_body
-from gateway.cards import serve_card
+from gateway.cards import (
+    EXTENDED_CARD_ANONYMOUS,
+    EXTENDED_CARD_METHODS,
+    CardRewrite,
+    gateway_url,
+    rewrite_card,
+    serve_card,
+)
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
 from gateway.inbox import STREAM_GAP, Reassembly
 from gateway.jsonrpc import (
@@ -59,8 +69,10 @@ from gateway.liveness import BROKER_LOST, OWNER_LOST
 from gateway.replicator import ORIGIN
 from gateway.resume import STREAM_ID_HEADER, parse_last_event_id
 from gateway.sse import OVERFLOW, StreamBuffer, error_event, flow_controlled
+from gateway.translation import V03, TranslationError, Unsupported, agent_request
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.ids import AGENT_ID_RE, agent_channel
+from registry.permissions import ANONYMOUS_ID
 from registry.token_cache import AuthFailed, AuthUnavailable
 
 if TYPE_CHECKING:
@@ -99,21 +111,6 @@ class _Rest:
 #: (admission, :class:`Exchange`, :func:`_error`), it makes the gateway's errors take the
 #: binding's form.
 REST: Any = _Rest()
-
-
-class BindingCaller:
-    """The caller of a binding that is not HTTP (the gRPC listener, gateway.grpc_binding): it
-    stands where a JSON-RPC call's id goes (admission, :class:`Exchange`, :func:`_error`), and
-    the gateway's own errors are handed to it (:meth:`gateway_error`) instead of being written
-    as an HTTP answer; the agent's answer still reaches the ``send`` it gave, as ASGI
-    messages."""
-
-    __slots__ = ()
-
-    async def gateway_error(self, kind: str, agent_id: str | None, detail: str, *,
-                            status: int | None, executed: bool,
-                            extra: list[tuple[bytes, bytes]] | None) -> None:
-        raise NotImplementedError
 
 
 # --- entry point -----------------------------------------------------------------------------
@@ -242,6 +239,10 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         if refused is not None:
             await _error(send, errors.WEBHOOK_REFUSED, rpc_id, agent_id, refused)
             return
+    if method in EXTENDED_CARD_METHODS:
+        send = await _extended_card(scope, send, headers, rpc_id, agent_id, caller, method)
+        if send is None:
+            return
     metrics.count_request(agent_id, method)
     timeout = request_timeout(payload, settings)
     tags = headers.tags
@@ -358,10 +359,14 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
             return
         caller, route = admitted
     assert route is not None  # a caller is admitted only to a routed agent (_fresh_caller too)
-    if not route.http_json_endpoint:
-        _refused(scope, agent_id, caller, method, errors.BINDING_UNAVAILABLE)
-        await _error(send, errors.BINDING_UNAVAILABLE, REST, agent_id,
-                     f"call it with JSON-RPC at /a2a/{agent_id}/")
+    if method in EXTENDED_CARD_METHODS:
+        send = await _extended_card(scope, send, headers, REST, agent_id, caller, method,
+                                    rest_body=bool(route.http_json_endpoint))
+        if send is None:
+            return
+    if not route.http_json_endpoint:  # translated to the agent's JSON-RPC
+        await _translated_rest(node, scope, receive, send, route, caller, headers, tail,
+                               method, body, payload, started)
         return
     path = rest.forwarded_path(scope, agent_id, tail)
     if path is None:
@@ -392,6 +397,83 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
     recorder.record(agent_id, caller, method, exchange, len(body), seconds)
     if trace is not None:
         trace.end(exchange.outcome)
+
+
+async def _translated_rest(node: GatewayNode, scope: dict[str, Any], receive, send, route,
+                           caller: str, headers: RequestHeaders, tail: str, method: str,
+                           body: bytes, payload: Any, started: float) -> None:
+    """An HTTP+JSON call to an agent without an HTTP+JSON interface: translated to its
+    JSON-RPC (:mod:`gateway.rest_translate`) and forwarded the one way every call takes."""
+    agent_id = route.agent_id
+    try:
+        call = rest_translate.rest_call(tail, method, scope.get("query_string") or b"", body)
+    except TranslationError as exc:
+        await _error(send, errors.INVALID_REQUEST, REST, agent_id, str(exc))
+        return
+    try:
+        bindings = await agent_bindings.bindings(route)
+    except Exception as exc:
+        logger.warning("HTTP+JSON: the card of %s cannot be read: %s", agent_id, exc)
+        await _error(send, errors.UNREACHABLE, REST, agent_id,
+                     "the agent's card cannot be read now; retry")
+        return
+    version = bindings.jsonrpc
+    try:
+        rpc_method, params = agent_request(call.method, call.request, version,
+                                           tenant=call.tenant)
+    except Unsupported:
+        _refused(scope, agent_id, caller, method, errors.BINDING_UNAVAILABLE)
+        await _error(send, errors.BINDING_UNAVAILABLE, REST, agent_id,
+                     f"{method} is not an A2A {version} method, and agent {agent_id} speaks "
+                     f"A2A {version}")
+        return
+    except TranslationError as exc:
+        await _error(send, errors.INVALID_REQUEST, REST, agent_id, str(exc))
+        return
+    refused = await refused_webhook(scope, agent_id, caller, rpc_method, params)
+    if refused is not None:
+        await _error(send, errors.WEBHOOK_REFUSED, REST, agent_id, refused)
+        return
+    rpc = orjson.dumps({"jsonrpc": "2.0", "id": f"rest-{next(_request_ids)}",
+                        "method": rpc_method, "params": params})
+    tags = headers.tags
+    tags["a2a_hdr_content-type"] = "application/json"
+    tags["a2a_hdr_accept"] = "text/event-stream" if call.method.streaming \
+        else "application/json"
+    tags["a2a_hdr_a2a-version"] = version
+    if version == V03 and "a2a_hdr_a2a-extensions" in tags:
+        tags.setdefault("a2a_hdr_x-a2a-extensions", tags["a2a_hdr_a2a-extensions"])
+    answer = rest_translate.RestTranslation(call, version, send)
+    if isinstance(send, CardRewrite):  # the extended card: rewritten once translated
+        url = send.url
+        answer = rest_translate.RestTranslation(call, version, send.send,
+                                                card=lambda card: rewrite_card(card, url))
+    timeout = request_timeout({"params": payload} if payload else {}, node.settings)
+    await forward_binding_call(node, route, caller, answer.send, receive, answer, headers,
+                               rpc_method, rpc, timeout, streaming=call.method.streaming,
+                               binding="HTTP+JSON", started=started, payload={"params": params})
+    await answer.finish()
+
+
+async def _extended_card(scope: dict[str, Any], send, headers: RequestHeaders, rpc_id: Any,
+                         agent_id: str, caller: str, method: str, *, rest_body: bool = False):
+    """An extended-card call (A2A's ``GetExtendedAgentCard``): answered only to an
+    authenticated caller (an anonymous one, with ``A2A_ALLOW_ANONYMOUS``, gets 401, audited;
+    None), and its card rewritten like the public card: the ``send`` that does it."""
+    if anonymous_card_call(scope, agent_id, caller, method):
+        await _error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, EXTENDED_CARD_ANONYMOUS,
+                     extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
+        return None
+    return CardRewrite(send, gateway_url(scope, headers, agent_id), rest=rest_body)
+
+
+def anonymous_card_call(scope: dict[str, Any], agent_id: str, caller: str, method: str) -> bool:
+    """Whether ``method`` asks for the extended card and ``caller`` is anonymous: then it is
+    refused (audited; the caller answers ``unauthenticated``), on every binding."""
+    if method in EXTENDED_CARD_METHODS and caller == ANONYMOUS_ID:
+        _refused(scope, agent_id, caller, method, errors.UNAUTHENTICATED)
+        return True
+    return False
 
 
 # --- callers of other bindings (gateway.grpc_binding) -----------------------------------------

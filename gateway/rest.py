@@ -1,10 +1,11 @@
 """The A2A HTTP+JSON (REST) binding's routes under an agent's gateway base.
 
-The gateway answers the binding for an agent whose card lists an HTTP+JSON interface
-(``AgentRoute.http_json_endpoint``) and forwards each call there unchanged -- HTTP method,
-path after ``/a2a/{agent_id}`` and query string -- through the agent's virtual subscriber, like
-a JSON-RPC call (same admission, caps, timeouts, header rules, executed flag, metrics, audit).
-It does not translate between bindings.
+The gateway answers the binding for every agent. For an agent whose card lists an HTTP+JSON
+interface (``AgentRoute.http_json_endpoint``) it forwards each call there unchanged -- HTTP
+method, path after ``/a2a/{agent_id}`` and query string -- through the agent's virtual
+subscriber, like a JSON-RPC call (same admission, caps, timeouts, header rules, executed flag,
+metrics, audit); for any other agent it translates the call to the agent's JSON-RPC and the
+answer back (:mod:`gateway.rest_translate`), on the same path.
 
 Routes (the a2a-sdk's ``create_rest_routes``; ``{tenant}/`` may prefix each, and the 0.3 routes
 are the same under ``v1/``):
@@ -26,11 +27,13 @@ path                                                   method  A2A method
 ``extendedAgentCard`` (0.3: ``v1/card``)               GET     GetExtendedAgentCard
 =====================================================  ======  =================================
 
-Whether a call streams is decided by its route, as the binding defines. A tenant prefix or
-``v1/`` is matched but not interpreted: the path goes to the agent as the caller wrote it, so
-``v1/tasks/x`` read as tenant ``v1`` or as the 0.3 prefix reaches the agent alike. The gateway's
-own paths under the agent base (``stream``, ``stream/{id}``, the well-known card paths) are
-matched first: a tenant named ``stream`` is not reachable through the gateway.
+Whether a call streams is decided by its route, as the binding defines. Forwarded, a tenant
+prefix or ``v1/`` is matched but not interpreted: the path goes to the agent as the caller
+wrote it, so ``v1/tasks/x`` read as tenant ``v1`` or as the 0.3 prefix reaches the agent alike
+(translated, ``v1/`` names a 0.3 route where A2A 0.3 has that route, as on the SDK's
+server). The gateway's own paths under the agent base (``stream``, ``stream/{id}``, the
+well-known card paths) are matched first: a tenant named ``stream`` is not reachable through
+the gateway.
 """
 
 from __future__ import annotations
@@ -94,6 +97,11 @@ def _match(segments: list[str]) -> dict[str, str] | None:
     if count == 4 and segments[3]:
         return _PUSH_CONFIG
     return None
+
+
+def match_route(segments: list[str]) -> dict[str, str] | None:
+    """The methods (HTTP -> A2A) of the route ``segments`` name, tenant and ``v1/`` removed."""
+    return _match(segments)
 
 
 def route_of(tail: str) -> RestRoute | None:

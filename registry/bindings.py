@@ -135,16 +135,12 @@ def gateway_bindings(card: dict[str, Any], gateway_url: str) -> dict[str, dict[s
 
     The gateway answers A2A JSON-RPC at ``gateway_url`` (``/a2a/{agent_id}/``) for every agent,
     whatever protocol version the agent speaks (1.0 and 0.3 method names are forwarded alike),
-    and the HTTP+JSON binding at the same base (1.0 routes, 0.3 routes under ``/v1/``) for an
-    agent whose card lists an HTTP+JSON interface (:func:`http_json_endpoint`): it forwards
-    those calls there and does not translate between bindings, so an agent without one is not
-    offered HTTP+JSON. A binding the gateway learns to answer is added here, and every
-    rewritten card lists the agent's interfaces of that binding from then on.
+    and the HTTP+JSON binding at the same base (1.0 routes, 0.3 routes under ``/v1/``) for every
+    agent too: forwarded to the agent's own HTTP+JSON interface when its card lists one
+    (:func:`http_json_endpoint`), else translated to its JSON-RPC. (gRPC: while the node's
+    listener runs, :func:`gateway_grpc_interface`.)
     """
-    served = {JSONRPC: {"url": gateway_url}}
-    if http_json_endpoint(card):
-        served[HTTP_JSON] = {"url": gateway_url}
-    return served
+    return {JSONRPC: {"url": gateway_url}, HTTP_JSON: {"url": gateway_url}}
 
 
 def _served(entries: list[Any], served: dict[str, dict[str, str]], *, binding_key: str,
@@ -232,7 +228,9 @@ def rewrite_card_endpoints(card: dict[str, Any], gateway_url: str) -> dict[str, 
     its binding, else the first served ``additionalInterfaces`` entry, and are dropped when the
     gateway answers none (the card then offers no 0.3 interface). A card with neither ``url``
     nor ``supportedInterfaces`` (KubeMQ-style, endpoint given at registration) gets the gateway's
-    JSON-RPC ``url``. While the node's gRPC listener runs, every card offers it too
+    JSON-RPC ``url``. An agent listing no HTTP+JSON interface gets the gateway's (translated)
+    after its own interfaces, in each view (:func:`_with_http_json`; the 0.3 view an
+    ``additionalInterfaces`` entry). While the node's gRPC listener runs, every card offers it too
     (:func:`gateway_grpc_interface`, :func:`_with_grpc`). Everything else, key order included,
     is left as it is.
     """
@@ -241,11 +239,28 @@ def rewrite_card_endpoints(card: dict[str, Any], gateway_url: str) -> dict[str, 
     out = dict(card)
     interfaces = card.get("supportedInterfaces")
     if isinstance(interfaces, list):
-        out["supportedInterfaces"] = _served(
+        out["supportedInterfaces"] = _with_http_json(_served(
             interfaces, {**served, GRPC: grpc} if grpc else served,
-            binding_key="protocolBinding", versioned=True)
+            binding_key="protocolBinding", versioned=True), served[HTTP_JSON], card)
     out = _rewrite_03(card, out, served)
     return _with_grpc(out, grpc) if grpc else out
+
+
+def _with_http_json(interfaces: list[dict[str, Any]], fields: dict[str, str],
+                    card: dict[str, Any]) -> list[dict[str, Any]]:
+    """``interfaces`` (served 1.0 entries) offering HTTP+JSON: an agent without its own gets
+    the gateway's (translated to its JSON-RPC) after its own entries, one per protocol version
+    of its JSON-RPC entries (1.0 when they name none), so its preference stays first. An agent
+    with its own keeps its entries as they are (its calls are forwarded there), and so does a
+    card listing no JSON-RPC interface (nothing to translate to)."""
+    jsonrpc = [i for i in interfaces if interface_binding(i.get("protocolBinding")) == JSONRPC]
+    if http_json_endpoint(card) or not jsonrpc:
+        return interfaces  # translation needs the agent's JSON-RPC
+    versions = [v for v in (i.get("protocolVersion") for i in jsonrpc)
+                if isinstance(v, str) and v] or ["1.0"]
+    added = [{**fields, "protocolBinding": HTTP_JSON, "protocolVersion": version}
+             for version in dict.fromkeys(versions)]
+    return [*interfaces, *added]
 
 
 def _rewrite_03(card: dict[str, Any], out: dict[str, Any],
@@ -268,4 +283,8 @@ def _rewrite_03(card: dict[str, Any], out: dict[str, Any],
     out["url"] = served[main]["url"]
     if "preferredTransport" in card or main != JSONRPC:
         out["preferredTransport"] = main
+    if not http_json_endpoint(card) and (main == JSONRPC or any(
+            interface_binding(i.get("transport")) == JSONRPC for i in kept)):
+        # The gateway's HTTP+JSON (translated to its JSON-RPC) after the agent's interfaces.
+        out["additionalInterfaces"] = [*kept, {**served[HTTP_JSON], "transport": HTTP_JSON}]
     return out

@@ -29,6 +29,9 @@ Card shapes (``card_shape``), served at ``/.well-known/agent-card.json``:
 * ``"both"`` -- what the SDK serves for an agent with a 1.0 and a 0.3 interface: the 1.0 card
   with the 0.3 fields merged in.
 
+``extended=True`` gives the agent an extended card (A2A's ``GetExtendedAgentCard``): its card
+with one more skill, ``secret``, and ``capabilities.extendedAgentCard`` on.
+
 ``interfaces`` overrides the card's interfaces: ``[(binding, version), ...]`` in the agent's
 order of preference, e.g. gRPC first. ``JSONRPC`` is served at the agent's RPC path and
 ``HTTP+JSON`` (1.0 routes, 0.3 under ``/v1/``) under ``/rest``, both for real; ``GRPC`` is listed
@@ -273,7 +276,8 @@ class EchoAgent:
 
     def __init__(self, *, card_shape: str = "both", name: str = "Echo Agent", steps: int = 4,
                  step_delay: float = 0.2, rpc_path: str = "/",
-                 interfaces: list[tuple[str, str]] | None = None) -> None:
+                 interfaces: list[tuple[str, str]] | None = None,
+                 extended: bool = False) -> None:
         self.card_shape = card_shape
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -286,10 +290,19 @@ class EchoAgent:
                                    AgentInterface(url=where[binding], protocol_binding=binding,
                                                   protocol_version=version)
                                    for binding, version in interfaces])
+        self.extended_card: AgentCard | None = None
+        if extended:
+            self.card.capabilities.extended_agent_card = True
+            self.extended_card = AgentCard()
+            self.extended_card.CopyFrom(self.card)
+            self.extended_card.skills.append(AgentSkill(
+                id="secret", name="Secret", description="For authenticated callers.",
+                tags=["secret"]))
         self.card_document = card_json(self.card, card_shape)
         self.executor = EchoExecutor(steps=steps, step_delay=step_delay)
         self.handler = DefaultRequestHandler(
-            agent_executor=self.executor, task_store=InMemoryTaskStore(), agent_card=self.card)
+            agent_executor=self.executor, task_store=InMemoryTaskStore(), agent_card=self.card,
+            extended_agent_card=self.extended_card)
 
         if card_shape == "0.3":
             # The SDK 1.x renders 1.0 cards (0.3 fields merged in at most); a pure 0.3 agent

@@ -37,8 +37,10 @@ import grpc
 import orjson
 from django.conf import settings as django_settings
 
+from gateway import agent_bindings as agents
 from gateway import errors, handler, runtime
-from gateway.grpc_binding import agents, translate
+from gateway.cards import EXTENDED_CARD_ANONYMOUS, grpc_gateway_url, rewrite_core_card
+from gateway.grpc_binding import translate
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
@@ -76,7 +78,7 @@ class GrpcCall(handler.BindingCaller):
 
     __slots__ = ("method", "context", "agent_version", "failure", "http_status", "sse",
                  "metadata", "answered", "chunks", "tail", "reply", "ended", "gone",
-                 "_done", "initial_sent")
+                 "_done", "initial_sent", "card_url")
 
     def __init__(self, method: ServiceMethod, context: Any) -> None:
         self.method = method
@@ -100,6 +102,7 @@ class GrpcCall(handler.BindingCaller):
         # refused (REFUSED_STREAM). :meth:`receive` looks at ``context.done()`` instead.
         self._done = asyncio.Event()
         self.initial_sent = False
+        self.card_url = ""  # the extended card's gateway base (its answer rewritten)
 
     # --- the gateway's errors ------------------------------------------------------------------
 
@@ -207,8 +210,10 @@ class GrpcCall(handler.BindingCaller):
                     return
                 payload = self.method.encode(event).SerializeToString()
             else:
-                self.reply = self.method.encode(
-                    translate.agent_result(core, answer["result"], self.agent_version))
+                reply = translate.agent_result(core, answer["result"], self.agent_version)
+                if self.card_url:  # the extended card, pointed at the gateway
+                    reply = rewrite_core_card(reply, self.card_url)
+                self.reply = self.method.encode(reply)
                 return
         except TranslationError as exc:
             self._broken(str(exc))
@@ -379,6 +384,11 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     if admitted is None:
         return
     client_id, route = admitted
+    if handler.anonymous_card_call(scope, agent_id, client_id, core.name):
+        call.fail(errors.UNAUTHENTICATED, EXTENDED_CARD_ANONYMOUS)
+        return
+    if core.name == "GetExtendedAgentCard":
+        call.card_url = grpc_gateway_url(agent_id)
     try:
         bindings = await agents.bindings(route)
     except Exception as exc:

@@ -104,10 +104,13 @@ def test_adk_adapter(card_server, configure, cache, clock):
     tree = tree_factory.tree_for(pin.snapshot, base_url="http://gw")
     (remote,) = build_remote_agents(tree)
     assert remote.name == "agent_one" and remote.description == "The reviewed one."
-    # The cached A2A 0.3 card becomes an a2a-sdk 1.x card whose one interface is the gateway.
+    # The cached A2A 0.3 card becomes an a2a-sdk 1.x card whose interfaces are the gateway's:
+    # JSON-RPC (the agent's), then HTTP+JSON (translated to it).
     (spec,) = tree.agents
-    (iface,) = agent_card(spec.card).supported_interfaces
-    assert iface.url == spec.card["url"] and iface.url.startswith("http://gw/")
+    interfaces = agent_card(spec.card).supported_interfaces
+    assert [i.protocol_binding for i in interfaces] == ["JSONRPC", "HTTP+JSON"]
+    assert {i.url for i in interfaces} == {spec.card["url"]}
+    assert spec.card["url"].startswith("http://gw/")
 
 
 def test_session_and_snapshot_api(live_server_url, api: httpx.Client, card_server, configure,

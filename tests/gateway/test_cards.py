@@ -147,9 +147,12 @@ def test_card_served_from_stored_bytes_with_key_order_kept(live_server_url, admi
     original = orjson.loads(ORDERED_CARD)
     r = httpx.get(card_url(live_server_url, "ordered"))
     served = orjson.loads(r.content)
-    assert list(served) == list(original)
+    # The agent lists no HTTP+JSON interface: the gateway's (translated) comes last.
+    assert list(served) == [*original, "additionalInterfaces"]
     assert list(served["securitySchemes"]) == ["bearerAuth", "oauth2"]
-    assert served == {**original, "url": f"{live_server_url}/a2a/ordered/"}
+    gateway = f"{live_server_url}/a2a/ordered/"
+    assert served == {**original, "url": gateway,
+                      "additionalInterfaces": [{"url": gateway, "transport": "HTTP+JSON"}]}
     raw = httpx.get(f"{live_server_url}/api/v1/agents/ordered/card",
                     headers={"Authorization": f"Bearer {admin_token}"})
     assert raw.content == ORDERED_CARD

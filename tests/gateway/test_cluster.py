@@ -192,29 +192,35 @@ def _routed(base: str, agent_id: str, auth: dict) -> bool:
     return "result" in r.json()
 
 
+@pytest.mark.parametrize("own_rest", [True, False], ids=["forwarded", "translated"])
 async def test_cross_node_rest_binding(live_server_url, node_b, echo_agent_factory, caller,
-                                       admin_token):
+                                       admin_token, own_rest):
     """The HTTP+JSON binding across nodes: an agent owned by node B (registered there), called
     through node A by a REST client -- its route carries the agent's HTTP+JSON interface, node
-    A sends the Query (method and path in its tags) through Redis to node B's subscriber."""
+    A sends the Query (method and path in its tags) through Redis to node B's subscriber; an
+    agent without one gets the call translated to its JSON-RPC on node A, the JSON-RPC Query
+    crossing to node B."""
     from a2a.helpers import get_message_text
     from a2a.types import GetTaskRequest, TaskState
 
     from tests.a2a_agents import sdk_client, send_and_collect
 
-    agent = echo_agent_factory(interfaces=[("HTTP+JSON", "1.0"), ("JSONRPC", "1.0")])
+    agent = echo_agent_factory(interfaces=[("HTTP+JSON", "1.0"), ("JSONRPC", "1.0")]) \
+        if own_rest else echo_agent_factory(card_shape="1.0")
     node_a = runtime.current_node()
+    agent_id = "rest-on-b" if own_rest else "rest-on-b-translated"
     auth = caller.auth
     r = httpx.post(f"{node_b.url}/api/v1/agents",
                    headers={"Authorization": f"Bearer {admin_token}"},
-                   json={"agent_id": "rest-on-b", "url": agent.url, "card": agent.card_document})
+                   json={"agent_id": agent_id, "url": agent.url, "card": agent.card_document})
     assert r.status_code == 201, r.text
-    wait_until(lambda: node_a.table.get("rest-on-b") is not None, timeout=3)
-    route = node_a.table.get("rest-on-b")
-    assert (route.node_id, route.http_json_endpoint) == (node_b.node_id, agent.rest_url)
-    assert "rest-on-b" not in node_a.manager.subscribers
+    wait_until(lambda: node_a.table.get(agent_id) is not None, timeout=3)
+    route = node_a.table.get(agent_id)
+    assert (route.node_id, route.http_json_endpoint) == (
+        node_b.node_id, agent.rest_url if own_rest else "")
+    assert agent_id not in node_a.manager.subscribers
 
-    base = f"{live_server_url}/a2a/rest-on-b/"
+    base = f"{live_server_url}/a2a/{agent_id}/"
     async with sdk_client(base, bindings=["HTTP+JSON"], streaming=False, polling=True,
                           headers=auth) as client:
         [reply] = await send_and_collect(client, "across")
@@ -226,6 +232,11 @@ async def test_cross_node_rest_binding(live_server_url, node_b, echo_agent_facto
     assert got.id == first.event.task.id
     assert events[-1].event.status_update.status.state == TaskState.TASK_STATE_COMPLETED
     assert len([a for a in events if a.kind == "artifact_update"]) == 4
-    assert [(r.http_method, r.path) for r in agent.requests if r.path.startswith("/rest")] == [
-        ("POST", "/rest/message:send"), ("POST", "/rest/message:send"),
-        ("GET", f"/rest/tasks/{got.id}"), ("POST", "/rest/message:stream")]
+    if own_rest:
+        assert [(r.http_method, r.path) for r in agent.requests
+                if r.path.startswith("/rest")] == [
+            ("POST", "/rest/message:send"), ("POST", "/rest/message:send"),
+            ("GET", f"/rest/tasks/{got.id}"), ("POST", "/rest/message:stream")]
+    else:
+        assert [r.rpc_method for r in agent.recorder.rpc()] == [
+            "SendMessage", "SendMessage", "GetTask", "SendStreamingMessage"]

@@ -246,12 +246,15 @@ async def test_gateway_errors_in_rest_form(echo_agent_factory, register_agent, c
         garbage = await http.post(f"{target.gateway_base}message:send", content=b"{nope",
                                   headers={**caller.auth, "content-type": "application/json"})
         assert rest_error(garbage) == (400, "INVALID_ARGUMENT", "parse_error")
-        not_rest = await http.post(f"{json_rpc_only.gateway_base}message:send", json=send,
-                                   headers=caller.auth)
-        assert rest_error(not_rest) == (501, "UNIMPLEMENTED", "binding_unavailable")
-        assert "JSON-RPC" in not_rest.json()["error"]["message"]
+        # An agent without HTTP+JSON is called in translation (tests/gateway/test_rest_translate.py)
+        # and its card offers the gateway's HTTP+JSON after its own interfaces.
+        translated = await http.post(f"{json_rpc_only.gateway_base}message:send", json=send,
+                                     headers=caller.auth)
+        assert translated.status_code == 200, translated.text
+        assert translated.json()["message"]["parts"] == [{"text": "echo: hi"}]
         card = (await http.get(f"{json_rpc_only.gateway_base}.well-known/agent-card.json")).json()
-        assert {i["protocolBinding"] for i in card["supportedInterfaces"]} == {JSONRPC_BINDING}
+        assert [i["protocolBinding"] for i in card["supportedInterfaces"]] == \
+            [JSONRPC_BINDING, JSONRPC_BINDING, HTTP_JSON_BINDING, HTTP_JSON_BINDING]
 
         # busy: the one slot is held by a running stream
         hold = {"message": {"messageId": "m2", "role": "ROLE_USER",
@@ -520,7 +523,8 @@ async def test_a_new_card_moves_or_ends_the_http_json_interface(echo_agent_facto
                                                                 register_agent, caller, api):
     """The agent's HTTP+JSON interface follows its card: stored at registration, replaced by a
     card update (routing tables learn it from the update event), gone with a card without one
-    (the REST routes then answer binding_unavailable and the served card stops listing it)."""
+    (the REST routes are then translated to its JSON-RPC, and the served card lists the
+    gateway's HTTP+JSON after the agent's own interfaces)."""
     from registry.models import Agent
 
     first, second = rest_agent(echo_agent_factory), rest_agent(echo_agent_factory)
@@ -553,12 +557,15 @@ async def test_a_new_card_moves_or_ends_the_http_json_interface(echo_agent_facto
                   json={"card": json_rpc_only.card_document})
     assert r.status_code == 200, r.text
     async with httpx.AsyncClient(timeout=30) as http:
-        for _ in range(50):
+        for _ in range(50):  # bounded: 5 s
+            seen = len(first.recorder.rpc())
             response = await http.post(f"{target.gateway_base}message:send", json=send,
                                        headers=headers)
-            if response.status_code != 200:
-                break
+            if response.status_code == 200 and len(first.recorder.rpc()) > seen:
+                break  # translated to the JSON-RPC endpoint the agent registered
             await asyncio.sleep(0.1)
-        assert rest_error(response) == (501, "UNIMPLEMENTED", "binding_unavailable")
+        else:
+            raise AssertionError("the REST call was never translated to JSON-RPC")
         card = (await http.get(f"{target.gateway_base}.well-known/agent-card.json")).json()
-    assert {i["protocolBinding"] for i in card["supportedInterfaces"]} == {JSONRPC_BINDING}
+    assert [i["protocolBinding"] for i in card["supportedInterfaces"]] == \
+        [JSONRPC_BINDING, JSONRPC_BINDING, "HTTP+JSON", "HTTP+JSON"]

@@ -66,10 +66,20 @@ def test_card_endpoints_rewritten_to_the_gateway(echo_agent_factory, register_ag
     assert response.status_code == 200, response.text
     card = response.json()
     urls = card_urls(card)
-    assert len(urls) == len(card_urls(agent.card_document)) > 0
     assert all(url.rstrip("/") == gateway_endpoint for url in urls), urls
     assert f"127.0.0.1:{agent.port}" not in response.text
-    assert without_urls(card) == without_urls(agent.card_document)  # nothing else changed
+    # Nothing else changed, but for the gateway's HTTP+JSON (translated: the agent lists none)
+    # after the agent's own interfaces, in each view of the card it has.
+    expected = without_urls(agent.card_document)
+    if "supportedInterfaces" in expected:
+        expected["supportedInterfaces"] = [*expected["supportedInterfaces"], *(
+            {"protocolBinding": "HTTP+JSON", "protocolVersion": i["protocolVersion"]}
+            for i in expected["supportedInterfaces"])]
+    if "url" in agent.card_document:
+        expected["additionalInterfaces"] = [{"transport": "HTTP+JSON"}]
+    assert without_urls(card) == expected
+    assert len(urls) == len(card_urls(agent.card_document)) + (
+        len(expected.get("supportedInterfaces", [])) // 2 + ("url" in agent.card_document))
 
     etag = response.headers.get("etag")
     assert etag and response.headers.get("cache-control")

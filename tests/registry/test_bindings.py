@@ -51,11 +51,25 @@ def test_binding_names():
     assert interface_binding("custom") == "CUSTOM" and interface_binding(5) == ""
 
 
-def test_gateway_answers_json_rpc_and_the_agents_http_json_at_its_own_url():
-    # JSON-RPC for every agent; HTTP+JSON only for an agent whose card lists it.
-    assert gateway_bindings(card_10(), GW) == {JSONRPC: {"url": GW}, HTTP_JSON: {"url": GW}}
-    assert gateway_bindings(card_03(AGENT), GW) == {JSONRPC: {"url": GW}}
-    assert gateway_bindings(card_kubemq(), GW) == {JSONRPC: {"url": GW}}
+def test_gateway_answers_json_rpc_and_http_json_for_every_agent():
+    # HTTP+JSON forwarded to an agent whose card lists it, translated to the JSON-RPC of any other.
+    for card in (card_10(), card_03(AGENT), card_kubemq()):
+        assert gateway_bindings(card, GW) == {JSONRPC: {"url": GW}, HTTP_JSON: {"url": GW}}
+
+
+def test_an_agent_without_http_json_gets_the_gateways_after_its_own_interfaces():
+    out = rewrite_card_endpoints(sdk_card(iface(JSONRPC, "1.0"), iface(JSONRPC, "0.3")), GW)
+    assert out["supportedInterfaces"] == [
+        iface(JSONRPC, "1.0", GW), iface(JSONRPC, "0.3", GW), iface(HTTP_JSON, "1.0", GW),
+        iface(HTTP_JSON, "0.3", GW)]
+    assert (out["url"], out["preferredTransport"]) == (GW, JSONRPC)
+    assert out["additionalInterfaces"] == [{"url": GW, "transport": HTTP_JSON}]
+    kubemq = rewrite_card_endpoints(card_kubemq(), GW)
+    assert (kubemq["url"], kubemq["additionalInterfaces"]) == (
+        GW, [{"url": GW, "transport": HTTP_JSON}])
+    unversioned = rewrite_card_endpoints(
+        {"name": "x", "supportedInterfaces": [{"url": AGENT}]}, GW)
+    assert unversioned["supportedInterfaces"] == [{"url": GW}, iface(HTTP_JSON, "1.0", GW)]
 
 
 def test_http_json_endpoint_of_each_card_shape():
@@ -106,6 +120,7 @@ def test_one_entry_per_protocol_version_and_tenant():
     assert out["supportedInterfaces"] == [
         iface(JSONRPC, "1.0", GW), iface(JSONRPC, "0.3", GW),
         {**iface(JSONRPC, "1.0", GW), "tenant": "t2"}, {"url": GW},
+        iface(HTTP_JSON, "1.0", GW), iface(HTTP_JSON, "0.3", GW),  # the gateway's, translated
     ]
     assert "url" not in out and "preferredTransport" not in out  # a 1.0 card keeps its shape
 

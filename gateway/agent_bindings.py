@@ -1,5 +1,6 @@
-"""What the gRPC binding needs to know of an agent beyond its route: the A2A version its
-JSON-RPC endpoint speaks (calls are translated to it) and its own gRPC interfaces.
+"""What a translating binding (gRPC; HTTP+JSON for an agent without an HTTP+JSON interface)
+needs to know of an agent beyond its route: the A2A version its JSON-RPC endpoint speaks (calls
+are translated to it) and its own gRPC interfaces.
 
 Read from the agent's stored card once per card (the route's ``card_sha256`` names it: a new
 card is read again) and kept in memory; the hot path reads a dict. A miss reads the database
