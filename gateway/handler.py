@@ -373,6 +373,13 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
         await _error(send, errors.INVALID_REQUEST, REST, agent_id,
                      "the path or query holds characters an HTTP request line cannot carry")
         return
+    if payload and method in push.METHODS and (len(body) <= LAZY_ABOVE_BYTES
+                                               or push.MARKER in body):
+        whole = payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body)
+        refused = await refused_webhook(scope, agent_id, caller, method, whole, rest=True)
+        if refused is not None:
+            await _error(send, errors.WEBHOOK_REFUSED, REST, agent_id, refused)
+            return
     metrics.count_request(agent_id, method)
     timeout = request_timeout({"params": payload} if payload else {}, settings)
     tags = headers.tags
@@ -495,12 +502,12 @@ async def admit_binding_call(node: GatewayNode, scope: dict[str, Any], headers: 
 
 
 async def refused_webhook(scope: dict[str, Any], agent_id: str, caller: str, method: str,
-                          params: Any) -> str | None:
+                          params: Any, *, rest: bool = False) -> str | None:
     """Why a push-notification webhook ``params`` of ``method`` carries is refused
     (:mod:`gateway.push`; the refusal audited), or None: the one check of every binding."""
     if method not in push.METHODS:
         return None
-    refused = await push.check(method, params)
+    refused = await push.check(method, params, rest=rest)
     if refused is not None:
         _refused(scope, agent_id, caller, method, errors.WEBHOOK_REFUSED)
     return refused

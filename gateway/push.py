@@ -76,9 +76,18 @@ def refusal(urls: list[Any]) -> str | None:
     return None
 
 
-async def check(method: str, params: Any) -> str | None:
-    """:func:`refusal` of the webhooks ``params`` carry, off the event loop."""
+#: An HTTP+JSON body forwarded unchanged has the shape of the 1.0 method's params, or (on the
+#: 0.3 routes under ``v1/``) of this 0.3 method's.
+_V03_OF = {"SendMessage": "message/send", "SendStreamingMessage": "message/stream",
+           _CONFIG_V1: _CONFIG_V03}
+
+
+async def check(method: str, params: Any, *, rest: bool = False) -> str | None:
+    """:func:`refusal` of the webhooks ``params`` carry, off the event loop. ``rest``: the
+    params are an HTTP+JSON body forwarded as it is (either version's shape)."""
     urls = webhook_urls(method, params)
+    if rest and method in _V03_OF:
+        urls += webhook_urls(_V03_OF[method], params)
     if not urls:
         return None
     pool = threads.pool("a2a-webhook-check", CHECK_THREADS)

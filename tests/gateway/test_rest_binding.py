@@ -297,6 +297,38 @@ async def test_unreachable_agent_in_rest_form(echo_agent_factory, register_agent
     await asyncio.sleep(0)
 
 
+async def test_a_refused_webhook_never_reaches_the_agents_http_json_interface(
+        echo_agent_factory, register_agent, caller):
+    """Forwarded unchanged, an HTTP+JSON body's webhooks are checked first, in the 1.0 shape and
+    the 0.3 one of the v1/ routes: a metadata address is webhook_refused, the agent never hit."""
+    agent = rest_agent(echo_agent_factory)
+    target = register_agent(agent)
+    message = {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
+    url = "http://169.254.169.254/latest/meta-data/"
+    bodies = [
+        ("message:send", {"message": message,
+                          "configuration": {"taskPushNotificationConfig": {"url": url}}}),
+        ("v1/message:send", {"message": message,
+                             "configuration": {"pushNotificationConfig": {"url": url}}}),
+        ("tasks/t1/pushNotificationConfigs", {"taskId": "t1", "url": url}),
+        ("v1/tasks/t1/pushNotificationConfigs", {"pushNotificationConfig": {"url": url}}),
+    ]
+    seen = len(agent.requests)
+    async with httpx.AsyncClient(timeout=30) as http:
+        for path, body in bodies:
+            response = await http.post(f"{target.gateway_base}{path}", json=body,
+                                       headers=caller.auth)
+            assert rest_error(response) == (400, "INVALID_ARGUMENT", "webhook_refused"), path
+            assert response.headers["x-a2a-executed"] == "false"
+            assert "metadata" in response.json()["error"]["message"]
+        fine = await http.post(f"{target.gateway_base}message:send", json={
+            "message": message, "configuration": {
+                "taskPushNotificationConfig": {"url": "http://127.0.0.1:9/hook"}}},
+            headers={**caller.auth, **V10})
+        assert fine.status_code == 200, fine.text
+    assert len([r for r in agent.requests[seen:] if r.path.startswith("/rest")]) == 1
+
+
 # --- both servers ------------------------------------------------------------------------------
 
 
