@@ -16,7 +16,8 @@ def test_schema_documents_bearer_auth_gateway_and_kubemq(live_server_url: str):
     schema = httpx.get(f"{live_server_url}/api/schema/?format=json", timeout=30).json()
     assert schema["components"]["securitySchemes"]["bearerAuth"] == {
         "type": "http", "scheme": "bearer",
-        "description": "An API client's token: `manage.py create_client NAME --scopes ...`."}
+        "description": "An API client's token (`manage.py create_client NAME --scopes ...`) or "
+                       "a JWT from an issuer trusted in `A2A_JWT_ISSUERS`."}
     paths = schema["paths"]
     for path in ("/a2a/{agent_id}", "/a2a/{agent_id}/stream",
                  "/a2a/{agent_id}/.well-known/agent-card.json", "/agents/register",
