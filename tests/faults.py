@@ -60,6 +60,15 @@ def wait_port(port: int, timeout: float = 20.0, proc: subprocess.Popen | None = 
     raise FaultSetupError(f"nothing listening on port {port} after {timeout}s")
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _descendants(root: int) -> list[int]:
     """Every descendant of ``root``, from /proc (children first found, then theirs)."""
     children: dict[int, list[int]] = {}
@@ -110,12 +119,18 @@ class _Process:
                 os.kill(pid, sig)
 
     def kill(self) -> None:
-        """kill -9, then reap."""
+        """kill -9, then reap, and wait (at most 10 s) until every descendant is gone too: a
+        PostgreSQL backend still attached to the shared memory makes the next start fail."""
         if self.proc is None:
             return
+        pids = _descendants(self.proc.pid) if self.alive() else []
         self.signal(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        for pid in pids:
+            while time.monotonic() < deadline and _running(pid):
+                time.sleep(0.02)
 
     def pause(self) -> None:
         self.signal(signal.SIGSTOP)
@@ -210,9 +225,17 @@ class PrivatePostgres(_Process):
             "-c",
             "shared_buffers=32MB",
         ]
-        log = open(self.dir / "postgres.log", "ab")  # noqa: SIM115 - kept open by the child
-        proc = self._spawn(args, stdout=log, stderr=log)
-        wait_port(self.port, 30, proc)
+        for attempt in range(3):
+            log = open(self.dir / "postgres.log", "ab")  # noqa: SIM115 - kept by the child
+            proc = self._spawn(args, stdout=log, stderr=log)
+            try:
+                wait_port(self.port, 30, proc)
+                break
+            except FaultSetupError as exc:
+                tail = (self.dir / "postgres.log").read_text(errors="replace")[-600:]
+                if attempt == 2:  # e.g. a killed predecessor's memory not yet released
+                    raise FaultSetupError(f"{exc}; postgres.log ends: {tail}") from None
+                time.sleep(1.0)
         deadline = time.monotonic() + 30
         while True:  # accepting TCP is not accepting queries (recovery after kill -9)
             ready = subprocess.run(

@@ -27,7 +27,8 @@ from tests.reliability.test_agent_faults import ScriptedAgent
 from tests.reliability.test_failover import _send, _wait, start_sync_and_stream
 from tests.servers import serve_app
 
-pytestmark = pytest.mark.timeout(180)
+# Private services only: CI runs it in its distributed pass (tests/passes.py), to balance the two.
+pytestmark = [pytest.mark.timeout(180), pytest.mark.one_pass("distributed")]
 
 SERVERS = ["daphne", "uvicorn"]
 
