@@ -26,7 +26,7 @@ caps, timeouts, header rules, metrics, audit, tracing -- is the gateway's one wa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -43,7 +43,7 @@ from gateway import errors
 from gateway.binding import BindingCaller
 from gateway.rest import match_route
 from gateway.resume import STREAM_ID_HEADER
-from gateway.sse import split_events
+from gateway.sse import data_events, split_events
 from gateway.translation import (
     A2A_DOMAIN,
     CORE,
@@ -250,19 +250,6 @@ def agent_error_json(error: Any) -> tuple[int, dict[str, Any]]:
     }}
 
 
-def _events(stream: bytes) -> Iterator[Any]:
-    """The JSON of each ``data`` of complete SSE events (comments and keepalives skipped)."""
-    for event in stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
-        data = [line[5:].removeprefix(b" ") for line in event.split(b"\n")
-                if line.startswith(b"data:")]
-        if not data:
-            continue
-        try:
-            yield orjson.loads(b"\n".join(data))
-        except orjson.JSONDecodeError:
-            yield None
-
-
 class RestTranslation(BindingCaller):
     """The caller's side of one translated HTTP+JSON call: the relay's ASGI messages of the
     agent's JSON-RPC answer (:meth:`send`) and the gateway's errors (:meth:`gateway_error`)
@@ -369,7 +356,7 @@ class RestTranslation(BindingCaller):
             events, self.tail = split_events(self.tail + body if self.tail else body)
             if not message.get("more_body"):
                 events, self.tail = events + self.tail + b"\n\n", b""
-            for answer in _events(events):
+            for answer in data_events(events):
                 await self._answer(answer)
                 if self.done:
                     return
@@ -434,7 +421,7 @@ class RestTranslation(BindingCaller):
         self.chunks = []
         answer: Any = None
         if self.sse:  # events answering a unary method: the first answer counts
-            answer = next(iter(_events(body + b"\n\n")), None)
+            answer = next(iter(data_events(body + b"\n\n")), None)
         else:
             try:
                 answer = orjson.loads(body)

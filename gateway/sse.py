@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -252,3 +252,17 @@ class _TwistedFlow:
                 self._request.unregisterProducer()
             except Exception:  # the connection is already gone
                 pass
+
+
+def data_events(stream: bytes) -> Iterator[Any]:
+    """The JSON of each ``data`` of the complete SSE events in ``stream`` (comments and
+    keepalives skipped; an event whose data is not JSON gives None)."""
+    for event in stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
+        data = [line[5:].removeprefix(b" ") for line in event.split(b"\n")
+                if line.startswith(b"data:")]
+        if not data:
+            continue
+        try:
+            yield orjson.loads(b"\n".join(data))
+        except orjson.JSONDecodeError:
+            yield None

@@ -44,7 +44,7 @@ from gateway.grpc_binding import translate
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
-from gateway.sse import split_events
+from gateway.sse import data_events, split_events
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class GrpcCall(handler.BindingCaller):
             events, self.tail = split_events(self.tail + body if self.tail else body)
             if not message.get("more_body"):
                 events, self.tail = events + self.tail + b"\n\n", b""
-            for event in _events(events):
+            for event in data_events(events):
                 await self._answer(event)
             return
         if body:
@@ -242,7 +242,7 @@ class GrpcCall(handler.BindingCaller):
             answer = None
         if self.sse and not self.method.core.streaming:
             # A sync method answered with events: the first answer of the stream counts.
-            for event in _events(body + b"\n\n"):
+            for event in data_events(body + b"\n\n"):
                 answer = event
                 break
         is_rpc = isinstance(answer, dict) and ("result" in answer or "error" in answer)
@@ -291,19 +291,6 @@ class GrpcCall(handler.BindingCaller):
 def _valid_metadata(name: bytes, value: bytes) -> bool:
     return bool(name) and not name.startswith(b"grpc-") and not name.endswith(b"-bin") \
         and all(c in _METADATA_KEY for c in name) and all(0x20 <= c < 0x7F for c in value)
-
-
-def _events(stream: bytes):
-    """The JSON of each ``data`` of complete SSE events (comments and keepalives skipped)."""
-    for event in stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
-        data = [line[5:].removeprefix(b" ") for line in event.split(b"\n")
-                if line.startswith(b"data:")]
-        if not data:
-            continue
-        try:
-            yield orjson.loads(b"\n".join(data))
-        except orjson.JSONDecodeError:
-            yield None
 
 
 def _request_headers(metadata) -> list[tuple[bytes, bytes]]:
