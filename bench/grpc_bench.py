@@ -21,7 +21,7 @@ connections. Figures per arm and concurrency: calls/s (median over rounds), p50/
 calls), server CPU per call (node and agent, each and together, from ``/proc``), the load
 generator's CPU share of its core (near 100 % means the client, not the server, set the pace),
 errors by status. Ratios:
-gateway ÷ direct per binding, the median of each round's back-to-back ratio (the target, issue 24:
+gateway ÷ direct per binding, the median of each round's back-to-back ratio (the target:
 gRPC through the gateway ≥ 0.5 × direct gRPC at c=64). Every reply is checked (``ok``).
 
     .venv/bin/python bench/grpc_bench.py --quick      # about half a minute
@@ -65,7 +65,7 @@ ARMS = ("grpc-direct", "grpc-gateway", "jsonrpc-gateway", "jsonrpc-direct")
 RATIOS = {"grpc": ("grpc-gateway", "grpc-direct"),
           "jsonrpc": ("jsonrpc-gateway", "jsonrpc-direct"),
           "grpc_gateway_over_jsonrpc_gateway": ("grpc-gateway", "jsonrpc-gateway")}
-TARGET = 0.5  # issue 24: gRPC through the gateway >= 0.5x direct gRPC at c=64
+TARGET = 0.5  # the goal: gRPC through the gateway >= 0.5x direct gRPC at c=64
 
 
 def grpc_request(tenant: str, index: int) -> a2a_pb2.SendMessageRequest:
