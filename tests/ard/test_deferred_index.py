@@ -122,6 +122,8 @@ def _cut_the_writers_connection() -> None:
 
 
 def test_the_writer_retries_a_database_outage(postgres_only, monkeypatch):
+    # The process's writer done first: its connection must not be the one blocked and cut.
+    assert indexer.writer().settle(10)
     quick = indexer.DeferredWriter(retry_seconds=(0.05, 0.05))
     monkeypatch.setattr(indexer, "_writer", quick)
     with index_locked() as release:
@@ -136,6 +138,8 @@ def test_the_writer_retries_a_database_outage(postgres_only, monkeypatch):
 
 def test_past_its_retries_the_writer_leaves_the_documents_to_the_repair_job(
         postgres_only, monkeypatch):
+    # The process's writer done first: its connection must not be the one blocked and cut.
+    assert indexer.writer().settle(10)
     quick = indexer.DeferredWriter(retry_seconds=(0.05,))
     monkeypatch.setattr(indexer, "_writer", quick)
     with index_locked():

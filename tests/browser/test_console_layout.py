@@ -28,7 +28,8 @@ from tests.browser.test_admin_browser import (
 )
 from tests.registry.cards import card_03
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Layout does not depend on the pass's database: CI runs it in the distributed pass.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_pass("distributed")]
 
 WIDTHS = (1280, 1440, 1920)
 #: Header cells laid out on more lines than this are "wrapped" (a two-word header on two

@@ -1,4 +1,4 @@
-"""A short soak in CI's distributed pass: ``bench/soak.py`` for 90 seconds of open-loop mixed
+"""A short soak in CI's distributed pass: ``bench/soak.py`` for a minute of open-loop mixed
 traffic (send, stream, heartbeats, registration churn) against two nodes on PostgreSQL and
 Redis, with real a2a-sdk agents, restarting each node in turn (SIGTERM) during the run. Asserts
 the targets that do not depend on the machine's speed: errors <= 0.1 % (``--check``), every
@@ -32,13 +32,13 @@ def test_short_soak_with_rolling_restarts(postgres_url, redis_url):
             "bench/soak.py",
             "--distributed",
             "--minutes",
-            "1.5",
+            "1",
             "--interval",
-            "15",
+            "10",
             "--nodes",
             "2",
             "--rolling-restart",
-            "30",
+            "20",
             "--rate",
             "20",
             "--agents",
