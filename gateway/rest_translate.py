@@ -43,7 +43,7 @@ from gateway import errors
 from gateway.binding import BindingCaller
 from gateway.rest import match_route
 from gateway.resume import STREAM_ID_HEADER
-from gateway.sse import data_events, split_events
+from gateway.sse import data_events, take_events
 from gateway.translation import (
     A2A_DOMAIN,
     CORE,
@@ -353,9 +353,7 @@ class RestTranslation(BindingCaller):
             return
         body = message.get("body", b"")
         if self.sse and self.call.method.streaming and self.http_status < 400:
-            events, self.tail = split_events(self.tail + body if self.tail else body)
-            if not message.get("more_body"):
-                events, self.tail = events + self.tail + b"\n\n", b""
+            events, self.tail = take_events(self.tail, body, bool(message.get("more_body")))
             for answer in data_events(events):
                 await self._answer(answer)
                 if self.done:

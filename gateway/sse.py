@@ -266,3 +266,13 @@ def data_events(stream: bytes) -> Iterator[Any]:
             yield orjson.loads(b"\n".join(data))
         except orjson.JSONDecodeError:
             yield None
+
+
+def take_events(tail: bytes, body: bytes, more: bool) -> tuple[bytes, bytes]:
+    """The complete events of ``tail + body`` (a relayed stream's next chunk after what was
+    left of the last) and what is left now; at the stream's end (``more`` false) the rest is
+    taken as a last event."""
+    events, tail = split_events(tail + body if tail else body)
+    if not more:
+        events, tail = events + tail + b"\n\n", b""
+    return events, tail

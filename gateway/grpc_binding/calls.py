@@ -44,7 +44,7 @@ from gateway.grpc_binding import translate
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
-from gateway.sse import data_events, split_events
+from gateway.sse import data_events, take_events
 
 logger = logging.getLogger(__name__)
 
@@ -172,9 +172,7 @@ class GrpcCall(handler.BindingCaller):
             return
         body = message.get("body", b"")
         if self.sse and self.method.core.streaming and self.http_status < 400:
-            events, self.tail = split_events(self.tail + body if self.tail else body)
-            if not message.get("more_body"):
-                events, self.tail = events + self.tail + b"\n\n", b""
+            events, self.tail = take_events(self.tail, body, bool(message.get("more_body")))
             for event in data_events(events):
                 await self._answer(event)
             return
