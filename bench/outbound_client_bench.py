@@ -104,7 +104,7 @@ def main() -> int:
     (folder / "reference_outbound.py").write_bytes(source)
     versions = {
         "reference": load(folder / "reference_outbound.py", "reference_outbound"),
-        "current": load(ROOT / "gateway" / "outbound.py", "current_outbound"),
+        "current": load(ROOT / "outbound" / "http1.py", "current_outbound"),
     }
     from tests.servers import free_port
 

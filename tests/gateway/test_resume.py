@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from outbound.http1 import HIGH_WATER_BYTES
+from outbound.http1_wire import HIGH_WATER_BYTES
 from tests.gateway import test_cluster
 from tests.gateway import test_proxy as proxy
 from tests.gateway.test_proxy import _metric, register, rpc
