@@ -7,17 +7,11 @@ in-memory channel layer, Celery tasks run in-process. ``DATABASE_URL`` selects P
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import secrets
 import socket
 from datetime import timedelta
 from pathlib import Path
 
-import dj_database_url
-from django.core.exceptions import ImproperlyConfigured
-
+from config import checks
 from core.env import (
     env_bool,
     env_choice,
@@ -36,60 +30,16 @@ REDIS_URL = env_str("REDIS_URL")
 EMBEDDED = not REDIS_URL
 
 # PostgreSQL without Redis is a mode of its own, chosen explicitly: one node on PostgreSQL with
-# the in-memory channel layer and in-process jobs. Without the switch, DATABASE_URL alone is
-# refused: a second node started the same way would share the database but not the broker, and
-# calls entering it for the first node's agents would find no subscriber.
+# the in-memory channel layer and in-process jobs (config.checks.check_mode).
 A2A_SINGLE_NODE = env_bool("A2A_SINGLE_NODE", False)
-if DATABASE_URL and not REDIS_URL and not A2A_SINGLE_NODE:
-    raise ImproperlyConfigured(
-        "DATABASE_URL is set but REDIS_URL is not. Set REDIS_URL too for distributed mode "
-        "(several nodes, Celery workers and beat), or set A2A_SINGLE_NODE=true to run exactly "
-        "one node on this database with the in-memory channel layer and in-process jobs."
-    )
-if A2A_SINGLE_NODE and REDIS_URL:
-    raise ImproperlyConfigured(
-        "A2A_SINGLE_NODE=true and REDIS_URL contradict each other: unset A2A_SINGLE_NODE for "
-        "distributed mode, or unset REDIS_URL for one node."
-    )
-
 DEBUG = env_bool("DEBUG", False)
-if DEBUG and not EMBEDDED:
-    raise ImproperlyConfigured(
-        "DEBUG=true is refused in distributed mode (REDIS_URL set): it would accept any Host "
-        "header and show tracebacks to callers. Unset DEBUG, or develop in embedded mode "
-        "(unset REDIS_URL and DATABASE_URL)."
-    )
+checks.check_mode(database_url=DATABASE_URL, redis_url=REDIS_URL, single_node=A2A_SINGLE_NODE,
+                  debug=DEBUG)
 
-SECRET_KEY = env_str("SECRET_KEY")
-if not SECRET_KEY:
-    if not EMBEDDED:
-        raise ImproperlyConfigured("SECRET_KEY must be set in distributed mode (REDIS_URL set).")
-    # Embedded/dev only: a key generated once and kept in the data folder so sessions survive
-    # restarts. Never used when SECRET_KEY is configured.
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-    _key_file = DATA_DIR / ".secret_key"
-    if not _key_file.exists():
-        _key_file.write_text(secrets.token_urlsafe(50))
-        _key_file.chmod(0o600)
-    SECRET_KEY = _key_file.read_text().strip()
-
-# Host names this node answers to. Never "*" by default outside DEBUG: Django's views and the
-# gateway's rewritten cards trust the Host header only when it is listed here.
-_LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS")
-if not ALLOWED_HOSTS:
-    if DEBUG:
-        ALLOWED_HOSTS = ["*"]
-    elif EMBEDDED:
-        # Embedded mode serves 127.0.0.1 by default (scripts/run.sh); "testserver" is Django's
-        # test client (distributed test runs name it in tests/environment.py).
-        ALLOWED_HOSTS = [*_LOOPBACK_HOSTS, "testserver"]
-    else:
-        raise ImproperlyConfigured(
-            "ALLOWED_HOSTS must be set in distributed mode (REDIS_URL set): the host names "
-            "clients use to reach this node, comma-separated, e.g. "
-            "ALLOWED_HOSTS=registry.example.com,127.0.0.1 ('*' accepts any Host header)."
-        )
+# Embedded/dev without SECRET_KEY: a key generated once and kept in the data folder.
+SECRET_KEY = checks.secret_key(env_str("SECRET_KEY"), embedded=EMBEDDED, data_dir=DATA_DIR)
+# Host names this node answers to (never "*" by default outside DEBUG).
+ALLOWED_HOSTS = checks.allowed_hosts(env_list("ALLOWED_HOSTS"), debug=DEBUG, embedded=EMBEDDED)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 # Proxies whose X-Forwarded-Proto / X-Forwarded-Host are believed (IPs). Empty: none.
 A2A_TRUSTED_PROXIES = env_list("A2A_TRUSTED_PROXIES")
@@ -161,44 +111,15 @@ TEMPLATES = [
 A2A_DB_CONNECT_TIMEOUT_SECONDS = env_int("A2A_DB_CONNECT_TIMEOUT_SECONDS", 2, minimum=2)
 A2A_DB_POOL_TIMEOUT_SECONDS = env_float("A2A_DB_POOL_TIMEOUT_SECONDS", 1.5, minimum=0.1)
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
-    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        _options = DATABASES["default"].setdefault("OPTIONS", {})
-        _options.setdefault("connect_timeout", A2A_DB_CONNECT_TIMEOUT_SECONDS)
-        if env_bool("A2A_DB_POOL", True):
-            # A psycopg pool per process: under ASGI each request may use another thread, and
-            # opening a PostgreSQL connection per request costs more than the request itself.
-            _options["pool"] = {
-                "min_size": 1,
-                "max_size": env_int("A2A_DB_POOL_MAX", 20, minimum=1),
-                "timeout": A2A_DB_POOL_TIMEOUT_SECONDS,
-                # psycopg_pool backs off exponentially while it cannot connect (1, 2, 4, 8,
-                # 16 s...), which kept a node failing 18 s after its database came back. Give
-                # up on an attempt after a few seconds instead: the next request that needs a
-                # connection starts a fresh one at once.
-                "reconnect_timeout": A2A_DB_CONNECT_TIMEOUT_SECONDS + 0.5,
-            }
+    DATABASES = checks.url_databases(DATABASE_URL, connect_timeout=A2A_DB_CONNECT_TIMEOUT_SECONDS)
+    if checks.is_postgresql(DATABASES["default"]) and env_bool("A2A_DB_POOL", True):
+        checks.add_pool(DATABASES["default"], max_size=env_int("A2A_DB_POOL_MAX", 20, minimum=1),
+                        timeout=A2A_DB_POOL_TIMEOUT_SECONDS,
+                        connect_timeout=A2A_DB_CONNECT_TIMEOUT_SECONDS)
 else:
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": env_str("A2A_SQLITE_PATH", str(DATA_DIR / "registry.sqlite3")),
-            # WAL + a busy timeout let the server, Celery tasks and tests share the file.
-            "OPTIONS": {
-                "timeout": 20,
-                "transaction_mode": "IMMEDIATE",
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            },
-            # A file, not :memory:, so the live server's threads and subprocesses share it; one
-            # per test process so parallel runs never share a database.
-            "TEST": {"NAME": str(DATA_DIR / f"test-registry-{os.getpid()}.sqlite3")},
-        }
-    }
-# Under ASGI every request may run in another thread: persistent connections leak there.
-for _db in DATABASES.values():
-    _db["CONN_MAX_AGE"] = 0
+    DATABASES = checks.sqlite_databases(
+        env_str("A2A_SQLITE_PATH", str(DATA_DIR / "registry.sqlite3")), data_dir=DATA_DIR
+    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -226,30 +147,10 @@ if REDIS_URL:
     CACHES = {
         "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
     }
-    # direct: the gateway's own pipelined Redis pub/sub layer (gateway.redis_layer, checked
-    # sends); pubsub / core: channels-redis's layers (Sentinel, sharding).
-    _layer = env_choice("A2A_CHANNEL_LAYER", "direct", ("direct", "pubsub", "core"))
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": {
-                "direct": "gateway.redis_layer.RedisDirectChannelLayer",
-                "pubsub": "channels_redis.pubsub.RedisPubSubChannelLayer",
-                "core": "channels_redis.core.RedisChannelLayer",
-            }[_layer],
-            "CONFIG": {
-                "hosts": [
-                    {
-                        "address": REDIS_URL,
-                        "socket_connect_timeout": 2,
-                        # Above the core layer's 5 s blocking read: with redis-py 8 an idle
-                        # receive() raises TimeoutError otherwise.
-                        "socket_timeout": 10,
-                    }
-                ],
-                **({"capacity": 10000, "expiry": 60} if _layer == "core" else {}),
-            },
-        }
-    }
+    # direct (the gateway's own layer), pubsub or core (channels-redis's): config.checks.
+    CHANNEL_LAYERS = checks.redis_channel_layers(
+        REDIS_URL, env_choice("A2A_CHANNEL_LAYER", "direct", ("direct", "pubsub", "core"))
+    )
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     CHANNEL_LAYERS = {
@@ -408,14 +309,7 @@ A2A_AUTH_LOOKUP_TIMEOUT_SECONDS = env_float("A2A_AUTH_LOOKUP_TIMEOUT_SECONDS", 1
 A2A_AUTH_LOOKUP_THREADS = env_int("A2A_AUTH_LOOKUP_THREADS", 4, minimum=1)
 # External identity (docs/identity.md): JWTs from trusted issuers, a JSON list (off when empty),
 # each entry checked here so a wrong one stops the process at start, named.
-try:
-    A2A_JWT_ISSUERS = json.loads(env_str("A2A_JWT_ISSUERS", "") or "[]")
-except ValueError as exc:
-    raise ImproperlyConfigured(f"A2A_JWT_ISSUERS is not JSON: {exc}") from None
-if A2A_JWT_ISSUERS:
-    from registry.identity import parse_issuers
-
-    parse_issuers(A2A_JWT_ISSUERS)
+A2A_JWT_ISSUERS = checks.jwt_issuers(env_str("A2A_JWT_ISSUERS", "") or "")
 A2A_JWT_MAX_BYTES = env_int("A2A_JWT_MAX_BYTES", 8192, minimum=256)
 A2A_JWT_LEEWAY_SECONDS = env_float("A2A_JWT_LEEWAY_SECONDS", 60)
 A2A_JWT_JWKS_TTL_SECONDS = env_float("A2A_JWT_JWKS_TTL_SECONDS", 600, minimum=1)
@@ -462,10 +356,9 @@ A2A_GC_GEN0_THRESHOLD = env_int("A2A_GC_GEN0_THRESHOLD", 10_000)
 # --- the gRPC binding (gateway/grpc_binding/; docs/gateway.md "The gRPC binding") ---
 # The node's gRPC listener: its TCP port (0: any free one), off when unset or empty; `manage.py
 # serve --grpc-port` overrides it. It listens on serve's --host (127.0.0.1 otherwise).
-_grpc_port = (env_str("A2A_GRPC_PORT", "") or "").strip()
-A2A_GRPC_PORT: int | None = env_int("A2A_GRPC_PORT", 0) if _grpc_port else None
-if A2A_GRPC_PORT is not None and A2A_GRPC_PORT > 65535:
-    raise ImproperlyConfigured(f"A2A_GRPC_PORT must be a TCP port (0-65535), not {_grpc_port!r}")
+A2A_GRPC_PORT: int | None = checks.grpc_port(
+    (env_str("A2A_GRPC_PORT", "") or "").strip(), env_int("A2A_GRPC_PORT", 0)
+)
 # HTTP/2 streams (calls) one connection may have open at once; more wait for a free one.
 A2A_GRPC_MAX_CONCURRENT_STREAMS = env_int("A2A_GRPC_MAX_CONCURRENT_STREAMS", 100, minimum=1)
 # host:port written into served cards for the gRPC interface; empty: the card's gateway host
@@ -520,9 +413,9 @@ DISCOVERY_CATALOG_MAX_BYTES = env_int("DISCOVERY_CATALOG_MAX_BYTES", 1024 * 1024
 # The URN publisher (a domain name) of this registry's catalog entries: urn:air:<host>:<ns>:<id>.
 # Blank: the host of A2A_PUBLIC_BASE_URL when it is a domain name, else the RFC 2606 placeholder
 # "agent.localhost" (the ARD naming guide's choice for local sandboxes).
-ARD_PUBLIC_HOST = (env_str("ARD_PUBLIC_HOST") or "").strip().lower().rstrip(".")
-if ARD_PUBLIC_HOST and not re.fullmatch(r"[a-z0-9-]+(\.[a-z0-9-]+)+", ARD_PUBLIC_HOST):
-    raise ImproperlyConfigured(f"ARD_PUBLIC_HOST must be a domain name, not {ARD_PUBLIC_HOST!r}")
+ARD_PUBLIC_HOST = checks.ard_public_host(
+    (env_str("ARD_PUBLIC_HOST") or "").strip().lower().rstrip(".")
+)
 ARD_URN_NAMESPACE = env_str("ARD_URN_NAMESPACE", "a2a")
 ARD_HOST_DISPLAY_NAME = env_str("ARD_HOST_DISPLAY_NAME", "A2A Agent Registry")
 ARD_HOST_IDENTIFIER = env_str("ARD_HOST_IDENTIFIER", "")  # e.g. did:web:agents.example.com
@@ -569,27 +462,7 @@ A2A_MCP_MAX_FILE_BYTES = env_int("A2A_MCP_MAX_FILE_BYTES", 4 * 1024 * 1024, mini
 A2A_MCP_QUERY_MIN_SCORE = env_int("A2A_MCP_QUERY_MIN_SCORE", 50, minimum=1)
 
 # --- settings that must agree with one another (checked last: every name above has been read) ---
-for _name in ("DISCOVERY_NEED_TEXT_MIN_SCORE", "A2A_MCP_QUERY_MIN_SCORE"):
-    if globals()[_name] > 100:
-        raise ImproperlyConfigured(f"{_name} is a score from 1 to 100")
-if A2A_NODE_LIVENESS_TTL_SECONDS <= A2A_NODE_LIVENESS_REFRESH_SECONDS:
-    raise ImproperlyConfigured(
-        f"A2A_NODE_LIVENESS_TTL_SECONDS ({A2A_NODE_LIVENESS_TTL_SECONDS:g}) must be above "
-        f"A2A_NODE_LIVENESS_REFRESH_SECONDS ({A2A_NODE_LIVENESS_REFRESH_SECONDS:g}): a node's "
-        "liveness key would expire between two refreshes and its peers would take it for dead. "
-        "Raise the TTL to about three refreshes."
-    )
-if A2A_DEFAULT_TIMEOUT_SECONDS > A2A_MAX_TIMEOUT_SECONDS:
-    raise ImproperlyConfigured(
-        f"A2A_DEFAULT_TIMEOUT_SECONDS ({A2A_DEFAULT_TIMEOUT_SECONDS:g}) is above "
-        f"A2A_MAX_TIMEOUT_SECONDS ({A2A_MAX_TIMEOUT_SECONDS:g}): lower the default or raise "
-        "the maximum."
-    )
-if A2A_DEFAULT_TTL_SECONDS > A2A_MAX_TTL_SECONDS:
-    raise ImproperlyConfigured(
-        f"A2A_DEFAULT_TTL_SECONDS ({A2A_DEFAULT_TTL_SECONDS}) is above A2A_MAX_TTL_SECONDS "
-        f"({A2A_MAX_TTL_SECONDS}): lower the default or raise the maximum."
-    )
+checks.check_agreement(globals())
 refuse_unknown_names(("A2A_", "DISCOVERY_", "ARD_"))
 
 LOGGING = {
