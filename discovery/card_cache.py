@@ -16,41 +16,33 @@
   hosts, all on the process's one shared ``httpx.AsyncClient``.
 
 The in-process index (``card_url`` -> :class:`CardEntry`) serves reads; the table lets a restart
-start warm and lets workers see each other's fetches.
+start warm and lets workers see each other's fetches. Fetching (HTTP, caching headers, redirects,
+size caps) is :mod:`discovery.card_http`; the table's reads and writes, :mod:`discovery.card_store`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
-from urllib.parse import urljoin
 
-import httpx
 from django.conf import settings
-from django.db import connection, transaction
 
 from core import tracing
 from core.locks import LocalLocks, RedisLocks, default_locks
-from discovery import http, metrics
-from discovery.models import CardCacheEntry
+from discovery import card_store, http, metrics
+from discovery.card_http import Admit, Fetched, backoff_seconds, cache_lifetime, fetch_all
+from discovery.card_http import lock_seconds as _lock_seconds
+from discovery.card_store import BATCH, CardEntry
 from registry.cards import CardError, parse_card
 
-DEFAULT_LIFETIME = 300.0
-MAX_REDIRECTS = 3
-BATCH = 500
-
 Clock = Callable[[], float]
-Admit = Callable[[str], bool]
 
 
 class Outcome(StrEnum):
@@ -60,27 +52,6 @@ class Outcome(StrEnum):
     FAILED = "failed"  # error; a cached card (if any) is served stale
     FRESH = "fresh"  # not due: served from the cache without a request
     SHARED = "shared"  # another worker refreshed it while we waited
-
-
-@dataclass(frozen=True)
-class CardEntry:
-    card_url: str
-    etag: str = ""
-    sha256: str = ""
-    card: dict[str, Any] | None = None
-    raw: bytes | None = None
-    cache_control: str = ""
-    expires_at: float = 0.0
-    fetched_at: float | None = None
-    changed_at: float | None = None
-    failures: int = 0
-    last_error: str = ""
-    last_status: int | None = None
-    no_store: bool = False
-
-    @property
-    def has_card(self) -> bool:
-        return self.card is not None
 
 
 @dataclass(frozen=True)
@@ -112,15 +83,6 @@ class RefreshResult:
         )
 
 
-@dataclass(frozen=True)
-class _Fetched:
-    status: int | None
-    body: bytes | None = None
-    etag: str = ""
-    cache_control: str = ""
-    error: str | None = None
-
-
 @dataclass
 class _Batch:
     urls: list[str]
@@ -134,64 +96,6 @@ class _Batch:
 
 class CardFetchFailed(Exception):
     """A never-seen endpoint failed: there is no card to serve."""
-
-
-_MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?", re.I)
-
-
-def cache_lifetime(cache_control: str) -> tuple[float, bool]:
-    """``(lifetime seconds, no_store)`` from a Cache-Control header."""
-    directives = {d.strip().split("=")[0].lower() for d in cache_control.split(",") if d.strip()}
-    if "no-store" in directives:
-        return 0.0, True
-    if "no-cache" in directives:
-        return 0.0, False
-    match = _MAX_AGE.search(cache_control)
-    if match:
-        return float(match.group(1)), False
-    return DEFAULT_LIFETIME, False
-
-
-def backoff_seconds(failures: int) -> float:
-    """Retry delay after a failure, given the failures counted before it."""
-    return float(min(300, 5 * 2 ** min(failures, 6)))
-
-
-def _dt(ts: float | None) -> datetime | None:
-    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
-
-
-def _ts(dt: datetime | None) -> float | None:
-    return None if dt is None else dt.timestamp()
-
-
-def _entry_from_row(row: CardCacheEntry) -> CardEntry:
-    return CardEntry(
-        card_url=row.card_url, etag=row.etag, sha256=row.sha256, card=row.card,
-        raw=bytes(row.raw) if row.raw is not None else None, cache_control=row.cache_control,
-        expires_at=row.expires_at.timestamp(), fetched_at=_ts(row.fetched_at),
-        changed_at=_ts(row.changed_at), failures=row.failures, last_error=row.last_error,
-        last_status=row.last_status, no_store="no-store" in row.cache_control.lower(),
-    )
-
-
-def _row_from_entry(entry: CardEntry) -> CardCacheEntry:
-    keep = not entry.no_store
-    return CardCacheEntry(
-        card_url=entry.card_url, etag=entry.etag if keep else "", sha256=entry.sha256,
-        raw=entry.raw if keep else None, card=entry.card if keep else None,
-        cache_control=entry.cache_control[:300],
-        expires_at=datetime.fromtimestamp(entry.expires_at, tz=UTC),
-        fetched_at=_dt(entry.fetched_at), changed_at=_dt(entry.changed_at),
-        failures=entry.failures, last_error=entry.last_error[:2000],
-        last_status=entry.last_status,
-    )
-
-
-_FULL_FIELDS = [
-    "etag", "sha256", "raw", "card", "cache_control", "expires_at", "fetched_at", "changed_at",
-    "failures", "last_error", "last_status",
-]
 
 
 class CardCache:
@@ -258,44 +162,21 @@ class CardCache:
 
     def _store(self, entry: CardEntry) -> None:
         self._index[entry.card_url] = entry
-        # Compared with what the table holds, so at the table's (microsecond) precision.
-        self._seen[entry.card_url] = (
-            entry.sha256, entry.etag if not entry.no_store else "",
-            _ts(_dt(entry.expires_at)), entry.failures,
-        )
+        self._seen[entry.card_url] = card_store.seen_key(entry)
 
     def _reload(self, urls: Iterable[str]) -> None:
-        urls = list(urls)
-        for i in range(0, len(urls), BATCH):
-            for row in CardCacheEntry.objects.filter(card_url__in=urls[i:i + BATCH]):
-                entry = _entry_from_row(row)
-                old = self._index.get(entry.card_url)
-                if entry.no_store and old is not None and old.has_card and not entry.has_card:
-                    entry = replace(entry, card=old.card, raw=old.raw)  # kept in memory only
-                self._store(entry)
+        for entry in card_store.load(list(urls)):
+            old = self._index.get(entry.card_url)
+            if entry.no_store and old is not None and old.has_card and not entry.has_card:
+                entry = replace(entry, card=old.card, raw=old.raw)  # kept in memory only
+            self._store(entry)
 
     def sync(self, urls: Iterable[str]) -> None:
         """Bring the index up to date with rows other workers wrote (cheap: one light query)."""
         wanted = set(urls)
         if not wanted:
             return
-        qs = CardCacheEntry.objects.values_list(
-            "card_url", "sha256", "etag", "expires_at", "failures"
-        )
-        rows: Iterable[tuple[str, str, str, datetime, int]] = []
-        if len(wanted) <= BATCH:
-            rows = qs.filter(card_url__in=list(wanted))
-        elif len(wanted) <= 4 * BATCH:
-            ordered = list(wanted)
-            rows = [r for i in range(0, len(ordered), BATCH)
-                    for r in qs.filter(card_url__in=ordered[i:i + BATCH])]
-        else:
-            rows = qs.iterator(chunk_size=2000)
-        stale = []
-        for url, sha, etag, expires_at, failures in rows:
-            if url in wanted and self._seen.get(url) != (sha, etag, expires_at.timestamp(),
-                                                         failures):
-                stale.append(url)
+        stale = card_store.changed_rows(wanted, self._seen)
         if stale:
             self._reload(stale)
 
@@ -380,7 +261,7 @@ class CardCache:
     def _begin(self, urls: list[str], future: Future, *, force: bool, admit: Admit | None
                ) -> _Batch:
         """Lock a chunk (across workers), re-check it, and put its fetches on the wire."""
-        ttl = settings.DISCOVERY_FETCH_TIMEOUT_SECONDS * (MAX_REDIRECTS + 1) + 30
+        ttl = _lock_seconds() + 30
         acquired = self.locks.acquire_many(urls, ttl=ttl)
         batch = _Batch(urls=urls, future=future, acquired=acquired)
         try:
@@ -397,8 +278,13 @@ class CardCache:
                     batch.results[url] = RefreshResult(url, Outcome.SHARED, entry)
             if batch.to_fetch:
                 batch.previous = {u: self._index.get(u) for u in batch.to_fetch}
-                batch.fetching = http.submit(self._fetch_all(batch.to_fetch, batch.previous,
-                                                             admit, tracing.current_context()))
+                etags = {u: e.etag for u, e in batch.previous.items()
+                         if e is not None and e.has_card and e.etag}
+                self.fetch_count += len(batch.to_fetch)
+                batch.fetching = http.submit(fetch_all(
+                    batch.to_fetch, etags, admit, tracing.current_context(),
+                    limit=self.max_body_bytes(), document_kind=self.document_kind,
+                ))
         except BaseException:
             self.locks.release_many(acquired)
             raise
@@ -420,9 +306,7 @@ class CardCache:
             self.locks.release_many(batch.acquired)
         waiting = [u for u in batch.urls if u not in batch.acquired]
         if waiting:
-            self.locks.wait_released(
-                waiting, timeout=settings.DISCOVERY_FETCH_TIMEOUT_SECONDS * (MAX_REDIRECTS + 1)
-            )
+            self.locks.wait_released(waiting, timeout=_lock_seconds())
             self._reload(waiting)
             for url in waiting:
                 entry = self._index.get(url)
@@ -439,88 +323,12 @@ class CardCache:
         if progress:
             progress(len(batch.urls))
 
-    # --- fetching --------------------------------------------------------------------------
-
-    async def _fetch_all(self, urls: list[str], previous: dict[str, CardEntry | None],
-                         admit: Admit | None, trace_parent: Any = None) -> dict[str, _Fetched]:
-        client = http.async_client()
-        gate = asyncio.Semaphore(settings.DISCOVERY_FETCH_CONCURRENCY)
-        timeout = http.fetch_timeout()
-
-        deadline = settings.DISCOVERY_FETCH_TIMEOUT_SECONDS
-
-        async def one(url: str) -> tuple[str, _Fetched]:
-            if trace_parent is None:  # tracing off
-                return await fetch(url)
-            with tracing.child_span("discovery.card_fetch", trace_parent, url=url) as span:
-                got = await fetch(url)
-                tracing.annotate(span, **{"http.response.status_code": got[1].status,
-                                          "a2a.error": got[1].error})
-                return got
-
-        async def fetch(url: str) -> tuple[str, _Fetched]:
-            async with gate:
-                try:  # the whole fetch, redirects included, within the fetch timeout
-                    async with asyncio.timeout(deadline):
-                        return url, await self._fetch_one(
-                            client, url, previous.get(url), admit, timeout
-                        )
-                except TimeoutError:
-                    return url, _Fetched(None, error=f"{url}: timed out")
-
-        return dict(await asyncio.gather(*(one(u) for u in urls)))
-
-    async def _fetch_one(self, client: httpx.AsyncClient, url: str, old: CardEntry | None,
-                         admit: Admit | None, timeout: httpx.Timeout) -> _Fetched:
-        headers = {"Accept": "application/json"}
-        if old is not None and old.has_card and old.etag:
-            headers["If-None-Match"] = old.etag
-        limit = self.max_body_bytes()
-        target = url
-        self.fetch_count += 1
-        try:
-            for _ in range(MAX_REDIRECTS + 1):
-                async with client.stream("GET", target, headers=headers, timeout=timeout) as resp:
-                    status = resp.status_code
-                    if status in (301, 302, 303, 307, 308):
-                        location = resp.headers.get("location")
-                        if not location:
-                            return _Fetched(status, error=f"HTTP {status} without a Location")
-                        nxt = urljoin(target, location)
-                        if admit is not None and not admit(nxt):
-                            return _Fetched(status, error=f"redirect to {nxt} refused: "
-                                                          "not an admitted host")
-                        target = nxt
-                        continue
-                    cache_control = resp.headers.get("cache-control", "")
-                    etag = resp.headers.get("etag", "")
-                    if status == 304:
-                        return _Fetched(304, etag=etag, cache_control=cache_control)
-                    if status != 200:
-                        return _Fetched(status, error=f"HTTP {status}")
-                    declared = resp.headers.get("content-length")
-                    if declared and declared.isdigit() and int(declared) > limit:
-                        return _Fetched(status, error=f"{self.document_kind} is larger "
-                                                      f"than {limit} bytes")
-                    body = bytearray()
-                    async for chunk in resp.aiter_bytes():
-                        body += chunk
-                        if len(body) > limit:
-                            return _Fetched(status, error=f"{self.document_kind} is larger "
-                                                      f"than {limit} bytes")
-                    return _Fetched(200, bytes(body), etag, cache_control)
-            return _Fetched(None, error="too many redirects")
-        except httpx.TimeoutException:
-            return _Fetched(None, error=f"{target}: timed out")
-        except httpx.HTTPError as exc:
-            return _Fetched(None, error=f"{target}: {type(exc).__name__}: {exc}".rstrip(": "))
-
     def _expiry(self, now: float, lifetime: float) -> float:
         if lifetime <= 0:
             return now
         return now + lifetime * (1 + self.rng.uniform(-self.jitter, self.jitter))
 
-    def _apply(self, fetched: dict[str, _Fetched], previous: dict[str, CardEntry | None]
+    def _apply(self, fetched: dict[str, Fetched], previous: dict[str, CardEntry | None]
                ) -> tuple[dict[str, RefreshResult], set[str]]:
         """Turn responses into entries; ``full`` names rows whose card bytes must be written."""
         now = self.clock()
@@ -585,30 +393,10 @@ class CardCache:
     # --- persistence -----------------------------------------------------------------------
 
     def _persist(self, results: dict[str, RefreshResult], full: set[str]) -> None:
-        rows = [_row_from_entry(r.entry) for u, r in results.items() if u in full and r.entry]
-        touch = [r.entry for u, r in results.items() if u not in full and r.entry]
-        with transaction.atomic():
-            if rows:
-                CardCacheEntry.objects.bulk_create(
-                    rows, batch_size=BATCH, update_conflicts=True, unique_fields=["card_url"],
-                    update_fields=_FULL_FIELDS,
-                )
-            if touch:
-                table = CardCacheEntry._meta.db_table
-                adapt = connection.ops.adapt_datetimefield_value
-                sql = (
-                    f"UPDATE {table} SET etag = %s, cache_control = %s, expires_at = %s, "
-                    "fetched_at = %s, failures = %s, last_error = %s, last_status = %s "
-                    "WHERE card_url = %s"
-                )
-                params = [
-                    (e.etag if not e.no_store else "", e.cache_control[:300],
-                     adapt(_dt(e.expires_at)), adapt(_dt(e.fetched_at)), e.failures,
-                     e.last_error[:2000], e.last_status, e.card_url)
-                    for e in touch
-                ]
-                with connection.cursor() as cursor:
-                    cursor.executemany(sql, params)
+        card_store.persist(
+            [r.entry for u, r in results.items() if u in full and r.entry],
+            [r.entry for u, r in results.items() if u not in full and r.entry],
+        )
 
     def mark_due(self, card_urls: Iterable[str]) -> None:
         """Make entries due now (revalidated by the next refresh)."""
@@ -619,10 +407,7 @@ class CardCache:
                 entry = self._index.get(url)
                 if entry is not None:
                     self._store(replace(entry, expires_at=now))
-        for i in range(0, len(urls), BATCH):
-            CardCacheEntry.objects.filter(card_url__in=urls[i:i + BATCH]).update(
-                expires_at=_dt(now)
-            )
+        card_store.mark_due(urls, now)
 
     def expire_all(self) -> None:
         """Mark every entry due now (the index and the table): a mass expiry, e.g. after a
@@ -631,7 +416,7 @@ class CardCache:
         with self._mutex:
             for entry in list(self._index.values()):
                 self._store(replace(entry, expires_at=now))
-        CardCacheEntry.objects.update(expires_at=_dt(now))
+        card_store.expire_all(now)
 
 
 _default: dict[int, CardCache] = {}

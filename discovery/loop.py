@@ -21,7 +21,8 @@ from redis.exceptions import LockError
 from core import tracing
 from core.locks import RedisLocks, default_locks
 from discovery import alerts, metrics
-from discovery.card_cache import CardCache, CardEntry, Outcome, RefreshResult, default_cache
+from discovery.card_cache import CardCache, Outcome, RefreshResult, default_cache
+from discovery.card_store import CardEntry
 from discovery.config_file import ConfigFileError, config_file_sync
 from discovery.health import DEGRADED, degraded_urls, health_observe_many
 from discovery.matcher import EXACT, matched_needs, needs_active, policy_hook, text_matches

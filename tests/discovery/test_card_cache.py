@@ -8,13 +8,8 @@ import threading
 import pytest
 
 from core.locks import LocalLocks, RedisLocks
-from discovery.card_cache import (
-    CardCache,
-    CardFetchFailed,
-    Outcome,
-    backoff_seconds,
-    cache_lifetime,
-)
+from discovery.card_cache import CardCache, CardFetchFailed, Outcome
+from discovery.card_http import backoff_seconds, cache_lifetime
 from discovery.models import CardCacheEntry
 from tests.discovery.servers import WELL_KNOWN, make_card, skill
 
