@@ -128,5 +128,5 @@ if settings.EMBEDDED:
             admin.site.unregister(_model)
 
 
-# The registry's models in the console: agents, clients, card versions, nodes.
-from console import registry_admin  # noqa: E402, F401
+# The registry's models in the console: agents (and their card versions), clients, nodes.
+from console import agent_admin, client_admin, node_admin  # noqa: E402, F401

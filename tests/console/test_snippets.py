@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from console.registry_admin import snippets
+from console.agent_admin import snippets
 from tests.conftest import IN_CI
 
 pytestmark = pytest.mark.django_db(transaction=True)

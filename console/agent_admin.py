@@ -1,8 +1,8 @@
-"""The management UI: agents, their card history, API clients and nodes in the Django admin.
+"""The agents in the Django admin: the agent list and page, their card history.
 
 Every write goes through :mod:`registry.services` (or ``console.services``, which composes
 them) with the staff user as the actor, so the admin publishes the same registry events and
-audit records as the APIs. Changelists select what they show in a fixed number of queries,
+audit records as the APIs. The changelist selects what it shows in a fixed number of queries,
 whatever the row count: the agent list's traffic columns are subqueries over the console's
 per-minute statistics.
 
@@ -10,6 +10,8 @@ The agent page adds: health badge, traffic over the statistics window with a cha
 gateway URL with curl and a2a-sdk snippets, card history with a diff between two versions,
 and actions (refresh the card now, send a test message, extend the TTL, deregister).
 "Add agent" is "Register by URL": the card is fetched and validated exactly as the API does.
+The registry's other models in the admin: ``console.client_admin`` (API clients) and
+``console.node_admin`` (nodes).
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ORDER_VAR, ChangeList
-from django.db.models import Count, IntegerField, Max, OuterRef, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import IntegerField, OuterRef, Subquery, Sum
 from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -32,26 +33,18 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
-from django.utils.text import slugify
-from rest_framework_api_key.models import APIKey
 
 from console import services as console_services
 from console.charts import bar_chart
-from console.models import AgentMinute, ClientUsage
+from console.models import AgentMinute
 from console.selectors import EXPIRING_SECONDS, RECENT_WINDOW_MINUTES, agent_stats
 from console.templatetags.console import ago_html
 from registry import events, selectors, services
-from registry.ids import agent_id_error
-from registry.models import Agent, ApiClient, CardVersion, Node
-from registry.permissions import ALL_SCOPES, Actor, PermissionDenied, staff_actor
+from registry.models import Agent, CardVersion, Node
+from registry.permissions import Actor, PermissionDenied, staff_actor
 
 #: The agent list's traffic columns cover this many minutes.
 LIST_WINDOW_MINUTES = RECENT_WINDOW_MINUTES
-
-# The platform's tokens are ApiClient rows; the library's own APIKey model is unused, and
-# listing it next to "API clients" would only mislead an operator.
-if admin.site.is_registered(APIKey):
-    admin.site.unregister(APIKey)
 
 
 def _actor(request: HttpRequest) -> Actor:
@@ -568,218 +561,3 @@ def _audit_extend(request, agent_ids: list[str]) -> None:
     for agent_id in agent_ids:
         events.audit(events.AuditRecord(action="agent.lease_extended",
                                         actor=_actor(request).client_id, agent_id=agent_id))
-
-
-# --- API clients ------------------------------------------------------------------------------
-
-
-class AgentIdsField(forms.CharField):
-    """Agent ids, one per line or comma-separated, as a list."""
-
-    widget = forms.Textarea(attrs={"rows": 3, "cols": 60})
-
-    def prepare_value(self, value):
-        if isinstance(value, list):
-            return "\n".join(value)
-        return value
-
-    def to_python(self, value) -> list[str]:  # type: ignore[override]  # cleans to a list
-        text = super().to_python(value) or ""
-        return list(dict.fromkeys(v.strip() for v in text.replace(",", "\n").splitlines()
-                                  if v.strip()))
-
-    def validate(self, value: list[str]) -> None:
-        for agent_id in value:
-            error = agent_id_error(agent_id)
-            if error:
-                raise forms.ValidationError(error)
-
-
-class ApiClientForm(forms.ModelForm):
-    scopes = forms.MultipleChoiceField(
-        choices=[(s, s) for s in ALL_SCOPES], widget=forms.CheckboxSelectMultiple,
-        help_text="register: register, heartbeat and deregister its own agents; call: call the "
-                  "allowed agents; admin: everything.",
-    )
-    allowed_agents = AgentIdsField(
-        required=False,
-        help_text="Agent ids this client may call or register, one per line. Empty: any.",
-    )
-
-    class Meta:
-        model = ApiClient
-        fields = ("name", "client_id", "scopes", "allowed_agents", "expiry_date", "revoked")
-
-    def clean(self):
-        data = super().clean()
-        assert data is not None  # ModelForm.clean returns cleaned_data
-        if self.instance._state.adding and "name" in data:
-            # The id the create service will use; refused here so the form can show why.
-            client_id = data.get("client_id") or slugify(data["name"])[:100]
-            if not client_id:
-                self.add_error("name", "the name must contain letters or digits")
-            elif ApiClient.objects.filter(client_id=client_id).exists():
-                self.add_error(
-                    "client_id" if data.get("client_id") else "name",
-                    f"a client with the id {client_id!r} exists already",
-                )
-        return data
-
-
-@admin.register(ApiClient)
-class ApiClientAdmin(admin.ModelAdmin):
-    """API clients. A new client's token is shown once, in a message after saving."""
-
-    form = ApiClientForm
-    list_display = (
-        "client_id", "name", "scopes_display", "allowed_agents_display", "prefix", "created",
-        "last_used", "expiry_date", "_has_expired", "revoked", "agent_count",
-    )
-    list_filter = ("revoked", "created")
-    search_fields = ("client_id", "name", "prefix")
-    ordering = ("client_id",)
-    actions = ("rotate", "revoke")
-
-    def get_queryset(self, request):
-        last_used = (ClientUsage.objects.filter(client_id=OuterRef("client_id")).order_by()
-                     .values("client_id").annotate(t=Max("last_used_at")).values("t"))
-        return super().get_queryset(request).annotate(
-            _agent_count=Count("agents"), _last_used=Subquery(last_used))
-
-    def get_readonly_fields(self, request, obj=None):
-        if obj is None:
-            return ("prefix",)
-        if obj.revoked:
-            return ("client_id", "prefix", "created", "name", "scopes", "allowed_agents",
-                    "expiry_date", "revoked")
-        return ("client_id", "prefix", "created")
-
-    def get_fields(self, request, obj=None):
-        if obj is None:
-            return ("name", "client_id", "scopes", "allowed_agents", "expiry_date")
-        return ("client_id", "name", "prefix", "created", "scopes", "allowed_agents",
-                "expiry_date", "revoked")
-
-    def get_form(self, request, obj=None, change=False, **kwargs):
-        form = super().get_form(request, obj, change=change, **kwargs)
-        if obj is None and "client_id" in form.base_fields:
-            form.base_fields["client_id"].required = False
-            form.base_fields["client_id"].help_text = (
-                "Identity sent to agents in the caller-id header. Empty: derived from the name."
-            )
-        return form
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False  # revoke instead: agents keep their owner and the audit trail stays
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
-
-    @admin.display(description="scopes")
-    def scopes_display(self, client: ApiClient) -> str:
-        return ", ".join(client.scopes or [])
-
-    @admin.display(description="allowed agents")
-    def allowed_agents_display(self, client: ApiClient) -> str:
-        return ", ".join(client.allowed_agents or []) or "any"
-
-    @admin.display(description="agents", ordering="_agent_count")
-    def agent_count(self, client: ApiClient) -> int:
-        return client._agent_count  # type: ignore[attr-defined]  # from .annotate(_agent_count=...)
-
-    @admin.display(description="last gateway call", ordering="_last_used")
-    def last_used(self, client: ApiClient):
-        return ago_html(getattr(client, "_last_used", None))
-
-    def save_model(self, request, obj: ApiClient, form, change: bool) -> None:
-        data = form.cleaned_data
-        if change:
-            editable = ("name", "scopes", "allowed_agents", "revoked", "expiry_date")
-            changed = {name: data[name] for name in form.changed_data if name in editable}
-            if changed:
-                services.api_client_update(client_id=obj.client_id, actor=_actor(request),
-                                           **changed)
-            return
-        created, token = services.api_client_create(
-            name=data["name"], scopes=data["scopes"], allowed_agents=data["allowed_agents"],
-            client_id=data.get("client_id") or None, actor=_actor(request),
-        )
-        if data.get("expiry_date"):
-            created = services.api_client_update(
-                client_id=created.client_id, expiry_date=data["expiry_date"]
-            )
-        # The admin goes on with ``obj`` (log entry, redirect): make it the saved row.
-        for field in ApiClient._meta.concrete_fields:
-            setattr(obj, field.attname, getattr(created, field.attname))
-        obj._state.adding = False
-        obj._state.db = created._state.db
-        self.message_user(
-            request,
-            f"The token of {created.client_id} is: {token} — copy it now: it is stored hashed "
-            "and will not be shown again.",
-            messages.WARNING,
-        )
-
-    @admin.action(description="Revoke selected clients (cannot be undone)",
-                  permissions=["change"])
-    def revoke(self, request, queryset) -> None:
-        ids = list(queryset.filter(revoked=False).values_list("client_id", flat=True))
-        for client_id in ids:
-            console_services.client_revoke(client_id=client_id, actor=_actor(request))
-        self.message_user(request, f"Revoked {len(ids)} client(s).", messages.SUCCESS)
-
-    @admin.action(description="Rotate the token of selected clients (old tokens stop working)",
-                  permissions=["change"])
-    def rotate(self, request, queryset) -> None:
-        ids = list(queryset.filter(revoked=False).values_list("client_id", flat=True))
-        for client_id in ids:
-            token = console_services.client_rotate(client_id=client_id, actor=_actor(request))
-            self.message_user(
-                request,
-                f"The new token of {client_id} is: {token} — copy it now: it is stored hashed "
-                "and will not be shown again. The old token is revoked.",
-                messages.WARNING,
-            )
-        if not ids:
-            self.message_user(request, "Revoked clients cannot be rotated.", messages.ERROR)
-
-
-# --- nodes -------------------------------------------------------------------------------------
-
-
-@admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
-    """The cluster's server processes, as they report themselves. Read-only."""
-
-    list_display = ("node_id", "address", "alive", "started_at", "last_heartbeat", "agent_count")
-    search_fields = ("node_id", "address")
-    ordering = ("node_id",)
-
-    def get_queryset(self, request):
-        agents = (
-            Agent.objects.filter(node_id=OuterRef("node_id"))
-            .order_by().values("node_id").annotate(n=Count("pk")).values("n")
-        )
-        return super().get_queryset(request).annotate(
-            _agent_count=Coalesce(Subquery(agents, output_field=IntegerField()), 0)
-        )
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-    @admin.display(boolean=True, description="alive")
-    def alive(self, node: Node) -> bool:
-        window = 3 * settings.A2A_NODE_HEARTBEAT_SECONDS
-        return (timezone.now() - node.last_heartbeat).total_seconds() <= window
-
-    @admin.display(description="agents", ordering="_agent_count")
-    def agent_count(self, node: Node) -> int:
-        return node._agent_count  # type: ignore[attr-defined]  # from .annotate(_agent_count=...)
