@@ -1,21 +1,48 @@
-"""The node's HTTP edge under both servers, as real `manage.py serve` processes on loopback:
-body caps before reading, authentication before the body, header and keep-alive timeouts, the
-connection limit, a busy port, and a clean SIGTERM shutdown."""
+"""The node's edge contract, one suite for both servers.
+
+A node serves under Daphne (the default) or uvicorn (``manage.py serve --server``). Each
+is a thin adapter over one contract: ``node/servers.py`` (both servers' connection handling
+and Daphne's request class), ``node/edge.py`` (the body cap before Django reads a body) and
+``gateway/admission.py`` (authentication before a gateway call's body is read). The contract
+is checked here against real ``manage.py serve`` processes on loopback, each point under both
+servers:
+
+1. **Header deadline** (``A2A_HTTP_HEADER_TIMEOUT_SECONDS``): a connection that has not sent a
+   complete request head in time is answered 408 or closed, however slowly it drips bytes;
+   an idle kept-alive connection is closed after ``A2A_HTTP_KEEPALIVE_SECONDS``, and so is a
+   request whose announced body never comes.
+2. **Body caps before the app** (``A2A_MAX_REQUEST_BYTES`` under /a2a/,
+   ``A2A_MAX_API_BODY_BYTES`` elsewhere): an announced body above the cap is answered 413
+   before a byte of it is sent; a chunked body is cut at the cap without growing the server.
+3. **Connection limits** (``A2A_HTTP_MAX_CONNECTIONS``): a connection beyond the limit is
+   answered 503 at once; a busy port fails the start without claiming to serve.
+4. **Authentication before the body**: an unauthenticated upload (announced or chunked, no
+   token or an unknown one) is answered 401 with ``Connection: close`` and no
+   ``100 Continue``, before its body is read; an authenticated one is read and routed.
+5. **Drain on SIGTERM** (``A2A_SHUTDOWN_DRAIN_SECONDS``): the node stops accepting connections
+   and closes its idle ones at once, answers the request in flight, runs its shutdown and
+   exits cleanly. What the drain does to calls on a cluster (calls outliving it answered
+   ``node_stopping``, streams included) is checked by the fault matrix,
+   ``tests/reliability/test_drain.py``.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.servers import ROOT, free_port
+from tests.servers import ROOT, free_port, serve_app
 from tests.servers import fresh_env as _env
 from tests.servers import run_manage as _manage
 from tests.servers import wait_for_ok as _wait_for
@@ -51,6 +78,17 @@ def migrated_dir(tmp_path_factory) -> Path:
     data_dir = tmp_path_factory.mktemp("edge")
     _manage(_env(data_dir), "migrate", "--no-input")
     return data_dir
+
+
+@pytest.fixture(scope="module")
+def token(migrated_dir) -> str:
+    """An API client's token (admin and call) in the nodes' database."""
+    return (
+        _manage(_env(migrated_dir), "create_client", f"edge-{time.time_ns()}",
+                "--scopes", "admin,call")
+        .stdout.strip()
+        .splitlines()[-1]
+    )
 
 
 def _start(data_dir: Path, server: str, **extra: str) -> Node:
@@ -170,20 +208,9 @@ def test_unauthenticated_upload_is_refused_before_its_body(node, token, framing)
     assert b"HTTP/1.1" not in rest
 
 
-def test_authenticated_upload_is_read_after_authentication(node, migrated_dir):
+def test_authenticated_upload_is_read_after_authentication(node, token):
     """The caller that authenticates gets its (large) body read and routed: here to an agent
     that does not exist, so the gateway answers agent_not_found having parsed the body."""
-    token = (
-        _manage(
-            _env(migrated_dir),
-            "create_client",
-            f"up-{node.server}-{time.time_ns()}",
-            "--scopes",
-            "call",
-        )
-        .stdout.strip()
-        .splitlines()[-1]
-    )
     body = (
         b'{"jsonrpc": "2.0", "id": 9, "method": "message/send", "params": {"pad": "'
         + b"x" * 300_000
@@ -315,13 +342,98 @@ def test_busy_port_fails_at_once_without_saying_serving(migrated_dir, server):
     assert "serving" not in result.stdout
 
 
+class SlowAgent:
+    """A raw ASGI agent answering every JSON-RPC request after ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.received = threading.Event()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.received.set()
+        await asyncio.sleep(self.delay)
+        out = json.dumps({"jsonrpc": "2.0", "id": json.loads(body)["id"],
+                          "result": {"ok": True}}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": out})
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
 @pytest.mark.parametrize("server", SERVERS)
-def test_sigterm_runs_the_node_shutdown(migrated_dir, server):
-    node = _start(migrated_dir, server)
-    out = _stop(node)
+def test_sigterm_drains_the_edge_then_runs_the_node_shutdown(migrated_dir, token, server):
+    """SIGTERM with a kept-alive idle connection and a call in flight: the node refuses new
+    connections and closes the idle one at once, answers the call (the drain is longer than
+    it), runs its shutdown and exits cleanly."""
+    node = _start(migrated_dir, server, A2A_HTTP_KEEPALIVE_SECONDS="30")
+    agent = SlowAgent(delay=1.5)
+    try:
+        with serve_app(agent, lifespan="off") as served:
+            agent_id = f"drain-{server}-{time.time_ns() % 10**6}"
+            registered = httpx.post(
+                node.url + "/api/v1/agents", timeout=10,
+                headers={"Authorization": f"Bearer {token}"},
+                json={"agent_id": agent_id, "url": served.url,
+                      "card": {"name": "Slow agent", "url": served.url}},
+            )
+            assert registered.status_code == 201, registered.text
+            idle = node.connect(timeout=10)
+            idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert _status(_response(idle)) == 200
+            result: dict = {}
+
+            def call() -> None:
+                result["response"] = httpx.post(
+                    f"{node.url}/a2a/{agent_id}", timeout=30,
+                    headers={"Authorization": f"Bearer {token}"},
+                    json={"jsonrpc": "2.0", "id": "in-flight", "method": "message/send",
+                          "params": {"message": {"kind": "message", "role": "user",
+                                                 "messageId": "m1",
+                                                 "parts": [{"kind": "text", "text": "hi"}]}}},
+                )
+
+            thread = threading.Thread(target=call)
+            thread.start()
+            assert agent.received.wait(10), "the call never reached the agent"
+            stopped = time.monotonic()
+            node.proc.send_signal(signal.SIGTERM)
+            # The idle connection is closed at once (the rest of its response, then EOF),
+            # not after its 30 s keep-alive.
+            while idle.recv(65536):
+                pass
+            assert time.monotonic() - stopped < 5
+            deadline = time.monotonic() + 5
+            while not _refused(node.port):
+                assert time.monotonic() < deadline, "the node still accepts connections"
+                time.sleep(0.1)
+            thread.join(timeout=30)
+            response = result["response"]
+            assert response.status_code == 200, response.text
+            assert response.json()["result"] == {"ok": True}, response.text
+            assert response.headers["x-a2a-executed"] == "true"
+            out, _ = node.proc.communicate(timeout=30)
+    finally:
+        if node.proc.poll() is None:
+            _stop(node)
     # uvicorn re-raises the signal once it has shut down; Daphne exits normally.
     assert node.proc.returncode in (0, -signal.SIGTERM), out
     assert "node stopped:" in out, out
+    assert "Exception in ASGI application" not in out, out
 
 
 def test_serve_help_documents_host_port_server_and_defaults(migrated_dir):
