@@ -122,14 +122,39 @@ async def test_an_agent_nobody_answers_for_is_unavailable_and_not_executed(
     assert agent.recorder.rpc() == []
 
 
+async def test_an_agent_grpc_address_refused_by_the_outbound_rules_is_never_called(
+        grpc_address, echo_agent_factory, register_agent, caller):
+    """A card naming the cloud metadata address as its gRPC interface: refused when the
+    gateway would connect (``unreachable``, executed false), nothing sent."""
+    agent = echo_agent_factory(card_shape="1.0", interfaces=INTERFACES)
+    agent.card_document["supportedInterfaces"][0]["url"] = "169.254.169.254:50051"
+    target = register_agent(agent)
+    request = a2a_pb2.SendMessageRequest(tenant=target.agent_id,
+                                         message=user_message("hello").message)
+
+    async def calls():
+        async with grpc.aio.insecure_channel(grpc_address) as channel:
+            stub = grpc10.A2AServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.SendMessage(request, metadata=tuple(auth(caller).items()),
+                                       timeout=20)
+            return refused.value
+
+    refused = await on_node(calls())
+    code, executed, info = status_of(refused)
+    assert (code, executed, info["kind"]) == (grpc.StatusCode.UNAVAILABLE, "false", "unreachable")
+    assert "169.254.169.254" in refused.details()
+
+
 async def test_an_agent_that_never_answers_ends_at_the_deadline(
         grpc_address, echo_agent_factory, register_agent, caller, settings):
     """An agent that takes the call and never answers: ``timeout`` (DEADLINE_EXCEEDED,
     executed true) when the gateway's deadline -- the caller's, capped at
-    ``A2A_MAX_TIMEOUT_SECONDS`` -- passes."""
+    ``A2A_MAX_TIMEOUT_SECONDS`` -- passes; meanwhile the call holds the agent's concurrency
+    cap (one)."""
     settings.A2A_MAX_TIMEOUT_SECONDS = 1
     agent = echo_agent_factory(card_shape="1.0", interfaces=INTERFACES)
-    target = register_agent(agent)
+    target = register_agent(agent, max_concurrency=1)
     request = a2a_pb2.SendMessageRequest(tenant=target.agent_id,
                                          message=user_message("hello").message)
     token = tuple(auth(caller).items())
@@ -150,8 +175,17 @@ async def test_an_agent_that_never_answers_ends_at_the_deadline(
             async with grpc.aio.insecure_channel(grpc_address) as channel:
                 stub = grpc10.A2AServiceStub(channel)
                 started = asyncio.get_running_loop().time()
-                with pytest.raises(grpc.aio.AioRpcError) as late:
+                first = stub.SendMessage(request, metadata=token, timeout=20)
+                while not taken:  # the first call holds the agent's one slot ...
+                    await asyncio.sleep(0.01)
+                # ... so a second one is busy, never sent.
+                with pytest.raises(grpc.aio.AioRpcError) as busy:
                     await stub.SendMessage(request, metadata=token, timeout=20)
+                code, executed, info = status_of(busy.value)
+                assert (code, executed, info["kind"]) == \
+                    (grpc.StatusCode.RESOURCE_EXHAUSTED, "false", "busy")
+                with pytest.raises(grpc.aio.AioRpcError) as late:
+                    await first
                 assert 0.9 < asyncio.get_running_loop().time() - started < 5
                 code, executed, info = status_of(late.value)
                 assert (code, executed, info["kind"]) == \
