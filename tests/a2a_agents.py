@@ -57,7 +57,9 @@ import httpx
 import pytest
 from a2a.client import Client, ClientConfig, ClientFactory
 from a2a.client import client_factory as client_factory_module
+from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.compat.v0_3.conversions import to_compat_agent_card
+from a2a.compat.v0_3.grpc_handler import CompatGrpcHandler
 from a2a.helpers import new_task, new_text_artifact, new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
@@ -335,10 +337,11 @@ class EchoAgent:
     def requests(self) -> list[RecordedRequest]:
         return list(self.recorder.requests)
 
-    async def serve_grpc(self) -> grpc.aio.Server:
-        """Serve the SDK's own gRPC handler (``GrpcHandler``, the A2A 1.0 service) at
-        :attr:`grpc_address`, on the running event loop; every call's method path and
-        metadata are kept in :attr:`grpc_calls`. The caller stops the server it gets."""
+    async def serve_grpc(self, version: str = "1.0") -> grpc.aio.Server:
+        """Serve the SDK's own gRPC handler (``GrpcHandler``, the A2A 1.0 service; for
+        ``version="0.3"`` its ``CompatGrpcHandler``, the 0.3 service) at :attr:`grpc_address`,
+        on the running event loop; every call's method path and metadata are kept in
+        :attr:`grpc_calls`. The caller stops the server it gets."""
         calls = self.grpc_calls
 
         class Recording(grpc.aio.ServerInterceptor):
@@ -347,7 +350,10 @@ class EchoAgent:
                 return await continuation(details)
 
         server = grpc.aio.server(interceptors=[Recording()])
-        a2a_pb2_grpc.add_A2AServiceServicer_to_server(GrpcHandler(self.handler), server)
+        if version == "0.3":
+            grpc03.add_A2AServiceServicer_to_server(CompatGrpcHandler(self.handler), server)
+        else:
+            a2a_pb2_grpc.add_A2AServiceServicer_to_server(GrpcHandler(self.handler), server)
         server.add_insecure_port(self.grpc_address)
         await server.start()
         return server

@@ -14,6 +14,8 @@ import asyncio
 
 import grpc
 import pytest
+from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
+from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.helpers import get_message_text
 from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState, a2a_pb2
 from a2a.types import a2a_pb2_grpc as grpc10
@@ -91,6 +93,43 @@ async def test_sdk_grpc_client_reaches_the_agents_own_grpc_server(
     assert metadata["x-kubemq-caller-id"] == caller.client_id
 
 
+async def test_a_03_caller_reaches_the_agents_own_03_grpc_server(
+        grpc_address, echo_agent_factory, register_agent, caller):
+    """A 0.3 caller (``a2a.v1.A2AService``, the agent named in the ``tenant`` metadata entry)
+    and an agent whose 0.3 card's main interface is its own 0.3 gRPC server: passed through,
+    the ``tenant`` entry left behind."""
+    agent = echo_agent_factory(card_shape="0.3", interfaces=[("GRPC", "0.3"),
+                                                             ("JSONRPC", "0.3")])
+    assert agent.card_document["preferredTransport"] == "GRPC"
+    target = register_agent(agent)
+    metadata = (*auth(caller).items(), ("tenant", target.agent_id))
+
+    async def calls():
+        server = await agent.serve_grpc("0.3")
+        try:
+            async with grpc.aio.insecure_channel(grpc_address) as channel:
+                stub = grpc03.A2AServiceStub(channel)
+                reply = await stub.SendMessage(pb03.SendMessageRequest(request=pb03.Message(
+                    message_id="m-1", role=pb03.ROLE_USER, content=[pb03.Part(text="old")])),
+                    metadata=metadata)
+                assert reply.msg.content[0].text == "echo: old"
+                with pytest.raises(grpc.aio.AioRpcError) as missing:
+                    await stub.GetTask(pb03.GetTaskRequest(name="tasks/nope"),
+                                       metadata=metadata)
+                assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+                assert metadata_dict(missing.value.trailing_metadata())["x-a2a-executed"] == \
+                    "true"
+        finally:
+            await server.stop(None)
+
+    await on_node(calls())
+    assert agent.recorder.rpc() == []
+    assert [path for path, _ in agent.grpc_calls] == [
+        "/a2a.v1.A2AService/SendMessage", "/a2a.v1.A2AService/GetTask"]
+    assert all("tenant" not in seen and "authorization" not in seen
+               for _, seen in agent.grpc_calls)
+
+
 async def test_an_agent_nobody_answers_for_is_unavailable_and_not_executed(
         grpc_address, echo_agent_factory, register_agent, caller):
     """The card's gRPC address refuses connections: ``unreachable`` at once, executed false;
@@ -151,8 +190,10 @@ async def test_an_agent_that_never_answers_ends_at_the_deadline(
     """An agent that takes the call and never answers: ``timeout`` (DEADLINE_EXCEEDED,
     executed true) when the gateway's deadline -- the caller's, capped at
     ``A2A_MAX_TIMEOUT_SECONDS`` -- passes; meanwhile the call holds the agent's concurrency
-    cap (one)."""
+    cap (one). A stream the agent never writes to ends after ``A2A_SSE_IDLE_TIMEOUT_SECONDS``
+    the same way."""
     settings.A2A_MAX_TIMEOUT_SECONDS = 1
+    settings.A2A_SSE_IDLE_TIMEOUT_SECONDS = 0.5
     agent = echo_agent_factory(card_shape="1.0", interfaces=INTERFACES)
     target = register_agent(agent, max_concurrency=1)
     request = a2a_pb2.SendMessageRequest(tenant=target.agent_id,
@@ -165,10 +206,16 @@ async def test_an_agent_that_never_answers_ends_at_the_deadline(
         await asyncio.sleep(30)
         return b""
 
+    async def silent(request: bytes, context):
+        await asyncio.sleep(30)
+        yield b""
+
     async def calls():
         server = grpc.aio.server()
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "lf.a2a.v1.A2AService", {"SendMessage": grpc.unary_unary_rpc_method_handler(never)})])
+            "lf.a2a.v1.A2AService", {
+                "SendMessage": grpc.unary_unary_rpc_method_handler(never),
+                "SendStreamingMessage": grpc.unary_stream_rpc_method_handler(silent)})])
         server.add_insecure_port(agent.grpc_address)
         await server.start()
         try:
@@ -188,6 +235,16 @@ async def test_an_agent_that_never_answers_ends_at_the_deadline(
                     await first
                 assert 0.9 < asyncio.get_running_loop().time() - started < 5
                 code, executed, info = status_of(late.value)
+                assert (code, executed, info["kind"]) == \
+                    (grpc.StatusCode.DEADLINE_EXCEEDED, "true", "timeout")
+                # A stream whose agent goes silent ends after the idle timeout.
+                started = asyncio.get_running_loop().time()
+                with pytest.raises(grpc.aio.AioRpcError) as idle:
+                    async for _ in stub.SendStreamingMessage(request, metadata=token,
+                                                             timeout=20):
+                        pass
+                assert asyncio.get_running_loop().time() - started < 5
+                code, executed, info = status_of(idle.value)
                 assert (code, executed, info["kind"]) == \
                     (grpc.StatusCode.DEADLINE_EXCEEDED, "true", "timeout")
         finally:
