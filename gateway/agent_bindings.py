@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import orjson
 from channels.db import database_sync_to_async
 
-from registry.bindings import grpc_endpoint, jsonrpc_version
+from registry.bindings import grpc_endpoint, grpc_tenant, jsonrpc_version
 from registry.events import AgentRoute
 from registry.selectors import agent_cards
 
@@ -24,11 +24,13 @@ MAX_CACHED = 4096
 @dataclass(frozen=True, slots=True)
 class AgentBindings:
     """``jsonrpc``: the version of the agent's JSON-RPC (``"1.0"`` or ``"0.3"``); ``grpc``:
-    its own gRPC interface (``host:port``) per protocol version, "" when it lists none."""
+    its own gRPC interface (``host:port``) per protocol version, "" when it lists none;
+    ``grpc_tenant``: the ``tenant`` its 1.x gRPC interface names ("" when none)."""
 
     jsonrpc: str
     grpc_v10: str = ""
     grpc_v03: str = ""
+    grpc_tenant: str = ""
 
     def grpc(self, version: str) -> str:
         return self.grpc_v10 if version == "1.0" else self.grpc_v03
@@ -41,7 +43,7 @@ def of_card(card: object, endpoint: str) -> AgentBindings:
     if not isinstance(card, dict):
         return AgentBindings("0.3")
     return AgentBindings(jsonrpc_version(card, endpoint), grpc_endpoint(card, "1.0"),
-                         grpc_endpoint(card, "0.3"))
+                         grpc_endpoint(card, "0.3"), grpc_tenant(card))
 
 
 def _read(agent_id: str) -> tuple[str, str] | None:

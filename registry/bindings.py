@@ -129,6 +129,19 @@ def grpc_endpoint(card: dict[str, Any], version: str) -> str:
     return ""
 
 
+def grpc_tenant(card: dict[str, Any]) -> str:
+    """The ``tenant`` of the card's own first 1.x gRPC interface (A2A 1.0: an agent hosting
+    several tenants names the one its card is for), ``""`` when it names none."""
+    entries = card.get("supportedInterfaces")
+    for iface in entries if isinstance(entries, list) else []:
+        if isinstance(iface, dict) and interface_binding(iface.get("protocolBinding")) == GRPC \
+                and _major(iface.get("protocolVersion") or "1.0") == 1 \
+                and isinstance(iface.get("url"), str) and iface["url"]:
+            tenant = iface.get("tenant")
+            return tenant if isinstance(tenant, str) else ""
+    return ""
+
+
 def gateway_bindings(card: dict[str, Any], gateway_url: str) -> dict[str, dict[str, str]]:
     """The bindings the gateway answers for the agent of ``card``, each with the interface
     fields (``url``) that say where it answers.

@@ -37,7 +37,8 @@ order of preference, e.g. gRPC first. ``JSONRPC`` is served at the agent's RPC p
 ``HTTP+JSON`` (1.0 routes, 0.3 under ``/v1/``) under ``/rest``, both for real; ``GRPC`` is listed
 at ``127.0.0.1:{grpc_port}`` but not served, so a client that picks it fails, as a client sent to
 a binding nobody answers does (the gateway's own gRPC listener is tested with these agents behind
-it: tests/gateway/test_grpc_binding.py).
+it: tests/gateway/test_grpc_binding.py), until :meth:`EchoAgent.serve_grpc` serves it (the
+SDK's own gRPC handler: tests/gateway/test_grpc_passthrough.py).
 """
 
 from __future__ import annotations
@@ -56,11 +57,14 @@ import httpx
 import pytest
 from a2a.client import Client, ClientConfig, ClientFactory
 from a2a.client import client_factory as client_factory_module
+from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.compat.v0_3.conversions import to_compat_agent_card
+from a2a.compat.v0_3.grpc_handler import CompatGrpcHandler
 from a2a.helpers import new_task, new_text_artifact, new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers.grpc_handler import GrpcHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import (
     create_agent_card_routes,
@@ -78,6 +82,7 @@ from a2a.types import (
     StreamResponse,
     TaskArtifactUpdateEvent,
     TaskState,
+    a2a_pb2_grpc,
 )
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from google.protobuf.json_format import MessageToDict
@@ -174,8 +179,10 @@ class EchoExecutor(AgentExecutor):
         self.steps = steps
         self.step_delay = step_delay
         self.cancelled: list[str] = []
+        self.tenants: list[str] = []  # the request's tenant, per executed message
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.tenants.append(context.tenant)
         text = context.get_user_input()
         task_id, context_id = context.task_id, context.context_id
         if text.startswith("wait"):
@@ -319,6 +326,7 @@ class EchoAgent:
                                          path_prefix="/rest")
         self.recorder = RequestRecorder(Starlette(routes=routes))
         self._server: ThreadedUvicorn | None = None
+        self.grpc_calls: list[tuple[str, dict[str, Any]]] = []
 
     @property
     def url(self) -> str:
@@ -328,6 +336,27 @@ class EchoAgent:
     @property
     def requests(self) -> list[RecordedRequest]:
         return list(self.recorder.requests)
+
+    async def serve_grpc(self, version: str = "1.0") -> grpc.aio.Server:
+        """Serve the SDK's own gRPC handler (``GrpcHandler``, the A2A 1.0 service; for
+        ``version="0.3"`` its ``CompatGrpcHandler``, the 0.3 service) at :attr:`grpc_address`,
+        on the running event loop; every call's method path and metadata are kept in
+        :attr:`grpc_calls`. The caller stops the server it gets."""
+        calls = self.grpc_calls
+
+        class Recording(grpc.aio.ServerInterceptor):
+            async def intercept_service(self, continuation, details):
+                calls.append((details.method, dict(details.invocation_metadata or ())))
+                return await continuation(details)
+
+        server = grpc.aio.server(interceptors=[Recording()])
+        if version == "0.3":
+            grpc03.add_A2AServiceServicer_to_server(CompatGrpcHandler(self.handler), server)
+        else:
+            a2a_pb2_grpc.add_A2AServiceServicer_to_server(GrpcHandler(self.handler), server)
+        server.add_insecure_port(self.grpc_address)
+        await server.start()
+        return server
 
     def start(self) -> EchoAgent:
         self._server = ThreadedUvicorn(self.recorder, port=self.port, lifespan="off").start()

@@ -1,5 +1,7 @@
 """The A2A gRPC binding of the gateway: a grpcio asyncio listener on the node's event loop
 (:mod:`gateway.grpc_binding.server`), each call routed by its ``tenant`` to the agent and
-taken the gateway's one way to it (:mod:`gateway.grpc_binding.calls`), translated to and from
-the agent's JSON-RPC with the a2a-sdk's own types and converters
-(:mod:`gateway.grpc_binding.translate`). docs/gateway.md, "The gRPC binding"."""
+either passed through to the agent's own gRPC server when its card lists one of the caller's
+protocol version (:mod:`gateway.grpc_binding.passthrough`), or taken the gateway's one way to it
+(:mod:`gateway.grpc_binding.calls`), translated to and from the agent's JSON-RPC with the
+a2a-sdk's own types and converters (:mod:`gateway.grpc_binding.translate`). docs/gateway.md,
+"The gRPC binding"."""

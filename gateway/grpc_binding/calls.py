@@ -9,7 +9,10 @@ Each method of both services (``lf.a2a.v1.A2AService``, ``a2a.v1.A2AService``) i
 3. admission as for every gateway call (:func:`gateway.handler.admit_binding_call`): the
    bearer token of the ``authorization`` metadata through the same token cache,
    authorization, rate limits, the route;
-4. the core request becomes the JSON-RPC request the agent's endpoint speaks (1.0 or 0.3:
+4. an agent whose card lists its own gRPC interface of the caller's version gets the call
+   passed through (:mod:`.passthrough`: the caller's bytes, its own tenant, the header rules
+   on metadata, from this node); otherwise
+   the core request becomes the JSON-RPC request the agent's endpoint speaks (1.0 or 0.3:
    :mod:`.agents`), and takes the gateway's one way to the agent
    (:func:`gateway.handler.forward_binding_call`: the agent's virtual subscriber, local fast
    path or broker, its concurrency cap, timeouts, size caps, metrics, audit, tracing);
@@ -31,16 +34,19 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
 import orjson
+from a2a.types import a2a_pb2
 from django.conf import settings as django_settings
+from google.protobuf.message import DecodeError
 
 from gateway import agent_bindings as agents
 from gateway import errors, handler, runtime
 from gateway.cards import EXTENDED_CARD_ANONYMOUS, grpc_gateway_url, rewrite_core_card
-from gateway.grpc_binding import translate
+from gateway.grpc_binding import passthrough, translate
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
@@ -283,7 +289,8 @@ class GrpcCall(handler.BindingCaller):
         if self.method.core.streaming:
             return None
         await self._send_initial()
-        return self.reply.SerializeToString()
+        reply: bytes = self.reply.SerializeToString()
+        return reply
 
 
 def _valid_metadata(name: bytes, value: bytes) -> bool:
@@ -291,7 +298,8 @@ def _valid_metadata(name: bytes, value: bytes) -> bool:
         and all(c in _METADATA_KEY for c in name) and all(0x20 <= c < 0x7F for c in value)
 
 
-def _request_headers(metadata) -> list[tuple[bytes, bytes]]:
+def _request_headers(metadata: Sequence[tuple[str, str | bytes]] | None,
+                     ) -> list[tuple[bytes, bytes]]:
     """The caller's metadata as the request headers the gateway's header rules read."""
     out = []
     for key, value in metadata or ():
@@ -303,7 +311,7 @@ def _request_headers(metadata) -> list[tuple[bytes, bytes]]:
     return out
 
 
-def _metadata_value(metadata, name: str) -> str:
+def _metadata_value(metadata: Sequence[tuple[str, str | bytes]] | None, name: str) -> str:
     for key, value in metadata or ():
         if key.lower() == name and isinstance(value, str):
             return value
@@ -328,7 +336,7 @@ def _timeout(context: Any) -> float:
     remaining = context.time_remaining()
     if remaining is None:
         return min(float(django_settings.A2A_DEFAULT_TIMEOUT_SECONDS), cap)
-    return min(max(remaining, 0.001), cap)
+    return min(max(float(remaining), 0.001), cap)
 
 
 async def serve(method: ServiceMethod, data: bytes, context: Any) -> bytes | None:
@@ -336,7 +344,9 @@ async def serve(method: ServiceMethod, data: bytes, context: Any) -> bytes | Non
     started = time.perf_counter()
     call = GrpcCall(method, context)
     try:
-        await _call(method, data, context, call, started)
+        passed = await _call(method, data, context, call, started)
+        if passed is not None and call.failure is None:
+            return passed.reply
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -348,30 +358,30 @@ async def serve(method: ServiceMethod, data: bytes, context: Any) -> bytes | Non
 
 
 async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall,
-                started: float) -> None:
+                started: float) -> passthrough.Passed | None:
     host = runtime.host
     node = host.node if host.node is not None else await host.ensure()
     try:
         request = method.decode(data)
     except TranslationError as exc:
         call.fail(errors.INVALID_REQUEST, str(exc))
-        return
+        return None
     metadata = context.invocation_metadata()
     agent_id = translate.tenant_of(request) or _metadata_value(metadata, TENANT_METADATA)
     if not agent_id:
         call.fail(errors.INVALID_REQUEST, "no agent: set the request's tenant (the "
                   f"{TENANT_METADATA!r} metadata entry for A2A 0.3) to the agent id")
-        return
+        return None
     headers = scan_request_headers(_request_headers(metadata))
     scope = {"client": _peer(context)}
     core = method.core
     admitted = await handler.admit_binding_call(node, scope, headers, call, agent_id, core.name)
     if admitted is None:
-        return
+        return None
     client_id, route = admitted
     if handler.anonymous_card_call(scope, agent_id, client_id, core.name):
         call.fail(errors.UNAUTHENTICATED, EXTENDED_CARD_ANONYMOUS)
-        return
+        return None
     if core.name == "GetExtendedAgentCard":
         call.card_url = grpc_gateway_url(agent_id)
     try:
@@ -379,7 +389,11 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     except Exception as exc:
         logger.warning("gRPC: the card of %s cannot be read: %s", agent_id, exc)
         call.fail(errors.UNREACHABLE, "the agent's card cannot be read now; retry")
-        return
+        return None
+    target = bindings.grpc(method.version)
+    if target and not (core.name == "GetExtendedAgentCard" and method.version == translate.V03):
+        return await _pass_through(method, request, data, context, call, scope, agent_id,
+                                   client_id, route, target, bindings.grpc_tenant, started)
     version = call.agent_version = bindings.jsonrpc
     try:
         rpc_method, params = translate.agent_request(core, request, version)
@@ -387,14 +401,14 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
         call.fail(errors.BINDING_UNAVAILABLE, "", message=(
             f"{core.name} is not an A2A {version} method, and agent {agent_id} speaks "
             f"A2A {version}"))
-        return
+        return None
     except TranslationError as exc:
         call.fail(errors.INVALID_REQUEST, str(exc))
-        return
+        return None
     refused = await handler.refused_webhook(scope, agent_id, client_id, rpc_method, params)
     if refused is not None:
         call.fail(errors.WEBHOOK_REFUSED, refused)
-        return
+        return None
     body = orjson.dumps({"jsonrpc": "2.0", "id": f"grpc-{next(_ids)}", "method": rpc_method,
                          "params": params})
     tags = headers.tags
@@ -407,14 +421,61 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
         node, route, client_id, call.send, call.receive, call, headers, rpc_method, body,
         _timeout(context), streaming=core.streaming, binding="GRPC", started=started,
         payload={"params": params})
+    return None
+
+
+async def _pass_through(method: ServiceMethod, request: Any, data: bytes, context: Any,
+                        call: GrpcCall, scope: dict[str, Any], agent_id: str, client_id: str,
+                        route: Any, target: str, tenant: str,
+                        started: float) -> passthrough.Passed | None:
+    """The call forwarded to the agent's own gRPC server (:mod:`.passthrough`), after the
+    webhook check every binding makes."""
+    core = method.core
+    if core.name in _WEBHOOK_METHODS:
+        try:
+            rpc_method, params = translate.agent_request(core, request, translate.V10)
+        except (Unsupported, TranslationError) as exc:
+            call.fail(errors.INVALID_REQUEST, str(exc))
+            return None
+        refused = await handler.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+        if refused is not None:
+            call.fail(errors.WEBHOOK_REFUSED, refused)
+            return None
+
+    async def fail(kind: str, detail: str, executed: bool) -> None:
+        await call.gateway_error(kind, agent_id, detail, status=None, executed=executed,
+                                 extra=None)
+
+    passed = await passthrough.forward(
+        path=method.path, core_method=core.name, version=method.version,
+        streaming=core.streaming, data=data, context=context, agent_id=agent_id,
+        client_id=client_id, target=target, tenant=tenant,
+        max_concurrency=route.max_concurrency,
+        credential_passthrough=route.credential_passthrough, timeout=_timeout(context),
+        started=started, fail=fail)
+    if core.name == "GetExtendedAgentCard" and passed.reply is not None:
+        # The agent's own URLs never reach the caller: its card pointed at the gateway.
+        try:
+            card = a2a_pb2.AgentCard.FromString(passed.reply)
+        except DecodeError:
+            call.fail(errors.AGENT_ERROR, "", executed=True,
+                      message="the agent's card is not an AgentCard")
+            return None
+        passed.reply = rewrite_core_card(card, grpc_gateway_url(agent_id)).SerializeToString()
+    return passed
+
+
+#: The methods whose request may carry a push-notification webhook (checked on every binding).
+_WEBHOOK_METHODS = frozenset({"SendMessage", "SendStreamingMessage",
+                              "CreateTaskPushNotificationConfig"})
 
 
 def handlers() -> list[grpc.GenericRpcHandler]:
     """The generic handlers of both services, on serialized messages (no (de)serializer: the
     request's bytes are decoded here, and a reply is written as bytes)."""
-    out = []
+    out: list[grpc.GenericRpcHandler] = []
     for service in translate.SERVICES:
-        methods = {}
+        methods: dict[str, grpc.RpcMethodHandler] = {}
         for method in translate.methods_of(service):
             if method.core.streaming:
                 methods[method.name] = grpc.unary_stream_rpc_method_handler(_stream(method))
@@ -424,13 +485,13 @@ def handlers() -> list[grpc.GenericRpcHandler]:
     return out
 
 
-def _unary(method: ServiceMethod):
+def _unary(method: ServiceMethod) -> Callable[[bytes, Any], Awaitable[bytes | None]]:
     async def unary(request: bytes, context: Any) -> bytes | None:
         return await serve(method, request, context)
     return unary
 
 
-def _stream(method: ServiceMethod):
+def _stream(method: ServiceMethod) -> Callable[[bytes, Any], Awaitable[None]]:
     async def stream(request: bytes, context: Any) -> None:
         await serve(method, request, context)
     return stream

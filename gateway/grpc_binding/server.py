@@ -100,6 +100,9 @@ async def stop() -> None:
         if stopping is not None:
             await stopping
     finally:
+        from gateway.grpc_binding import passthrough
+
+        await passthrough.close_channels()
         _server, _loop, _stopping = None, None, None
         node_config.grpc_listening(None)
         logger.info("gRPC listener stopped")
