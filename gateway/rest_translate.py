@@ -21,7 +21,7 @@ SDK's server).
 :class:`~gateway.binding.BindingCaller`) and the agent's answer (the relay's ASGI messages) are
 written to the caller in the binding's form. Everything else -- admission, the subscriber,
 caps, timeouts, header rules, metrics, audit, tracing -- is the gateway's one way
-(``gateway.handler.forward_binding_call``).
+(``gateway.forwarding.forward_binding_call``).
 """
 
 from __future__ import annotations
