@@ -21,7 +21,7 @@ Replies go to the reply channel, each naming the request (``i``). ``k`` is the m
   through the broker, so the gateway can tell "no live subscriber" from "slow agent")
 - ``p`` piece: the next part of the previous message's ``body`` (below)
 
-Through the broker (gateway.subscriber.BrokerSink) every reply but an ack is **numbered**: ``n``
+Through the broker (gateway.broker_sink.BrokerSink) every reply but an ack is **numbered**: ``n``
 counts a request's messages from 1, so the entry node detects a lost one (a gap) instead of
 relaying around it; and a message whose ``body`` is larger than :data:`PIECE_BYTES` crosses in
 pieces: the message itself with the first ``PIECE_BYTES`` of its body and ``pc`` (how many

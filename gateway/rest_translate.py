@@ -21,7 +21,7 @@ SDK's server).
 :class:`~gateway.binding.BindingCaller`) and the agent's answer (the relay's ASGI messages) are
 written to the caller in the binding's form. Everything else -- admission, the subscriber,
 caps, timeouts, header rules, metrics, audit, tracing -- is the gateway's one way
-(``gateway.handler.forward_binding_call``).
+(``gateway.forwarding.forward_binding_call``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from google.protobuf.message import Message
 
 from gateway import errors
 from gateway.binding import BindingCaller
+from gateway.bodies import Send
 from gateway.rest import match_route
 from gateway.resume import STREAM_ID_HEADER
 from gateway.sse import data_events, take_events
@@ -109,6 +110,7 @@ def _parse_body(body: bytes, message: Message) -> Message:
 
 def _query(query: bytes, message: Message) -> Message:
     try:
+        # _Query stands for Starlette's QueryParams: parse_params reads only keys and getlist
         parse_params(_Query(query), message)  # type: ignore[arg-type]
     except (ParseError, ValueError, TypeError) as exc:
         raise TranslationError(f"query: {exc}") from None
@@ -259,7 +261,7 @@ class RestTranslation(BindingCaller):
     __slots__ = ("call", "agent_version", "out", "card", "started", "done", "answered",
                  "http_status", "sse", "headers", "chunks", "tail")
 
-    def __init__(self, call: RestCall, agent_version: str, send,
+    def __init__(self, call: RestCall, agent_version: str, send: Send,
                  card: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.call = call
         self.agent_version = agent_version

@@ -2,7 +2,7 @@
 ``PIECE_BYTES``, joined back in order by the entry node, and a lost message ending the call
 (``stream_gap``) instead of being relayed around.
 
-The owner's real :class:`~gateway.subscriber.BrokerSink` publishes through the real Redis layer
+The owner's real :class:`~gateway.broker_sink.BrokerSink` publishes through the real Redis layer
 (gateway.redis_layer); the entry node's real :class:`~gateway.inbox.Reassembly` takes what a
 receiver gets on the reply channel into a real :class:`~gateway.sse.StreamBuffer`."""
 
@@ -14,10 +14,10 @@ import os
 import pytest
 
 from gateway import envelope as env
+from gateway.broker_sink import BrokerSink
 from gateway.inbox import STREAM_GAP, Reassembly
 from gateway.redis_layer import RedisDirectChannelLayer
 from gateway.sse import StreamBuffer
-from gateway.subscriber import BrokerSink
 
 pytestmark = pytest.mark.timeout(60)
 
