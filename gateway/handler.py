@@ -48,22 +48,18 @@ import orjson
 from gateway import envelope as env
 from gateway import errors, metrics, push, rest, tracing
 from gateway.admission import (
-    admit_binding_call,
     admit_call,
     admit_to_agent,
-    anonymous_card_call,
     extended_card,
     read_call_body,
     refused_webhook,
 )
-from gateway.binding import BindingCaller
 from gateway.bodies import Receive, Send
 from gateway.cards import EXTENDED_CARD_METHODS, serve_card
 from gateway.exchange import REST, Exchange, send_error, send_plain
 from gateway.forwarding import (
     NOWHERE,
     answer_stopping,
-    forward_binding_call,
     forward_call,
     subscriber_of,
 )
@@ -82,19 +78,6 @@ from gateway.resume import parse_last_event_id
 
 if TYPE_CHECKING:
     from gateway.runtime import GatewayNode
-
-#: What gateway.grpc_binding calls as ``handler.<name>``: the steps every binding's call takes.
-__all__ = [
-    "BindingCaller",
-    "a2a_app",
-    "admit_binding_call",
-    "anonymous_card_call",
-    "forward_binding_call",
-    "handle_get_stream",
-    "handle_resume",
-    "handle_rpc",
-    "refused_webhook",
-]
 
 #: Profile kubemq: the envelope checks KubeMQ's connector makes (its -32700 and -32600
 #: triggers), answered before the request goes anywhere (executed false).
