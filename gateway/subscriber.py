@@ -32,8 +32,8 @@ from typing import Any, cast
 
 import orjson
 
+from gateway import endings, errors, grants, tracing
 from gateway import envelope as env
-from gateway import errors, tracing
 from gateway import metrics as m
 from gateway.conf import NodeSettings
 from gateway.handover import Handover
@@ -83,7 +83,7 @@ class BrokerSink:
 
     __slots__ = ("layer", "channel", "request_id", "_ack_timer", "_tasks", "window", "sent",
                  "credited", "credit_timeout", "_credit_waiter", "number", "piece",
-                 "pieces_sent", "pieces_received")
+                 "pieces_sent", "pieces_received", "allowance")
 
     def __init__(self, layer: Any, channel: str, request_id: str,
                  tasks: set[asyncio.Task[Any]]) -> None:
@@ -106,6 +106,8 @@ class BrokerSink:
         self.piece = 0
         self.pieces_sent = 0
         self.pieces_received = 0
+        #: What the entry node grants of the pieces (gateway.grants; None: not asked).
+        self.allowance: grants.Allowance | None = None
 
     def credit(self, total: int, received: int = 0) -> None:
         """The gateway has delivered ``total`` body bytes of this stream to its caller, and
@@ -157,6 +159,8 @@ class BrokerSink:
         if not size or not body or len(body) <= size:
             message["n"] = self.number
             await self._send(message)
+            if env.is_last(message):  # told again shortly: a lost last message shows
+                endings.ended(self.layer, self.channel, self.request_id, self.number)
             return
         # A flow-controlled stream's pieces cross at most a window ahead of what the entry
         # node has taken (its credits' a2a_received): Redis never queues more for it.
@@ -171,8 +175,13 @@ class BrokerSink:
             part["n"] = self.number
             self.pieces_sent += len(part["body"])
             await self._send(part)
+        if env.is_last(message):
+            endings.ended(self.layer, self.channel, self.request_id, self.number)
 
     async def _send(self, message: dict[str, Any]) -> None:
+        if self.allowance is not None and message["k"] == env.PIECE \
+                and not await self.allowance.take(len(message["body"])):
+            return  # no grant in time: the entry node ends the call (gateway.grants)
         try:
             await self.layer.send(self.channel, message)
         except Exception as exc:  # broker down: the gateway times out and answers itself
@@ -317,6 +326,7 @@ class VirtualSubscriber:
                     sink.piece = max(int(pieces), 4096)
                 except ValueError:
                     pass
+                sink.allowance = grants.allowance(tags, request_id, self.settings)
             try:
                 await self.handle(message, sink, local=False)
             except Exception:
@@ -357,6 +367,7 @@ class VirtualSubscriber:
                                        int(tags.get(env.TAG_RECEIVED) or 0))
                 except ValueError:
                     pass
+            grants.credit(tags)
             return
         if method == env.RESUME_METHOD:
             self._resume(query, sink, local)
