@@ -1,13 +1,16 @@
 """Where a call ended, told again after its end: the owner's side of a lost last message.
 
 The entry node detects a lost reply message by the skipped number of the next one
-(gateway.inbox.Reassembly); the *last* messages of a call have no next one. So the owner
-remembers, per reply channel, the calls whose last reply message it published lately, and
-publishes ``a2a.ended`` (gateway.envelope) on each such channel every
-:data:`~gateway.envelope.ENDED_EVERY_SECONDS`, each call in :data:`~gateway.envelope.ENDED_REPEATS`
-of them: a notice lost with the publishing connection that lost the call's last message is
-sent again on the next connection. One message per reply channel and beat whatever the number
-of calls, and nothing at all while no call ends.
+(gateway.inbox.Reassembly); the *last* messages of a call have no next one, and a stream that
+lost a message and then goes quiet has none for a while. So the owner remembers, per reply
+channel, the calls whose last reply message it published lately, and the calls of several
+messages still running, and publishes ``a2a.ended`` (gateway.envelope) on each such channel
+every :data:`~gateway.envelope.ENDED_EVERY_SECONDS`: an ended call with the number of its last
+message, in :data:`~gateway.envelope.ENDED_REPEATS` beats (a notice lost with the publishing
+connection that lost the call's last message is sent again on the next connection), a running
+one with the number of the last message whose publish is over (every beat while it runs). One
+message per reply channel and beat whatever the number of calls, and nothing at all while no
+call runs or ended lately.
 
 Bounded: at most :data:`MAX_CALLS` calls per channel wait for a beat (the oldest go first); the
 beat stops when nothing is left.
@@ -37,10 +40,24 @@ class Endings:
         self.loop = loop
         #: channel -> request id -> (number of the call's last message, beats left)
         self.calls: dict[str, dict[str, list[int]]] = {}
+        #: channel -> request id -> the reply sink of a call running (``done``: the number of
+        #: its last message published), held weakly: a call that never ends is forgotten
+        self.live: dict[str, weakref.WeakValueDictionary[str, Any]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def watch(self, sink: Any) -> None:
+        live = self.live.get(sink.channel)
+        if live is None:
+            live = self.live[sink.channel] = weakref.WeakValueDictionary()
+        live[sink.request_id] = sink
+        if self._timer is None:
+            self._timer = self.loop.call_later(env.ENDED_EVERY_SECONDS, self._beat)
+
     def ended(self, channel: str, request_id: str, number: int) -> None:
+        live = self.live.get(channel)
+        if live is not None:
+            live.pop(request_id, None)
         calls = self.calls.get(channel)
         if calls is None:
             calls = self.calls[channel] = {}
@@ -52,18 +69,29 @@ class Endings:
 
     def _beat(self) -> None:
         self._timer = None
-        for channel, calls in list(self.calls.items()):
-            notice = {request_id: entry[0] for request_id, entry in calls.items()}
-            for request_id, entry in list(calls.items()):
-                entry[1] -= 1
-                if entry[1] <= 0:
-                    del calls[request_id]
-            if not calls:
-                del self.calls[channel]
-            task = self.loop.create_task(self._send(channel, env.ended(notice)))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        if self.calls:
+        for channel in list(self.calls.keys() | self.live.keys()):
+            notice: dict[str, int] = {}
+            live = self.live.get(channel)
+            if live is not None:
+                for request_id, sink in list(live.items()):
+                    if sink.done:
+                        notice[request_id] = sink.done
+                if not live:
+                    del self.live[channel]
+            calls = self.calls.get(channel)
+            if calls is not None:
+                for request_id, entry in list(calls.items()):
+                    notice[request_id] = entry[0]
+                    entry[1] -= 1
+                    if entry[1] <= 0:
+                        del calls[request_id]
+                if not calls:
+                    del self.calls[channel]
+            if notice:
+                task = self.loop.create_task(self._send(channel, env.ended(notice)))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        if self.calls or self.live:
             self._timer = self.loop.call_later(env.ENDED_EVERY_SECONDS, self._beat)
 
     async def _send(self, channel: str, message: dict[str, Any]) -> None:
@@ -76,11 +104,22 @@ class Endings:
 _by_layer: weakref.WeakKeyDictionary[Any, Endings] = weakref.WeakKeyDictionary()
 
 
-def ended(layer: Any, channel: str, request_id: str, number: int) -> None:
-    """The last reply message of ``request_id`` (number ``number``) was published on
-    ``channel`` (its entry node's inbox): tell that node again shortly."""
+def _of(layer: Any) -> Endings:
     loop = asyncio.get_running_loop()
     endings = _by_layer.get(layer)
     if endings is None or endings.loop is not loop:
         endings = _by_layer[layer] = Endings(layer, loop)
-    endings.ended(channel, request_id, number)
+    return endings
+
+
+def ended(layer: Any, channel: str, request_id: str, number: int) -> None:
+    """The last reply message of ``request_id`` (number ``number``) was published on
+    ``channel`` (its entry node's inbox): tell that node again shortly."""
+    _of(layer).ended(channel, request_id, number)
+
+
+def watch(sink: Any) -> None:
+    """A call of several reply messages began (``sink``: its gateway.subscriber.BrokerSink,
+    with ``layer``, ``channel``, ``request_id`` and ``done``): tell its entry node, every beat
+    while it runs, how far its publishes got."""
+    _of(sink.layer).watch(sink)

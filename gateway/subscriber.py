@@ -83,7 +83,7 @@ class BrokerSink:
 
     __slots__ = ("layer", "channel", "request_id", "_ack_timer", "_tasks", "window", "sent",
                  "credited", "credit_timeout", "_credit_waiter", "number", "piece",
-                 "pieces_sent", "pieces_received", "allowance")
+                 "pieces_sent", "pieces_received", "allowance", "done", "__weakref__")
 
     def __init__(self, layer: Any, channel: str, request_id: str,
                  tasks: set[asyncio.Task[Any]]) -> None:
@@ -108,6 +108,8 @@ class BrokerSink:
         self.pieces_received = 0
         #: What the entry node grants of the pieces (gateway.grants; None: not asked).
         self.allowance: grants.Allowance | None = None
+        #: The number of the last reply message whose publish is over (gateway.endings).
+        self.done = 0
 
     def credit(self, total: int, received: int = 0) -> None:
         """The gateway has delivered ``total`` body bytes of this stream to its caller, and
@@ -155,6 +157,8 @@ class BrokerSink:
         # Numbered (acks are not: they carry nothing for the caller), and a large body crosses
         # in pieces, which the entry node joins back (gateway.envelope).
         self.number += 1
+        if self.number == 1 and not env.is_last(message):
+            endings.watch(self)  # a call of several messages: its progress is told meanwhile
         size = self.piece
         if not size or not body or len(body) <= size:
             message["n"] = self.number
@@ -179,13 +183,15 @@ class BrokerSink:
             endings.ended(self.layer, self.channel, self.request_id, self.number)
 
     async def _send(self, message: dict[str, Any]) -> None:
-        if self.allowance is not None and message["k"] == env.PIECE \
-                and not await self.allowance.take(len(message["body"])):
-            return  # no grant in time: the entry node ends the call (gateway.grants)
         try:
-            await self.layer.send(self.channel, message)
+            # a piece without a grant in time is not sent: the entry node ends the call
+            # (gateway.grants)
+            if self.allowance is None or message["k"] != env.PIECE \
+                    or await self.allowance.take(len(message["body"])):
+                await self.layer.send(self.channel, message)
         except Exception as exc:  # broker down: the gateway times out and answers itself
             logger.warning("reply to %s lost: %s: %s", self.channel, type(exc).__name__, exc)
+        self.done = message.get("n") or self.done
 
 
 def _spawn(tasks: set[asyncio.Task[Any]], coro: Awaitable[Any]) -> asyncio.Task[Any]:

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class Wire:
-    """The real layer, recording every message published (and dropping the ones asked)."""
+    """The real layer, recording every reply message published (and dropping the ones asked;
+    the owner's ``a2a.ended`` notices pass)."""
 
     def __init__(self, layer: RedisDirectChannelLayer, drop: set[int] = frozenset()) -> None:
         self.layer = layer
@@ -34,6 +35,8 @@ class Wire:
         self.sent: list[dict] = []
 
     async def send(self, channel: str, message: dict) -> int:
+        if message["type"] != env.REPLY:
+            return await self.layer.send(channel, message)
         self.sent.append(message)
         if len(self.sent) in self.drop:
             return 1  # lost on the way (a publish that never reached Redis)
@@ -177,7 +180,8 @@ def test_pieces_of_one_message_cross_at_most_a_window_ahead(redis_url):
 def test_a_lost_last_message_is_found_by_the_owners_ending_notice(redis_url):
     """The last message of a call is lost on the way: no later number shows it, but the owner
     tells the entry node's inbox where the call ended (``a2a.ended``, gateway.endings) and the
-    call gets :data:`STREAM_GAP`; a call that arrived whole gets nothing more from it."""
+    call gets :data:`STREAM_GAP`; so does a running stream that lost a message and went quiet
+    (the owner tells how far its publishes got); a call that arrived whole gets nothing more."""
 
     async def run():
         layer = RedisDirectChannelLayer(hosts=[{"address": redis_url}],
@@ -203,6 +207,16 @@ def test_a_lost_last_message_is_found_by_the_owners_ending_notice(redis_url):
             await asyncio.sleep(env.ENDED_EVERY_SECONDS * 1.5)  # its notices came too
             whole = buffers["whole"]
             assert [m.get("more") for m in whole._items] == [True, True, False]
+            # a stream still running: its 2nd message is lost, and nothing comes after it
+            quiet = StreamBuffer(1024 * 1024)
+            inbox.pending["quiet"] = Reassembly(quiet.put_nowait, quiet.push, 1024 * 1024)
+            sink = BrokerSink(Wire(layer, {2}), inbox.channel, "quiet", set())
+            await sink(env.start("quiet", 200, [], b"", more=True, sse=True))
+            await sink(env.chunk("quiet", b"data: 1\n\n", more=True))
+            async with asyncio.timeout(env.ENDED_EVERY_SECONDS * 3):
+                got = [await quiet.get() for _ in range(2)]
+            assert got[-1] is STREAM_GAP
+            del sink
         finally:
             await inbox.stop()
             await layer.flush()
