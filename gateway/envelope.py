@@ -34,10 +34,11 @@ last reply message (an error, or a start or chunk without ``more``) the owner te
 node where the call ended: an ``a2a.ended`` message on the reply channel,
 ``{"type": "a2a.ended", "calls": {<request id>: <number of its last reply message>, ...}}``,
 one per reply channel and beat for every call that ended there lately, sent
-:data:`ENDED_REPEATS` times :data:`ENDED_EVERY_SECONDS` apart (gateway.endings). The entry node
-still waiting for a number at or below it has lost the call's tail: the call ends with
-``stream_gap`` at once (gateway.inbox.Reassembly.ended). A node of an older version ignores the
-message (it is no reply and no registry event).
+:data:`ENDED_REPEATS` times :data:`ENDED_EVERY_SECONDS` apart (gateway.endings); the same
+message names, for each call of several messages still running, the number of its last message
+whose publish is over. The entry node still waiting for a number at or below it has lost it:
+the call ends with ``stream_gap`` at once (gateway.inbox.Reassembly.ended). A node of an older
+version ignores the message (it is no reply and no registry event).
 
 **Grants.** A Query's ``a2a_grant`` tag (an entry node that has a node-wide budget for what
 Redis holds for it, gateway.grants) says the owner sends the pieces of a large message only as
