@@ -48,7 +48,9 @@ class Reassembly:
     relayed: numbers must follow one another from 1 (a repeated one is dropped; a skipped one
     is a gap: :data:`STREAM_GAP` goes to ``push`` and nothing more is taken), and a message
     announcing pieces (``pc``) is held until they all came, then handed on whole. Messages
-    without a number (acks) pass as they are.
+    without a number pass as they are; an ack passes at once even between a message and its
+    pieces (the owner's ack timer can fire as the answer starts: its publish then follows the
+    message's first part).
 
     Bounded: a message announcing more than ``limit`` bytes of pieces is refused like a gap is
     (the owner never sends one: its messages are capped by the response cap)."""
@@ -74,6 +76,9 @@ class Reassembly:
 
     def __call__(self, message: dict[str, Any]) -> None:
         if self.broken:
+            return
+        if message.get("k") == env.ACK:
+            self.put(message)
             return
         number = message.get("n")
         if number is not None:

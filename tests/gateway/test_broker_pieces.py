@@ -139,6 +139,20 @@ def test_a_repeated_message_is_relayed_once():
     assert [m["body"] for m in buffer._items] == [b"1", b"2", b"3"]
 
 
+def test_an_ack_between_a_message_and_its_pieces_is_no_gap():
+    """The owner's ack timer fired as its answer started: the ack's publish follows the
+    message's first part, before its pieces."""
+    buffer = StreamBuffer(1024 * 1024)
+    reassembly = Reassembly(buffer.put_nowait, buffer.push, 1024 * 1024)
+    reassembly({**env.start("r", 200, [], b"a" * env.PIECE_BYTES, more=False, sse=False),
+                "n": 1, "pc": 2})
+    reassembly(env.ack("r"))
+    reassembly({**env.piece("r", b"b" * env.PIECE_BYTES), "n": 2})
+    reassembly({**env.piece("r", b"c"), "n": 3})
+    assert [m["k"] for m in buffer._items] == [env.ACK, env.START]
+    assert buffer._items[1]["body"] == b"a" * env.PIECE_BYTES + b"b" * env.PIECE_BYTES + b"c"
+
+
 def test_an_oversize_announcement_is_refused():
     buffer = StreamBuffer(1024)
     reassembly = Reassembly(buffer.put_nowait, buffer.push, 10 * env.PIECE_BYTES)
