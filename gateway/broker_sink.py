@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
+from gateway import endings, grants
 from gateway import envelope as env
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class BrokerSink:
 
     __slots__ = ("layer", "channel", "request_id", "_ack_timer", "_tasks", "window", "sent",
                  "credited", "credit_timeout", "_credit_waiter", "number", "piece",
-                 "pieces_sent", "pieces_received")
+                 "pieces_sent", "pieces_received", "allowance", "done", "__weakref__")
 
     def __init__(self, layer: Any, channel: str, request_id: str,
                  tasks: set[asyncio.Task[Any]]) -> None:
@@ -61,6 +62,10 @@ class BrokerSink:
         self.piece = 0
         self.pieces_sent = 0
         self.pieces_received = 0
+        #: What the entry node grants of the pieces (gateway.grants; None: not asked).
+        self.allowance: grants.Allowance | None = None
+        #: The number of the last reply message whose publish is over (gateway.endings).
+        self.done = 0
 
     def credit(self, total: int, received: int = 0) -> None:
         """The gateway has delivered ``total`` body bytes of this stream to its caller, and
@@ -108,10 +113,14 @@ class BrokerSink:
         # Numbered (acks are not: they carry nothing for the caller), and a large body crosses
         # in pieces, which the entry node joins back (gateway.envelope).
         self.number += 1
+        if self.number == 1 and not env.is_last(message):
+            endings.watch(self)  # a call of several messages: its progress is told meanwhile
         size = self.piece
         if not size or not body or len(body) <= size:
             message["n"] = self.number
             await self._send(message)
+            if env.is_last(message):  # told again shortly: a lost last message shows
+                endings.ended(self.layer, self.channel, self.request_id, self.number)
             return
         # A flow-controlled stream's pieces cross at most a window ahead of what the entry
         # node has taken (its credits' a2a_received): Redis never queues more for it.
@@ -126,12 +135,19 @@ class BrokerSink:
             part["n"] = self.number
             self.pieces_sent += len(part["body"])
             await self._send(part)
+        if env.is_last(message):
+            endings.ended(self.layer, self.channel, self.request_id, self.number)
 
     async def _send(self, message: dict[str, Any]) -> None:
         try:
-            await self.layer.send(self.channel, message)
+            # a piece without a grant in time is not sent: the entry node ends the call
+            # (gateway.grants)
+            if self.allowance is None or message["k"] != env.PIECE \
+                    or await self.allowance.take(len(message["body"])):
+                await self.layer.send(self.channel, message)
         except Exception as exc:  # broker down: the gateway times out and answers itself
             logger.warning("reply to %s lost: %s: %s", self.channel, type(exc).__name__, exc)
+        self.done = message.get("n") or self.done
 
 
 def spawn(tasks: set[asyncio.Task[Any]], coro: Awaitable[Any]) -> asyncio.Task[Any]:

@@ -134,7 +134,7 @@ async def _send_query(node: GatewayNode, query: dict[str, Any], queue: StreamBuf
                             node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
     if credit is not None:
         reassembly.on_piece = credit.received
-    node.inbox.pending[tags[env.TAG_REQUEST_ID]] = reassembly
+    node.inbox.expect(tags, reassembly, exchange.agent_id)
     try:
         listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
     except Exception as exc:  # broker down: answer at once, never queue
@@ -458,7 +458,7 @@ async def _reattach(node: GatewayNode, query: dict[str, Any], buffer: StreamBuff
     reassembly = Reassembly(buffer.put_nowait, buffer.push,
                             node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
     reassembly.on_piece = credit.received
-    node.inbox.pending[tags[env.TAG_REQUEST_ID]] = reassembly
+    node.inbox.expect(tags, reassembly, exchange.agent_id)
     try:
         listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
     except Exception as exc:

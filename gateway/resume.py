@@ -56,6 +56,9 @@ def _release(sink: Sink | None) -> None:
     credit = getattr(sink, "credit", None)
     if credit is not None:
         credit(_RELEASED, _RELEASED)  # delivered, and (pieces) taken from the broker
+    allowance = getattr(sink, "allowance", None)
+    if allowance is not None:
+        allowance.grant(_RELEASED)  # and its pieces granted (gateway.grants)
     owner = getattr(sink, "__self__", None)
     if isinstance(owner, StreamBuffer):
         owner.close()

@@ -135,6 +135,7 @@ class GatewayNode:
             self.layer,
             groups=(DISCOVERY_GROUP,) if self.cross_process else (),
             on_other=self.replicator.remote_message,
+            budget=settings.A2A_BROKER_INFLIGHT_BYTES if self.cross_process else 0,
         )
         # Subscribed before the table loads: events during the load are applied at once and
         # the load keeps them (RoutingTable.finish_resync).

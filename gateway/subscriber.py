@@ -32,7 +32,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from gateway import envelope as env
-from gateway import errors, tracing
+from gateway import errors, grants, tracing
 from gateway import metrics as m
 from gateway.agent_calls import AgentCalls
 from gateway.broker_sink import BrokerSink, Sink, spawn
@@ -185,6 +185,7 @@ class VirtualSubscriber(AgentCalls):
                     sink.piece = max(int(pieces), 4096)
                 except ValueError:
                     pass
+                sink.allowance = grants.allowance(tags, request_id, self.settings)
             try:
                 await self.handle(message, sink, local=False)
             except Exception:
@@ -225,6 +226,7 @@ class VirtualSubscriber(AgentCalls):
                                        int(tags.get(env.TAG_RECEIVED) or 0))
                 except ValueError:
                     pass
+            grants.credit(tags)
             return
         if method == env.RESUME_METHOD:
             self._resume(query, sink, local)
