@@ -389,9 +389,12 @@ def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens
         failures: list = []
         calls = 0
         try:
-            deadline = time.monotonic() + 25
+            # At least 25 s of non-reading callers and at least 50 unrelated calls (a loaded
+            # machine serves them slowly), at most 120 s.
+            started = time.monotonic()
             with httpx.Client(headers=auth, timeout=15) as client:
-                while time.monotonic() < deadline:
+                while time.monotonic() - started < 25 or (
+                        calls < 50 and time.monotonic() - started < 120):
                     rpc_id = os.urandom(4).hex()
                     try:
                         r = client.post(f"{entry.url}/a2a/{agent_id}",
@@ -407,7 +410,7 @@ def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens
         finally:
             for sock in callers:
                 sock.close()
-    assert calls > 50 and failures == [], (calls, failures[:5])
+    assert calls >= 50 and failures == [], (calls, failures[:5])
     assert after == subscribers, "a node's Redis subscription was closed and reopened"
     assert sent > 3 * big + 20 * 1024 * 1024, sent  # the large events did cross, in pieces
     for node in (owner, entry):
