@@ -226,7 +226,9 @@ async def handle_resume(node: GatewayNode, scope: dict[str, Any], receive: Recei
     ``Last-Event-ID`` header (or ``last_event_id`` query parameter) are replayed, then the
     stream continues live. Authenticated and authorized like the call that opened it; only the
     client that opened it may resume it (else, as for an unknown or expired stream,
-    ``stream_not_found``). Reaches the owning node like any call."""
+    ``stream_not_found``). Reaches the owning node like any call. A stream opened through the
+    HTTP+JSON binding (its id says so, gateway.resume.stream_form) is answered in that binding,
+    its errors too; a translated one's replay is translated as the live stream was."""
     started = time.perf_counter()
     headers = scan_request_headers(scope["headers"])
     # A stream opened through the HTTP+JSON binding is answered in that binding (its id says so)

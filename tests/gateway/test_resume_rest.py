@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from tests.gateway import test_cluster
-from tests.gateway.test_resume import EventReader, wait_until
 from tests.gateway.test_rest_binding import rest_agent, rest_error
+from tests.gateway.test_resume import EventReader, wait_until
 
 node_b = test_cluster.node_b  # the second serve node (distributed mode)
 
