@@ -257,7 +257,9 @@ class RestTranslation(BindingCaller):
     """The caller's side of one translated HTTP+JSON call: the relay's ASGI messages of the
     agent's JSON-RPC answer (:meth:`send`) and the gateway's errors (:meth:`gateway_error`)
     become the binding's answer on the caller's ``send``. A stream's events are written as
-    they come; a unary answer once whole (:meth:`finish`)."""
+    they come, a resumable stream's each with the id the owner gave the agent's event; a
+    unary answer once whole (:meth:`finish`). The reconnect to a translated stream
+    (gateway.handler.handle_resume) translates the replayed events with this class too."""
 
     __slots__ = ("call", "agent_version", "out", "card", "started", "done", "answered",
                  "http_status", "sse", "headers", "chunks", "tail", "resumable")
