@@ -182,3 +182,20 @@ def test_cross_node_rest_resume(
                                                    "task rest far", 60)
     assert stream_id.startswith("r." if forwarded else "t11.")
     assert_exactly_once(stream_id, before + after, "task rest far")
+
+
+def test_resume_off_rest_streams_carry_no_ids(
+    settings, live_server_url, echo_agent_factory, register_agent, caller,
+):
+    """``A2A_SSE_RESUME_SECONDS=0`` (the default): nothing to resume, no stream id, no ids."""
+    settings.A2A_SSE_RESUME_SECONDS = 0
+    echo = echo_agent_factory(card_shape="both", steps=3, step_delay=0)
+    target = register_agent(echo)
+    with httpx.Client(timeout=30, headers=caller.auth) as client:
+        with client.stream("POST", f"{target.gateway_base}message:stream",
+                           json=send_body("task plain"), headers=V10) as response:
+            assert response.status_code == 200
+            assert "x-a2a-stream-id" not in response.headers
+            events = EventReader(response).read()
+    assert rest_texts(events) == [f"chunk {i}: task plain" for i in range(3)]
+    assert [event_id for event_id, _ in events] == [None] * len(events)
