@@ -162,27 +162,27 @@ def test_another_client_cannot_resume_a_rest_stream(
     assert_exactly_once(stream_id, before + after, "task mine")
 
 
-@pytest.mark.parametrize("forwarded", [False, True], ids=["translated", "forwarded"])
 def test_cross_node_rest_resume(
-    resumable, live_server_url, node_b, echo_agent_factory, register_agent, caller, forwarded,
+    resumable, live_server_url, node_b, echo_agent_factory, register_agent, caller,
 ):
-    """The agent is owned by this process's node (A); the REST caller enters node B, drops, and
-    reconnects through B (the broker to the owner again)."""
-    echo = rest_agent(echo_agent_factory, steps=STEPS, step_delay=0.002) if forwarded \
-        else echo_agent_factory(card_shape="both", steps=STEPS, step_delay=0.002)
-    target = register_agent(echo)  # through node A's API: node A owns it
-    entry = f"{node_b.url}/a2a/{target.agent_id}"
-    wait_until(  # node B learns the route from the discovery group
-        lambda: httpx.post(f"{entry}/message:send", headers={**caller.auth, **V10},
-                           json=send_body("hi")).status_code == 200,
-        timeout=10,
-    )
-    with httpx.Client(timeout=30, headers=caller.auth) as client:
-        stream_id, before, after = drop_and_resume(client, entry, entry, "message:stream", V10,
-                                                   "task rest far", 60)
-    assert stream_id.startswith("r." if forwarded else "t11.")
-    assert_exactly_once(stream_id, before + after, "task rest far")
-
+    """The agents are owned by this process's node (A); the REST caller enters node B, drops,
+    and reconnects through B (the broker to the owner again): a translated stream and a
+    forwarded one (one node B for both: starting one takes seconds)."""
+    for forwarded in (False, True):
+        echo = rest_agent(echo_agent_factory, steps=STEPS, step_delay=0.002) if forwarded \
+            else echo_agent_factory(card_shape="both", steps=STEPS, step_delay=0.002)
+        target = register_agent(echo)  # through node A's API: node A owns it
+        entry = f"{node_b.url}/a2a/{target.agent_id}"
+        wait_until(  # node B learns the route from the discovery group
+            lambda entry=entry: httpx.post(f"{entry}/message:send", json=send_body("hi"),
+                                           headers={**caller.auth, **V10}).status_code == 200,
+            timeout=10,
+        )
+        with httpx.Client(timeout=30, headers=caller.auth) as client:
+            stream_id, before, after = drop_and_resume(client, entry, entry, "message:stream",
+                                                       V10, "task rest far", 60)
+        assert stream_id.startswith("r." if forwarded else "t11.")
+        assert_exactly_once(stream_id, before + after, "task rest far")
 
 def test_resume_off_rest_streams_carry_no_ids(
     settings, live_server_url, echo_agent_factory, register_agent, caller,
