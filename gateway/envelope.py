@@ -110,6 +110,9 @@ TAG_GRANTED = "a2a_granted"
 #: by ``a2a_stream_id`` (its public stream id), replaying the events after ``a2a_last_event``.
 RESUME_METHOD = "stream_resume"
 TAG_LAST_EVENT = "a2a_last_event"
+#: A stream opened through the HTTP+JSON binding and translated to the agent's JSON-RPC: the
+#: form its stream id names (gateway.resume.stream_form), so a reconnect is re-translated.
+TAG_STREAM_FORM = "a2a_stream_form"
 # Ownership handover on a broadcasting layer (gateway.handover): a new owner's
 # subscriber publishes a probe until it hears its own, then a takeover; both carry its nonce.
 PROBE_METHOD = "a2a_probe"

@@ -73,8 +73,8 @@ from gateway.jsonrpc import (
 )
 from gateway.limits import request_timeout
 from gateway.relays import new_request_id, relay_stream, request_numbers
-from gateway.rest_handler import handle_rest
-from gateway.resume import parse_last_event_id
+from gateway.rest_handler import handle_rest, resumed_rest_stream
+from gateway.resume import parse_last_event_id, stream_form
 
 if TYPE_CHECKING:
     from gateway.runtime import GatewayNode
@@ -226,20 +226,28 @@ async def handle_resume(node: GatewayNode, scope: dict[str, Any], receive: Recei
     ``Last-Event-ID`` header (or ``last_event_id`` query parameter) are replayed, then the
     stream continues live. Authenticated and authorized like the call that opened it; only the
     client that opened it may resume it (else, as for an unknown or expired stream,
-    ``stream_not_found``). Reaches the owning node like any call."""
+    ``stream_not_found``). Reaches the owning node like any call. A stream opened through the
+    HTTP+JSON binding (its id says so, gateway.resume.stream_form) is answered in that binding,
+    its errors too; a translated one's replay is translated as the live stream was."""
     started = time.perf_counter()
     headers = scan_request_headers(scope["headers"])
-    admitted = await admit_to_agent(node, scope, send, headers, None, agent_id)
+    # A stream opened through the HTTP+JSON binding is answered in that binding (its id says so)
+    rest_form = stream_form(stream_id) is not None
+    form_id: Any = REST if rest_form else None
+    admitted = await admit_to_agent(node, scope, send, headers, form_id, agent_id)
     if admitted is None:
         return
     caller, route = admitted
     last_event_id = _last_event_id(scope)
     last = 0 if last_event_id is None else parse_last_event_id(last_event_id, stream_id)
     if not stream_id or len(stream_id) > 64 or last is None:
-        await send_error(send, errors.INVALID_REQUEST, None, agent_id,
+        await send_error(send, errors.INVALID_REQUEST, form_id, agent_id,
                          "expected /a2a/{agent_id}/stream/{stream_id} and a Last-Event-ID of "
                          "that stream")
         return
+    translation = None
+    if rest_form:
+        form_id, send, translation = resumed_rest_stream(send, stream_id)
     tags = {
         env.TAG_METHOD: env.RESUME_METHOD,
         env.TAG_STREAM_ID: stream_id,
@@ -247,7 +255,7 @@ async def handle_resume(node: GatewayNode, scope: dict[str, Any], receive: Recei
         env.TAG_CALLER: caller,
         env.TAG_REQUEST_ID: new_request_id(),
     }
-    exchange = Exchange(send, None, agent_id, node.settings.A2A_ERROR_PROFILE)
+    exchange = Exchange(send, form_id, agent_id, node.settings.A2A_ERROR_PROFILE)
     subscriber = subscriber_of(node, route)
     try:
         if subscriber is NOWHERE:
@@ -258,6 +266,8 @@ async def handle_resume(node: GatewayNode, scope: dict[str, Any], receive: Recei
     except asyncio.CancelledError:
         if not await answer_stopping(exchange):
             raise
+    if translation is not None:
+        await translation.finish()
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)
 
 

@@ -15,8 +15,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from a2a.types import a2a_pb2 as pb
 
-from gateway import agent_bindings, errors, push, rest, rest_translate, tracing
+from gateway import agent_bindings, errors, push, rest, rest_translate, resume, tracing
 from gateway import envelope as env
 from gateway.admission import (
     admit_call,
@@ -33,7 +34,7 @@ from gateway.headers import RequestHeaders, scan_request_headers
 from gateway.jsonrpc import LAZY_ABOVE_BYTES, invalid_json_detail, parse_request
 from gateway.limits import request_timeout
 from gateway.relays import request_numbers
-from gateway.translation import V03, TranslationError, Unsupported, agent_request
+from gateway.translation import CORE, V03, TranslationError, Unsupported, agent_request
 from registry.events import AgentRoute
 
 if TYPE_CHECKING:
@@ -150,6 +151,8 @@ async def _translated_rest(node: GatewayNode, scope: dict[str, Any], receive: Re
     tags["a2a_hdr_accept"] = "text/event-stream" if call.method.streaming \
         else "application/json"
     tags["a2a_hdr_a2a-version"] = version
+    if call.method.streaming:  # a resumable stream's id says how to translate a reconnect
+        tags[env.TAG_STREAM_FORM] = resume.rest_form(call.version, version)
     if version == V03 and "a2a_hdr_a2a-extensions" in tags:
         tags.setdefault("a2a_hdr_x-a2a-extensions", tags["a2a_hdr_a2a-extensions"])
     answer = rest_translate.RestTranslation(call, version, send)
@@ -163,3 +166,22 @@ async def _translated_rest(node: GatewayNode, scope: dict[str, Any], receive: Re
                                binding="HTTP+JSON", started=started, payload={"params": params})
     await answer.finish()
 
+
+
+def resumed_rest_stream(
+    send: Send, stream_id: str,
+) -> tuple[Any, Send, rest_translate.RestTranslation | None]:
+    """The caller's side of a reconnect to an HTTP+JSON stream (``GET
+    /a2a/{agent_id}/stream/{stream_id}``, docs/streams.md): ``(the Exchange's rpc id, the send
+    the replies go to, the translation to finish once the relay ended)``. A forwarded stream's
+    events are the agent's own, relayed as they are; a translated one's are the agent's
+    JSON-RPC events, translated by the live stream's own :class:`RestTranslation` (the stream
+    id names the caller's and the agent's versions). Errors in the binding's form."""
+    form = resume.stream_form(stream_id)
+    if form is None or form[0] == resume.REST_FORWARDED:
+        return REST, send, None
+    _, caller_version, agent_version = form
+    call = rest_translate.RestCall(CORE["SendStreamingMessage"], pb.SendMessageRequest(),
+                                   caller_version, "")
+    answer = rest_translate.RestTranslation(call, agent_version, send)
+    return answer, answer.send, answer

@@ -38,7 +38,7 @@ from gateway.agent_calls import AgentCalls
 from gateway.broker_sink import BrokerSink, Sink, spawn
 from gateway.conf import NodeSettings
 from gateway.handover import Handover
-from gateway.resume import ReplayStream, not_found
+from gateway.resume import REST_FORWARDED, ReplayStream, not_found, valid_form
 from outbound import http1 as outbound
 from registry.events import AgentRoute
 from registry.ids import agent_channel
@@ -266,7 +266,7 @@ class VirtualSubscriber(AgentCalls):
             if self.settings.A2A_SSE_RESUME_SECONDS > 0:
                 replay = ReplayStream(request_id, tags.get(env.TAG_CALLER) or "anonymous",
                                       self.settings.A2A_SSE_RESUME_BUFFER_BYTES, sink,
-                                      self._replay_ended)
+                                      self._replay_ended, _stream_form(tags))
                 self._replays[replay.stream_id] = replay
                 self._attached[request_id] = replay
                 sink = replay
@@ -406,6 +406,16 @@ class VirtualSubscriber(AgentCalls):
             del self._attached[request_id]
             if request_id != replay.origin:
                 self._stream_sinks.pop(request_id, None)
+
+def _stream_form(tags: dict[str, str]) -> str:
+    """The binding a resumable stream's id names (gateway.resume.stream_form): HTTP+JSON
+    forwarded (the Query names the caller's HTTP path), translated (the entry node says how),
+    or JSON-RPC."""
+    form = tags.get(env.TAG_STREAM_FORM, "")
+    if form and valid_form(form):
+        return form
+    return REST_FORWARDED if env.TAG_HTTP_PATH in tags else ""
+
 
 #: Control messages of a stream already running: a draining (or standby) subscriber still
 #: serves those of its own streams (unknown stream ids are no-ops).
