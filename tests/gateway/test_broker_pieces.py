@@ -15,11 +15,11 @@ import pytest
 
 from gateway import envelope as env
 from gateway import grants
+from gateway.broker_sink import BrokerSink
 from gateway.conf import NodeSettings
 from gateway.inbox import STREAM_GAP, Inbox, Reassembly
 from gateway.redis_layer import RedisDirectChannelLayer
 from gateway.sse import StreamBuffer
-from gateway.broker_sink import BrokerSink
 from registry.ids import agent_channel
 
 pytestmark = pytest.mark.timeout(60)
