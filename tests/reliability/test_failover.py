@@ -25,7 +25,8 @@ from tests.reliability.conftest import register, rpc_ids_received
 from tests.reliability.test_agent_faults import ScriptedAgent
 from tests.servers import serve_app
 
-pytestmark = pytest.mark.timeout(240)
+# Private services: CI runs the module in its distributed pass, the lighter one (tests/passes.py).
+pytestmark = [pytest.mark.timeout(240), pytest.mark.one_pass("distributed")]
 
 
 def _send(rpc_id, text: str = "hi", method: str = "message/send", timeout: float | None = None):
