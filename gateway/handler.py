@@ -56,6 +56,7 @@ from gateway.cards import (
     rewrite_card,
     serve_card,
 )
+from gateway.grpc_binding import outbound_translate
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders, scan_request_headers
 from gateway.inbox import STREAM_GAP, Reassembly
 from gateway.jsonrpc import (
@@ -243,6 +244,15 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
         send = await _extended_card(scope, send, headers, rpc_id, agent_id, caller, method)
         if send is None:
             return
+    # HOOK (gRPC-only agent): its endpoint is its gRPC address; the admitted call is
+    # translated to its gRPC server instead of taking the subscriber's HTTP way
+    # (gateway.grpc_binding.outbound_translate).
+    if route is not None and outbound_translate.is_grpc_target(route.endpoint):
+        await outbound_translate.answer_jsonrpc(
+            send, route=route, caller=caller, tags=headers.tags, timeout=request_timeout(
+                payload, settings), started=started, request_bytes=len(body),
+            payload=payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body))
+        return
     metrics.count_request(agent_id, method)
     timeout = request_timeout(payload, settings)
     tags = headers.tags
@@ -364,6 +374,15 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
                                     rest_body=bool(route.http_json_endpoint))
         if send is None:
             return
+    # HOOK (gRPC-only agent): translated to its gRPC server, as in handle_rpc.
+    if outbound_translate.is_grpc_target(route.endpoint):
+        await outbound_translate.answer_rest(
+            send, route=route, caller=caller, tags=headers.tags, tail=tail, method=method,
+            query=scope.get("query_string") or b"", body=body, started=started,
+            timeout=request_timeout({"params": payload} if payload else {}, settings),
+            check_webhook=lambda name, params: refused_webhook(scope, agent_id, caller, name,
+                                                               params))
+        return
     if not route.http_json_endpoint:  # translated to the agent's JSON-RPC
         await _translated_rest(node, scope, receive, send, route, caller, headers, tail,
                                method, body, payload, started)

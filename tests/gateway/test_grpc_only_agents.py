@@ -1,0 +1,162 @@
+"""An agent whose card lists only a gRPC interface, called through the gateway on JSON-RPC and
+HTTP+JSON: the calls are translated to its gRPC server
+(gateway/grpc_binding/outbound_translate.py), with real SDK peers.
+
+The agent is the SDK's own gRPC server (``GrpcHandler``, tests/a2a_agents.py
+``EchoAgent.serve_grpc``), registered with its card alone (no URL); callers are stock SDK
+clients restricted to JSON-RPC or HTTP+JSON, and raw httpx for the 0.3 method names. The agent
+serves on the node's event loop (grpcio's asyncio layer serves one loop per process), as in
+tests/gateway/test_grpc_passthrough.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+from a2a.helpers import get_message_text
+from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState
+
+from tests.a2a_agents import (
+    HTTP_JSON_BINDING,
+    JSONRPC_BINDING,
+    sdk_client,
+    send_and_collect,
+    transport_name,
+)
+from tests.gateway import test_grpc_binding as grpc_tests
+from tests.gateway.test_grpc_binding import auth, on_node
+
+_grpc_listener = grpc_tests._grpc_listener  # the node's gRPC listener on a free port
+grpc_address = grpc_tests.grpc_address
+
+
+@pytest.fixture
+def grpc_only(echo_agent_factory, api, live_server_url):
+    """A gRPC-only agent registered with its card alone: (agent, agent id, gateway base)."""
+    agent = echo_agent_factory(card_shape="1.0", interfaces=[("GRPC", "1.0")])
+    agent.card_document["supportedInterfaces"][0]["tenant"] = "own-tenant"
+    agent_id = f"grpc-only-{os.urandom(3).hex()}"
+    response = api.post("/api/v1/agents", json={"agent_id": agent_id,
+                                                "card": agent.card_document})
+    assert response.status_code == 201, response.text
+    assert f"grpc://{agent.grpc_address}" in response.text  # its endpoint: its gRPC address
+    return agent, agent_id, f"{live_server_url}/a2a/{agent_id}/"
+
+
+def test_the_served_card_lists_the_gateways_three_bindings(grpc_only, grpc_address, caller):
+    agent, agent_id, base = grpc_only
+    card = httpx.get(f"{base}.well-known/agent-card.json",
+                     headers=auth(caller), timeout=10).json()
+    assert [(i["protocolBinding"], i["url"]) for i in card["supportedInterfaces"]] == [
+        ("GRPC", grpc_address.replace("127.0.0.1", "localhost")
+         if "localhost" in card["supportedInterfaces"][0]["url"] else grpc_address),
+        ("JSONRPC", base), ("HTTP+JSON", base)]
+    assert card["supportedInterfaces"][0]["tenant"] == agent_id
+
+
+@pytest.mark.parametrize("binding", [JSONRPC_BINDING, HTTP_JSON_BINDING])
+async def test_sdk_client_sends_streams_gets_and_cancels(grpc_only, grpc_address, caller,
+                                                        binding):
+    agent, agent_id, base = grpc_only
+    token = auth(caller)
+
+    async def calls():
+        server = await agent.serve_grpc()
+        try:
+            async with sdk_client(base, bindings=[binding], streaming=False, polling=True,
+                                  headers={**token, "x-trace": "t-1"}) as client:
+                assert transport_name(client) in ("JsonRpcTransport", "RestTransport")
+                [reply] = await send_and_collect(client, "hello")
+                assert get_message_text(reply.event.message) == "echo: hello"
+                [first] = await send_and_collect(client, "wait for cancel")
+                task_id = first.event.task.id
+                got = await client.get_task(GetTaskRequest(id=task_id))
+                assert (got.id, got.status.state) == (task_id, TaskState.TASK_STATE_WORKING)
+                cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
+                assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+                # The agent's A2A error status reaches the SDK client as the same error.
+                with pytest.raises(TaskNotFoundError):
+                    await client.get_task(GetTaskRequest(id="no-such-task"))
+            async with sdk_client(base, bindings=[binding], streaming=True,
+                                  headers=token) as client:
+                events = await send_and_collect(client, "task streamed")
+        finally:
+            await server.stop(None)
+        return task_id, events
+
+    task_id, events = await on_node(calls())
+    assert [a.kind for a in events] == \
+        ["task", "status_update"] + ["artifact_update"] * 4 + ["status_update"]
+    assert events[-1].event.status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert events[-1].at - events[2].at > 0.3  # relayed as they come, not at the end
+    assert agent.executor.cancelled == [task_id]
+    assert agent.requests == []  # nothing over HTTP
+    service = "/lf.a2a.v1.A2AService/"
+    assert [path for path, _ in agent.grpc_calls] == [service + m for m in (
+        "SendMessage", "SendMessage", "GetTask", "CancelTask", "GetTask",
+        "SendStreamingMessage")]
+    assert set(agent.executor.tenants) == {"own-tenant"}  # the card's, not the gateway's
+    metadata = agent.grpc_calls[0][1]
+    assert "authorization" not in metadata
+    assert metadata["x-trace"] == "t-1"
+    assert metadata["x-kubemq-caller-id"] == caller.client_id
+
+
+async def test_03_method_names_over_raw_jsonrpc(grpc_only, grpc_address, caller):
+    agent, agent_id, base = grpc_only
+
+    async def calls():
+        server = await agent.serve_grpc()
+        try:
+            async with httpx.AsyncClient(headers=auth(caller), timeout=20) as http:
+                sent = await http.post(base, json={
+                    "jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {
+                        "message": {"kind": "message", "messageId": "m-1", "role": "user",
+                                    "parts": [{"kind": "text", "text": "wait for cancel"}]},
+                        "configuration": {"blocking": False}}})
+                task = sent.json()["result"]
+                got = await http.post(base, json={"jsonrpc": "2.0", "id": "g", "method":
+                                                   "tasks/get", "params": {"id": task["id"]}})
+                cancelled = await http.post(base, json={
+                    "jsonrpc": "2.0", "id": 3, "method": "tasks/cancel",
+                    "params": {"id": task["id"]}})
+                missing = await http.post(base, json={"jsonrpc": "2.0", "id": 4, "method":
+                                                       "tasks/get", "params": {"id": "nope"}})
+                unknown = await http.post(base, json={"jsonrpc": "2.0", "id": 5,
+                                                       "method": "tasks/nothing"})
+        finally:
+            await server.stop(None)
+        return sent, task, got, cancelled, missing, unknown
+
+    sent, task, got, cancelled, missing, unknown = await on_node(calls())
+    assert sent.headers["x-a2a-executed"] == "true"
+    assert task["kind"] == "task"  # the 0.3 shapes
+    assert task["status"]["state"] in ("submitted", "working")
+    assert got.json() == {"jsonrpc": "2.0", "id": "g", "result": got.json()["result"]}
+    assert got.json()["result"]["id"] == task["id"]
+    assert cancelled.json()["result"]["status"]["state"] == "canceled"
+    assert missing.json()["error"]["code"] == -32001  # TaskNotFoundError
+    assert missing.headers["x-a2a-executed"] == "true"
+    assert unknown.json()["error"]["code"] == -32601
+    assert unknown.headers["x-a2a-executed"] == "false"
+
+
+async def test_an_agent_nobody_answers_for_is_unreachable_and_not_executed(
+        grpc_only, grpc_address, caller):
+    """Nothing serves the card's gRPC address: ``unreachable`` at once, executed false, on
+    either binding."""
+    agent, agent_id, base = grpc_only
+    async with httpx.AsyncClient(headers=auth(caller), timeout=20) as http:
+        rpc = await http.post(base, json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+                                          "params": {"message": {
+                                              "messageId": "m", "role": "ROLE_USER",
+                                              "parts": [{"text": "hi"}]}}})
+        rest = await http.post(f"{base}message:send", json={"message": {
+            "messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}})
+    assert rpc.headers["x-a2a-executed"] == "false"
+    assert rpc.json()["error"]["data"]["kind"] == "unreachable"
+    assert rest.headers["x-a2a-executed"] == "false"
+    assert rest.status_code == 502  # the binding's status of unreachable
+    assert rest.json()["error"]["details"][0]["metadata"]["kind"] == "unreachable"
