@@ -46,7 +46,7 @@ from google.protobuf.message import DecodeError
 from gateway import agent_bindings as agents
 from gateway import errors, handler, runtime
 from gateway.cards import EXTENDED_CARD_ANONYMOUS, grpc_gateway_url, rewrite_core_card
-from gateway.grpc_binding import passthrough, translate
+from gateway.grpc_binding import outbound_translate, passthrough, translate
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
@@ -394,6 +394,11 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     if target and not (core.name == "GetExtendedAgentCard" and method.version == translate.V03):
         return await _pass_through(method, request, data, context, call, scope, agent_id,
                                    client_id, route, target, bindings.grpc_tenant, started)
+    if outbound_translate.is_grpc_target(route.endpoint):
+        # A gRPC-only agent has no JSON-RPC to translate to: its own 1.0 service only.
+        call.fail(errors.BINDING_UNAVAILABLE, "", message=(
+            f"agent {agent_id} serves only the A2A 1.0 gRPC service ({translate.SERVICE_V10})"))
+        return None
     version = call.agent_version = bindings.jsonrpc
     try:
         rpc_method, params = translate.agent_request(core, request, version)

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import os
 
+import grpc
 import httpx
 import pytest
+from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
+from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.helpers import get_message_text
 from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState
 
@@ -26,7 +29,7 @@ from tests.a2a_agents import (
     transport_name,
 )
 from tests.gateway import test_grpc_binding as grpc_tests
-from tests.gateway.test_grpc_binding import auth, on_node
+from tests.gateway.test_grpc_binding import auth, on_node, status_of
 
 _grpc_listener = grpc_tests._grpc_listener  # the node's gRPC listener on a free port
 grpc_address = grpc_tests.grpc_address
@@ -160,3 +163,44 @@ async def test_an_agent_nobody_answers_for_is_unreachable_and_not_executed(
     assert rest.headers["x-a2a-executed"] == "false"
     assert rest.status_code == 502  # the binding's status of unreachable
     assert rest.json()["error"]["details"][0]["metadata"]["kind"] == "unreachable"
+
+
+def test_registration_with_a_grpc_address(echo_agent_factory, api):
+    """A gRPC address is an agent's URL only with its card (nothing can be fetched from it);
+    an update keeps it; the host rules apply to it as to any URL."""
+    agent = echo_agent_factory(card_shape="1.0", interfaces=[("GRPC", "1.0")])
+    url = f"grpc://{agent.grpc_address}"
+    refused = api.post("/api/v1/agents", json={"agent_id": "g-nocard", "url": url})
+    assert refused.status_code == 400 and "http or https" in refused.text
+    metadata = api.post("/api/v1/agents", json={
+        "agent_id": "g-meta", "url": "grpc://169.254.169.254:50051",
+        "card": agent.card_document})
+    assert metadata.status_code == 400, metadata.text
+    created = api.post("/api/v1/agents", json={"agent_id": "g-url", "url": url,
+                                               "card": agent.card_document})
+    assert created.status_code == 201, created.text
+    updated = api.patch("/api/v1/agents/g-url", json={"card": agent.card_document})
+    assert updated.status_code == 200, updated.text
+    assert url in updated.text
+
+
+async def test_a_03_grpc_caller_is_refused(grpc_only, grpc_address, caller):
+    """A 0.3 gRPC caller has nothing to be translated to (1.0 ones are passed through, as in
+    tests/gateway/test_grpc_passthrough.py): ``binding_unavailable`` (UNIMPLEMENTED), not
+    executed."""
+    agent, agent_id, base = grpc_only
+    token = tuple(auth(caller).items())
+
+    async def calls():
+        async with grpc.aio.insecure_channel(grpc_address) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as old:
+                await grpc03.A2AServiceStub(channel).GetTask(
+                    pb03.GetTaskRequest(name="tasks/nope"),
+                    metadata=(*token, ("tenant", agent_id)), timeout=20)
+            return old.value
+
+    old = await on_node(calls())
+    code, executed, info = status_of(old)
+    assert (code, executed, info["kind"]) == \
+        (grpc.StatusCode.UNIMPLEMENTED, "false", "binding_unavailable")
+    assert agent.grpc_calls == []
