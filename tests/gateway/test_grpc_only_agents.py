@@ -11,10 +11,12 @@ tests/gateway/test_grpc_passthrough.py.
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import grpc
 import httpx
+import orjson
 import pytest
 from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
 from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
@@ -204,3 +206,65 @@ async def test_a_03_grpc_caller_is_refused(grpc_only, grpc_address, caller):
     assert (code, executed, info["kind"]) == \
         (grpc.StatusCode.UNIMPLEMENTED, "false", "binding_unavailable")
     assert agent.grpc_calls == []
+
+
+async def test_an_agent_that_never_answers_ends_at_the_deadline(grpc_only, grpc_address, caller,
+                                                                settings, api):
+    """The agent takes the call and never answers: ``timeout`` (executed true) when the
+    gateway's deadline passes (``A2A_MAX_TIMEOUT_SECONDS``), the agent's one concurrency slot
+    held meanwhile (a second call is ``busy``, never sent); a stream the agent never writes to
+    ends after ``A2A_SSE_IDLE_TIMEOUT_SECONDS`` the same way."""
+    settings.A2A_MAX_TIMEOUT_SECONDS = 1
+    settings.A2A_SSE_IDLE_TIMEOUT_SECONDS = 0.5
+    agent, agent_id, base = grpc_only
+    assert api.patch(f"/api/v1/agents/{agent_id}", json={"max_concurrency": 1}).status_code \
+        == 200
+    taken = []
+
+    async def never(request: bytes, context) -> bytes:
+        taken.append(request)
+        await asyncio.sleep(30)
+        return b""
+
+    async def silent(request: bytes, context):
+        await asyncio.sleep(30)
+        yield b""
+
+    message = {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+
+    async def calls():
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "lf.a2a.v1.A2AService", {
+                "SendMessage": grpc.unary_unary_rpc_method_handler(never),
+                "SendStreamingMessage": grpc.unary_stream_rpc_method_handler(silent)})])
+        server.add_insecure_port(agent.grpc_address)
+        await server.start()
+        try:
+            async with httpx.AsyncClient(headers=auth(caller), timeout=20) as http:
+                started = asyncio.get_running_loop().time()
+                first = asyncio.ensure_future(http.post(base, json={
+                    "jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": message}))
+                while not taken:
+                    await asyncio.sleep(0.01)
+                busy = await http.post(f"{base}message:send", json=message)
+                late = await first
+                seconds = asyncio.get_running_loop().time() - started
+                stream = await http.post(base, json={
+                    "jsonrpc": "2.0", "id": 2, "method": "SendStreamingMessage",
+                    "params": message})
+        finally:
+            await server.stop(None)
+        return busy, late, seconds, stream
+
+    await asyncio.sleep(0.5)  # the route's new cap reaches the node
+    busy, late, seconds, stream = await on_node(calls())
+    assert (busy.status_code, busy.headers["x-a2a-executed"]) == (429, "false")
+    assert busy.json()["error"]["details"][0]["metadata"]["kind"] == "busy"
+    assert 0.9 < seconds < 5
+    assert late.headers["x-a2a-executed"] == "true"
+    assert late.json()["error"]["data"]["kind"] == "timeout"
+    # No event came: the error is the whole answer (a stream already answering would end with
+    # a terminal ``event: error``).
+    assert stream.headers["x-a2a-executed"] == "true"
+    assert orjson.loads(stream.content)["error"]["data"]["kind"] == "timeout"
