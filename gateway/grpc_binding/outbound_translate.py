@@ -176,8 +176,24 @@ def jsonrpc_result(call: JsonRpcCall, reply: Any) -> Any:
         return [_dump(conversions.to_compat_task_push_notification_config(config))
                 for config in reply.configs]
     if name == "GetExtendedAgentCard":
-        return _dump(conversions.to_compat_agent_card(reply))
+        return _dump(conversions.to_compat_agent_card(_card_03(reply)))
     return None  # DeleteTaskPushNotificationConfig
+
+
+def _card_03(card: Any) -> Any:
+    """A 1.x agent card as a 0.3 caller gets it: the 0.3 view needs a 0.x interface, and the
+    gateway's JSON-RPC answers this caller's 0.3 method names -- a JSON-RPC 0.3 entry first
+    (its URL the agent's gRPC address, which the card rewrite points at the gateway)."""
+    if any(not i.protocol_version or i.protocol_version.startswith("0.")
+           for i in card.supported_interfaces):
+        return card
+    out = type(card)()
+    out.CopyFrom(card)
+    first = card.supported_interfaces[0].url if card.supported_interfaces else ""
+    del out.supported_interfaces[:]
+    out.supported_interfaces.add(url=first, protocol_binding="JSONRPC", protocol_version="0.3")
+    out.supported_interfaces.extend(card.supported_interfaces)
+    return out
 
 
 # --- the agent's status ------------------------------------------------------------------------
@@ -539,7 +555,15 @@ class RestAnswer:
         await self.out.send({"type": "http.response.body", "body": body})
 
     async def reply(self, message: Message) -> None:
-        await self._answer("result", MessageToDict(message))
+        call = self.out.call
+        if call.method.name == "GetExtendedAgentCard" and call.version != V10:
+            message = _card_03(message)  # the 0.3 route's card (``v1/card``)
+        try:
+            await self._answer("result", MessageToDict(message))
+        except Exception as exc:  # the SDK's conversions refuse in their own ways
+            await self.gateway_error(errors.AGENT_ERROR,
+                                     f"the agent's answer cannot be translated: {exc}"[:2000],
+                                     True)
 
     async def agent_error(self, error: dict[str, Any]) -> None:
         if self.out.call.method.streaming and not self.out.answered:

@@ -39,8 +39,9 @@ grpc_address = grpc_tests.grpc_address
 
 @pytest.fixture
 def grpc_only(echo_agent_factory, api, live_server_url):
-    """A gRPC-only agent registered with its card alone: (agent, agent id, gateway base)."""
-    agent = echo_agent_factory(card_shape="1.0", interfaces=[("GRPC", "1.0")])
+    """A gRPC-only agent (with an extended card) registered with its card alone: (agent,
+    agent id, gateway base)."""
+    agent = echo_agent_factory(card_shape="1.0", interfaces=[("GRPC", "1.0")], extended=True)
     agent.card_document["supportedInterfaces"][0]["tenant"] = "own-tenant"
     agent_id = f"grpc-only-{os.urandom(3).hex()}"
     response = api.post("/api/v1/agents", json={"agent_id": agent_id,
@@ -268,3 +269,62 @@ async def test_an_agent_that_never_answers_ends_at_the_deadline(grpc_only, grpc_
     # a terminal ``event: error``).
     assert stream.headers["x-a2a-executed"] == "true"
     assert orjson.loads(stream.content)["error"]["data"]["kind"] == "timeout"
+
+
+async def test_the_extended_card_is_translated_and_rewritten(grpc_only, grpc_address, caller):
+    """The agent's extended card (its gRPC ``GetExtendedAgentCard``) reaches a JSON-RPC caller
+    (1.0 and 0.3 names) and an HTTP+JSON caller pointed at the gateway, like the public card."""
+    agent, agent_id, base = grpc_only
+
+    async def calls():
+        server = await agent.serve_grpc()
+        try:
+            async with httpx.AsyncClient(headers=auth(caller), timeout=20) as http:
+                v10 = await http.post(base, json={"jsonrpc": "2.0", "id": 1,
+                                                  "method": "GetExtendedAgentCard"})
+                v03 = await http.post(base, json={"jsonrpc": "2.0", "id": 2,
+                                                  "method": "agent/getAuthenticatedExtendedCard"})
+                rest = await http.get(f"{base}extendedAgentCard")
+                rest03 = await http.get(f"{base}v1/card")
+        finally:
+            await server.stop(None)
+        return v10.json()["result"], v03.json()["result"], rest.json(), rest03.json()
+
+    v10, v03, rest, rest03 = await on_node(calls())
+    assert (rest03["url"], rest03["preferredTransport"]) == (base, "JSONRPC")
+    assert "secret" in [skill["id"] for skill in rest03["skills"]]
+    for card in (v10, rest):
+        assert "secret" in [skill["id"] for skill in card["skills"]]
+        assert [i["protocolBinding"] for i in card["supportedInterfaces"]] == \
+            ["GRPC", "JSONRPC", "HTTP+JSON"]
+        assert agent.grpc_address not in orjson.dumps(card).decode()
+    assert "secret" in [skill["id"] for skill in v03["skills"]]
+    assert (v03["url"], v03["preferredTransport"]) == (base, "JSONRPC")
+    assert agent.grpc_address not in orjson.dumps(v03).decode()
+
+
+def test_grpc_statuses_become_jsonrpc_errors():
+    from a2a.types import TaskNotFoundError
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    from gateway.grpc_binding.outbound_translate import status_error
+
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.ErrorInfo(reason="TASK_NOT_FOUND", domain="a2a-protocol.org",
+                                            metadata={"taskId": "t-1"}))
+    details = status_pb2.Status(code=5, message="no task", details=[detail])
+    error = status_error(grpc.StatusCode.NOT_FOUND, "no task",
+                         [("grpc-status-details-bin", details.SerializeToString())])
+    assert (error["code"], error["message"], error["data"][0]["metadata"]) == \
+        (-32001, "no task", {"taskId": "t-1"})
+    assert TaskNotFoundError  # the A2A error the reason names
+    assert status_error(grpc.StatusCode.INVALID_ARGUMENT, "bad", ())["code"] == -32602
+    assert status_error(grpc.StatusCode.UNIMPLEMENTED, "", None)["code"] == -32601
+    other = status_error(grpc.StatusCode.PERMISSION_DENIED, "no", [("x", "y")])
+    assert other == {"code": -32603, "message": "gRPC PERMISSION_DENIED: no"}
+    foreign = any_pb2.Any()
+    foreign.Pack(error_details_pb2.ErrorInfo(reason="TASK_NOT_FOUND", domain="elsewhere"))
+    assert status_error(grpc.StatusCode.NOT_FOUND, "x", [(
+        "grpc-status-details-bin", status_pb2.Status(details=[foreign]).SerializeToString())]
+    )["code"] == -32603
