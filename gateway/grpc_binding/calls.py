@@ -395,9 +395,9 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
         return await _pass_through(method, request, data, context, call, scope, agent_id,
                                    client_id, route, target, bindings.grpc_tenant, started)
     if outbound_translate.is_grpc_target(route.endpoint):
-        # A gRPC-only agent has no JSON-RPC to translate to: its own 1.0 service only.
-        call.fail(errors.BINDING_UNAVAILABLE, "", message=(
-            f"agent {agent_id} serves only the A2A 1.0 gRPC service ({translate.SERVICE_V10})"))
+        # A gRPC-only agent serving the other version: translated to its gRPC server.
+        await _to_other_grpc(method, request, context, call, scope, agent_id, client_id, route,
+                             headers.tags, len(data), started)
         return None
     version = call.agent_version = bindings.jsonrpc
     try:
@@ -468,6 +468,28 @@ async def _pass_through(method: ServiceMethod, request: Any, data: bytes, contex
             return None
         passed.reply = rewrite_core_card(card, grpc_gateway_url(agent_id)).SerializeToString()
     return passed
+
+
+async def _to_other_grpc(method: ServiceMethod, request: Any, context: Any, call: GrpcCall,
+                         scope: dict[str, Any], agent_id: str, client_id: str, route: Any,
+                         tags: dict[str, str], size: int, started: float) -> None:
+    """The call translated to the gRPC-only agent's own service of the other protocol
+    version (:mod:`.outbound_translate`), after the webhook check every binding makes."""
+    core = method.core
+    if core.name in _WEBHOOK_METHODS:
+        try:
+            rpc_method, params = translate.agent_request(core, request, translate.V10)
+        except (Unsupported, TranslationError) as exc:
+            call.fail(errors.INVALID_REQUEST, str(exc))
+            return
+        refused = await handler.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+        if refused is not None:
+            call.fail(errors.WEBHOOK_REFUSED, refused)
+            return
+    await outbound_translate.answer_grpc(
+        call, route=route, caller=client_id, tags=tags, method=core, request=request,
+        version=method.version, timeout=_timeout(context), started=started,
+        request_bytes=size)
 
 
 #: The methods whose request may carry a push-notification webhook (checked on every binding).

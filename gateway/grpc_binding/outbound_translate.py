@@ -527,15 +527,23 @@ async def answer_jsonrpc(send: Send, *, route: Any, caller: str, tags: dict[str,
 # --- the HTTP+JSON caller ----------------------------------------------------------------------
 
 
-class RestAnswer:
-    """An HTTP+JSON caller's answer: the agent's reply fed to
-    :class:`~gateway.rest_translate.RestTranslation` as a 1.0 JSON-RPC agent's answer would
-    be (its ProtoJSON), which writes it in the binding's form."""
+class RelayAnswer:
+    """A caller whose binding the gateway already translates from a 1.0 JSON-RPC agent's
+    answer (:class:`~gateway.rest_translate.RestTranslation` for HTTP+JSON,
+    :class:`~gateway.grpc_binding.calls.GrpcCall` for a gRPC caller of the other protocol
+    version): the agent's reply is fed to it as that answer would be (its ProtoJSON, as ASGI
+    messages), and it writes it in its binding's form. ``finish``: end the caller's answer
+    with the call (HTTP+JSON; the gRPC call's handler finishes its own)."""
 
-    def __init__(self, translation: RestTranslation, agent_id: str) -> None:
-        self.out = translation
+    def __init__(self, out: Any, agent_id: str, method: CoreMethod, *, version: str,
+                 finish: bool) -> None:
+        self.out = out
         self.agent_id = agent_id
+        self.method = method
+        self.version = version  # the caller's protocol version
+        self.finish = finish
         self.sse = False
+        self.ended = False
 
     async def _start(self, sse: bool) -> None:
         if not self.out.answered:
@@ -545,7 +553,7 @@ class RestAnswer:
 
     async def _answer(self, member: str, value: Any) -> None:
         body = orjson.dumps({"jsonrpc": "2.0", "id": "grpc", member: value})
-        if self.out.call.method.streaming:
+        if self.method.streaming:
             await self._start(True)
             if self.sse:
                 await self.out.send({"type": "http.response.body",
@@ -555,9 +563,8 @@ class RestAnswer:
         await self.out.send({"type": "http.response.body", "body": body})
 
     async def reply(self, message: Message) -> None:
-        call = self.out.call
-        if call.method.name == "GetExtendedAgentCard" and call.version != V10:
-            message = _card_03(message)  # the 0.3 route's card (``v1/card``)
+        if self.method.name == "GetExtendedAgentCard" and self.version != V10:
+            message = _card_03(message)  # a 0.3 caller's card (``v1/card``, GetAgentCard)
         try:
             await self._answer("result", MessageToDict(message))
         except Exception as exc:  # the SDK's conversions refuse in their own ways
@@ -566,7 +573,7 @@ class RestAnswer:
                                      True)
 
     async def agent_error(self, error: dict[str, Any]) -> None:
-        if self.out.call.method.streaming and not self.out.answered:
+        if self.method.streaming and not self.out.answered:
             await self._start(False)  # no stream yet: the binding's error response
         await self._answer("error", error)
 
@@ -575,10 +582,12 @@ class RestAnswer:
                                      executed=executed, extra=None)
 
     async def end(self) -> None:
-        if self.sse and not self.out.done:
+        if self.sse and not self.ended:
+            self.ended = True
             await self.out.send({"type": "http.response.body", "body": b"",
                                  "more_body": False})
-        await self.out.finish()
+        if self.finish:
+            await self.out.finish()
 
 
 async def answer_rest(send: Any, *, route: Any, caller: str, tags: dict[str, str], tail: str,
@@ -601,8 +610,8 @@ async def answer_rest(send: Any, *, route: Any, caller: str, tags: dict[str, str
     if refused is not None:
         await send_error(send, errors.WEBHOOK_REFUSED, route.agent_id, refused)
         return
-    translation = RestTranslation(call, V10, send, card=card)
-    answer = RestAnswer(translation, route.agent_id)
+    answer = RelayAnswer(RestTranslation(call, V10, send, card=card), route.agent_id,
+                         call.method, version=call.version, finish=True)
     try:
         tenant = (await bindings(route)).grpc_tenant
     except Exception:
@@ -623,3 +632,21 @@ async def send_error(send: Send, kind: str, agent_id: str, detail: str) -> None:
                             (b"content-length", b"%d" % len(body)),
                             (b"x-a2a-executed", b"false")]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def answer_grpc(out: Any, *, route: Any, caller: str, tags: dict[str, str],
+                      method: CoreMethod, request: Message, version: str, timeout: float,
+                      started: float, request_bytes: int) -> None:
+    """Answer an admitted gRPC call (``out``: its :class:`~gateway.grpc_binding.calls.GrpcCall`,
+    which the caller's handler finishes) of a protocol version the gRPC-only agent of ``route``
+    does not serve itself: translated to the version it serves."""
+    answer = RelayAnswer(out, route.agent_id, method, version=version, finish=False)
+    try:
+        tenant = (await bindings(route)).grpc_tenant
+    except Exception:
+        await answer.gateway_error(errors.UNREACHABLE, "the agent's card cannot be read now; "
+                                   "retry", False)
+        return
+    await call_agent(answer, route=route, tenant=tenant, method=method, request=request,
+                     caller=caller, tags=tags, timeout=timeout, started=started,
+                     request_bytes=request_bytes)

@@ -187,26 +187,49 @@ def test_registration_with_a_grpc_address(echo_agent_factory, api):
     assert url in updated.text
 
 
-async def test_a_03_grpc_caller_is_refused(grpc_only, grpc_address, caller):
-    """A 0.3 gRPC caller has nothing to be translated to (1.0 ones are passed through, as in
-    tests/gateway/test_grpc_passthrough.py): ``binding_unavailable`` (UNIMPLEMENTED), not
-    executed."""
+async def test_a_03_grpc_caller_is_translated_to_the_agents_10_service(
+        grpc_only, grpc_address, caller):
+    """A 0.3 gRPC caller (``a2a.v1.A2AService``, the agent named in the ``tenant`` metadata
+    entry) of an agent serving the 1.0 service only: translated to it (1.0 callers are passed
+    through, as in tests/gateway/test_grpc_passthrough.py); its A2A errors come back as the
+    0.3 service's."""
     agent, agent_id, base = grpc_only
-    token = tuple(auth(caller).items())
+    metadata = (*auth(caller).items(), ("tenant", agent_id))
 
     async def calls():
-        async with grpc.aio.insecure_channel(grpc_address) as channel:
-            with pytest.raises(grpc.aio.AioRpcError) as old:
-                await grpc03.A2AServiceStub(channel).GetTask(
-                    pb03.GetTaskRequest(name="tasks/nope"),
-                    metadata=(*token, ("tenant", agent_id)), timeout=20)
-            return old.value
+        server = await agent.serve_grpc()
+        try:
+            async with grpc.aio.insecure_channel(grpc_address) as channel:
+                stub = grpc03.A2AServiceStub(channel)
+                reply = await stub.SendMessage(pb03.SendMessageRequest(request=pb03.Message(
+                    message_id="m-1", role=pb03.ROLE_USER, content=[pb03.Part(text="old")])),
+                    metadata=metadata, timeout=20)
+                events = [event async for event in stub.SendStreamingMessage(
+                    pb03.SendMessageRequest(request=pb03.Message(
+                        message_id="m-2", role=pb03.ROLE_USER,
+                        content=[pb03.Part(text="task streamed")])),
+                    metadata=metadata, timeout=20)]
+                with pytest.raises(grpc.aio.AioRpcError) as missing:
+                    await stub.GetTask(pb03.GetTaskRequest(name="tasks/nope"),
+                                       metadata=metadata, timeout=20)
+                card = await stub.GetAgentCard(pb03.GetAgentCardRequest(), metadata=metadata,
+                                               timeout=20)
+        finally:
+            await server.stop(None)
+        return reply, events, missing.value, card
 
-    old = await on_node(calls())
-    code, executed, info = status_of(old)
-    assert (code, executed, info["kind"]) == \
-        (grpc.StatusCode.UNIMPLEMENTED, "false", "binding_unavailable")
-    assert agent.grpc_calls == []
+    reply, events, missing, card = await on_node(calls())
+    assert reply.msg.content[0].text == "echo: old"
+    assert [e.WhichOneof("payload") for e in events][-1] == "status_update"
+    assert events[-1].status_update.status.state == pb03.TASK_STATE_COMPLETED
+    assert missing.code() == grpc.StatusCode.NOT_FOUND
+    assert missing.details().startswith("TaskNotFoundError")
+    assert status_of(missing)[1] == "true"
+    assert card.url.endswith(f"/a2a/{agent_id}/") and agent.grpc_address not in str(card)
+    service = "/lf.a2a.v1.A2AService/"
+    assert [path for path, _ in agent.grpc_calls] == [service + m for m in (
+        "SendMessage", "SendStreamingMessage", "GetTask", "GetExtendedAgentCard")]
+    assert set(agent.executor.tenants) == {"own-tenant"}
 
 
 async def test_an_agent_that_never_answers_ends_at_the_deadline(grpc_only, grpc_address, caller,
