@@ -170,12 +170,12 @@ def grpc_url(address: str) -> str:
 
 
 def grpc_only_endpoint(card: dict[str, Any]) -> str:
-    """For a card that lists no JSON-RPC interface but an A2A 1.x gRPC one: that interface as
-    the agent's endpoint (:func:`grpc_url`), where the gateway calls it (JSON-RPC and
-    HTTP+JSON calls translated to gRPC); ``""`` for any other card."""
+    """For a card that lists no JSON-RPC interface but a gRPC one: that interface (its 1.x
+    one, else its 0.3 one) as the agent's endpoint (:func:`grpc_url`), where the gateway calls
+    it (JSON-RPC and HTTP+JSON calls translated to gRPC); ``""`` for any other card."""
     if lists_jsonrpc(card):
         return ""
-    address = grpc_endpoint(card, "1.0")
+    address = grpc_endpoint(card, "1.0") or grpc_endpoint(card, "0.3")
     return grpc_url(address) if address else ""
 
 

@@ -72,8 +72,8 @@ def card_endpoint(card: dict[str, Any]) -> str | None:
 
     ``url`` when the card's main interface is JSON-RPC (``preferredTransport`` absent or
     ``JSONRPC``), else the first JSON-RPC entry of ``additionalInterfaces`` (0.3) or
-    ``supportedInterfaces`` (1.0); for a card listing no JSON-RPC interface but an A2A 1.x
-    gRPC one, that address as ``grpc://host:port`` (``grpcs://`` for TLS: the gateway
+    ``supportedInterfaces`` (1.0); for a card listing no JSON-RPC interface but a gRPC one
+    (1.x first, else 0.3), that address as ``grpc://host:port`` (``grpcs://`` for TLS: the gateway
     translates JSON-RPC and HTTP+JSON calls to it); else ``url`` whatever it serves.
     """
     url = card.get("url")
@@ -193,7 +193,7 @@ def parse_card(
     shape = card_shape(card)
     endpoint = url or card_endpoint(card)
     if not endpoint:
-        raise CardError("an endpoint is required: a url, card.url, a JSONRPC or a 1.x GRPC "
+        raise CardError("an endpoint is required: a url, card.url, a JSONRPC or a GRPC "
                         "supportedInterface")
     if strict if strict is not None else settings.A2A_CARD_VALIDATION == "strict":
         _check_strict(card, shape)

@@ -39,16 +39,20 @@ from typing import Any, Protocol
 
 import grpc
 import orjson
+from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
 from a2a.compat.v0_3 import conversions
 from a2a.compat.v0_3 import types as t03
+from a2a.compat.v0_3.proto_utils import FromProto, ToProto
+from a2a.types import a2a_pb2 as pb
 from a2a.utils.errors import A2A_REASON_TO_ERROR, JSON_RPC_ERROR_CODE_MAP
 from django.conf import settings
+from google.protobuf import empty_pb2
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from google.protobuf.message import DecodeError, Message
 from google.rpc import error_details_pb2, status_pb2
 
 from gateway import errors, metrics, recorder
-from gateway.agent_bindings import bindings
+from gateway.agent_bindings import AgentBindings, bindings
 from gateway.cards import CardRewrite, rewrite_card
 from gateway.grpc_binding import passthrough
 from gateway.headers import outbound_headers
@@ -57,9 +61,11 @@ from gateway.translation import (
     A2A_DOMAIN,
     CORE,
     ERROR_INFO_TYPE,
+    V03,
     V10,
     CoreMethod,
     TranslationError,
+    Unsupported,
     compat,
 )
 from outbound import policy
@@ -67,6 +73,7 @@ from outbound.errors import OutboundError
 from registry.bindings import is_grpc_url
 
 SERVICE = "lf.a2a.v1.A2AService"
+SERVICE_03 = "a2a.v1.A2AService"
 #: Headers of the caller that are not gRPC metadata (the call's own framing).
 _DROPPED = frozenset({"content-type", "content-length", "accept", "te", "tenant", "host",
                       "connection", "transfer-encoding", "a2a-version"})
@@ -196,16 +203,150 @@ def _card_03(card: Any) -> Any:
     return out
 
 
+# --- an agent serving the 0.3 service: core <-> 0.3 protobuf, as the SDK's 0.3 gRPC client ----
+
+
+def _send_03(request: Any) -> Message:
+    params = conversions.to_compat_send_message_request(request, request_id=0).params
+    return pb03.SendMessageRequest(
+        request=ToProto.message(params.message),
+        configuration=ToProto.message_send_configuration(params.configuration),
+        metadata=ToProto.metadata(params.metadata))
+
+
+def _send_reply_03(data: bytes) -> Message:
+    reply = pb03.SendMessageResponse.FromString(data)
+    which = reply.WhichOneof("payload")
+    if which == "task":
+        return pb.SendMessageResponse(task=conversions.to_core_task(FromProto.task(reply.task)))
+    if which == "msg":
+        return pb.SendMessageResponse(message=conversions.to_core_message(
+            FromProto.message(reply.msg)))
+    raise TranslationError("the agent's answer holds neither a task nor a message")
+
+
+def _event_03(data: bytes) -> Message:
+    return conversions.to_core_stream_response(t03.SendStreamingMessageSuccessResponse(
+        result=FromProto.stream_response(pb03.StreamResponse.FromString(data))))
+
+
+def _task_03(data: bytes) -> Message:
+    return conversions.to_core_task(FromProto.task(pb03.Task.FromString(data)))
+
+
+def _create_push_03(request: Any) -> Message:
+    params = conversions.to_compat_create_task_push_notification_config_request(
+        request, request_id=0).params
+    return pb03.CreateTaskPushNotificationConfigRequest(
+        parent=f"tasks/{request.task_id}", config_id=params.push_notification_config.id,
+        config=ToProto.task_push_notification_config(params))
+
+
+def _push_03(data: bytes) -> Message:
+    return conversions.to_core_task_push_notification_config(
+        FromProto.task_push_notification_config(
+            pb03.TaskPushNotificationConfig.FromString(data)))
+
+
+def _push_list_03(data: bytes) -> Message:
+    return conversions.to_core_list_task_push_notification_config_response(
+        FromProto.list_task_push_notification_config_response(
+            pb03.ListTaskPushNotificationConfigResponse.FromString(data)))
+
+
+def _push_name(request: Any) -> str:
+    return f"tasks/{request.task_id}/pushNotificationConfigs/{request.id}"
+
+
+#: The 0.3 service's method, request and reply of each core method (no ListTasks in 0.3).
+_AGENT_03: dict[str, tuple[str, Callable[[Any], Message], Callable[[bytes], Message]]] = {
+    "SendMessage": ("SendMessage", _send_03, _send_reply_03),
+    "SendStreamingMessage": ("SendStreamingMessage", _send_03, _event_03),
+    "GetTask": ("GetTask", lambda r: pb03.GetTaskRequest(
+        name=f"tasks/{r.id}", history_length=r.history_length), _task_03),
+    "CancelTask": ("CancelTask", lambda r: pb03.CancelTaskRequest(name=f"tasks/{r.id}"),
+                   _task_03),
+    "SubscribeToTask": ("TaskSubscription",
+                        lambda r: pb03.TaskSubscriptionRequest(name=f"tasks/{r.id}"), _event_03),
+    "CreateTaskPushNotificationConfig": ("CreateTaskPushNotificationConfig", _create_push_03,
+                                         _push_03),
+    "GetTaskPushNotificationConfig": (
+        "GetTaskPushNotificationConfig",
+        lambda r: pb03.GetTaskPushNotificationConfigRequest(name=_push_name(r)), _push_03),
+    "ListTaskPushNotificationConfigs": (
+        "ListTaskPushNotificationConfig",
+        lambda r: pb03.ListTaskPushNotificationConfigRequest(parent=f"tasks/{r.task_id}"),
+        _push_list_03),
+    "DeleteTaskPushNotificationConfig": (
+        "DeleteTaskPushNotificationConfig",
+        lambda r: pb03.DeleteTaskPushNotificationConfigRequest(name=_push_name(r)),
+        lambda data: empty_pb2.Empty()),
+    "GetExtendedAgentCard": (
+        "GetAgentCard", lambda r: pb03.GetAgentCardRequest(),
+        lambda data: conversions.to_core_agent_card(FromProto.agent_card(
+            pb03.AgentCard.FromString(data)))),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AgentMethod:
+    """A core method as the agent's gRPC service has it: the path, the request's bytes and
+    the reply's decoding (refusals raised as :class:`TranslationError`)."""
+
+    path: str
+    encode: Callable[[Message], bytes]
+    decode: Callable[[bytes], Message]
+
+
+def agent_method(method: CoreMethod, version: str, tenant: str) -> AgentMethod:
+    """The agent's ``method`` on its gRPC service of ``version`` (1.0: the core messages, the
+    request's ``tenant`` the agent's own; 0.3: the SDK's conversions). Raises
+    :class:`~gateway.translation.Unsupported` for a method 0.3 has not."""
+    if version == V10:
+        def encode(request: Message) -> bytes:
+            outgoing: Any = type(request)()
+            outgoing.CopyFrom(request)
+            if "tenant" in outgoing.DESCRIPTOR.fields_by_name:
+                outgoing.tenant = tenant
+            data: bytes = outgoing.SerializeToString()
+            return data
+
+        def decode(data: bytes) -> Message:
+            try:
+                return method.reply.FromString(data)
+            except DecodeError as exc:
+                raise TranslationError(f"not a {method.reply.__name__}: {exc}") from None
+
+        return AgentMethod(f"/{SERVICE}/{method.name}", encode, decode)
+    found = _AGENT_03.get(method.name)
+    if found is None:
+        raise Unsupported(f"{method.name} is not an A2A 0.3 method")
+    name, to_03, from_03 = found
+
+    def decode_03(data: bytes) -> Message:
+        try:
+            return compat(from_03)(data)
+        except DecodeError as exc:
+            raise TranslationError(str(exc)) from None
+
+    return AgentMethod(f"/{SERVICE_03}/{name}",
+                       lambda request: compat(to_03)(request).SerializeToString(), decode_03)
+
+
 # --- the agent's status ------------------------------------------------------------------------
+
+
+_ERRORS_BY_NAME = {cls.__name__: code for cls, code in JSON_RPC_ERROR_CODE_MAP.items()}
 
 
 def status_error(code: grpc.StatusCode, details: str,
                  trailing: Any) -> dict[str, Any]:
     """The JSON-RPC error object of the agent's gRPC status: the A2A error its ``ErrorInfo``
     (domain ``a2a-protocol.org``, in ``grpc-status-details-bin``) names, with that error's
-    JSON-RPC code and the ErrorInfo as ``data`` (as a 1.0 JSON-RPC agent answers it); without
-    one, ``INVALID_ARGUMENT`` -32602, ``UNIMPLEMENTED`` -32601, anything else -32603 naming
-    the status."""
+    JSON-RPC code and the ErrorInfo as ``data`` (as a 1.0 JSON-RPC agent answers it), or the one
+    a 0.3 server's details name (``"TaskNotFoundError: ..."``); without either,
+    ``INVALID_ARGUMENT`` -32602, ``UNIMPLEMENTED`` -32601, anything else -32603 naming the
+    status."""
     for key, value in trailing or ():
         if key != passthrough.STATUS_DETAILS or not isinstance(value, bytes):
             continue
@@ -223,6 +364,9 @@ def status_error(code: grpc.StatusCode, details: str,
             return {"code": JSON_RPC_ERROR_CODE_MAP[cls], "message": details or status.message,
                     "data": [{"@type": ERROR_INFO_TYPE, "reason": info.reason,
                               "domain": info.domain, "metadata": dict(info.metadata)}]}
+    name, sep, message = details.partition(": ")
+    if sep and name in _ERRORS_BY_NAME:  # the SDK's 0.3 gRPC servers: "<ErrorName>: <message>"
+        return {"code": _ERRORS_BY_NAME[name], "message": message}
     json_code = _STATUS_CODES.get(code)
     if json_code is not None:
         return {"code": json_code, "message": details or code.name}
@@ -271,14 +415,31 @@ def _metadata(tags: dict[str, str], caller: str, passthrough_auth: bool) -> list
     return out
 
 
-async def call_agent(answer: Answer, *, route: Any, tenant: str, method: CoreMethod,
+async def call_agent(answer: Answer, *, route: Any, agent: AgentBindings, method: CoreMethod,
                      request: Message, caller: str, tags: dict[str, str], timeout: float,
                      started: float, request_bytes: int) -> None:
-    """Make the agent's gRPC call of ``request`` and answer the caller through ``answer``;
-    metrics and the console's recorder see it under the 1.0 method name."""
+    """Make the agent's gRPC call of ``request`` (on its 1.0 service when its card lists one,
+    else its 0.3 one) and answer the caller through ``answer``; metrics and the console's
+    recorder see it under the 1.0 method name."""
     record = _Record()
     agent_id = route.agent_id
     metrics.count_request(agent_id, method.name)
+    version = V03 if agent.grpc_v03 and not agent.grpc_v10 else V10
+    try:
+        target = agent_method(method, version, agent.grpc_tenant)
+        data = target.encode(request)
+    except Unsupported:
+        await _gateway_error(answer, record, errors.BINDING_UNAVAILABLE,
+                             f"{method.name} is not an A2A 0.3 method, and agent {agent_id} "
+                             "serves the A2A 0.3 gRPC service", False)
+        await answer.end()
+        _finish(record, agent_id, caller, method.name, request_bytes, started)
+        return
+    except TranslationError as exc:
+        await _gateway_error(answer, record, errors.INVALID_REQUEST, str(exc), False)
+        await answer.end()
+        _finish(record, agent_id, caller, method.name, request_bytes, started)
+        return
     if not passthrough.take_slot(agent_id, route.max_concurrency):
         metrics.count_busy(agent_id)
         await _gateway_error(answer, record, errors.BUSY, "", False)
@@ -286,7 +447,8 @@ async def call_agent(answer: Answer, *, route: Any, tenant: str, method: CoreMet
         _finish(record, agent_id, caller, method.name, request_bytes, started)
         return
     try:
-        await _call(answer, record, route, tenant, method, request, caller, tags, timeout)
+        await _call(answer, record, route, target, method.streaming, data, caller, tags,
+                    timeout)
         await answer.end()
     except asyncio.CancelledError:
         if record.outcome in ("unknown", "ok"):
@@ -311,44 +473,38 @@ async def _gateway_error(answer: Answer, record: _Record, kind: str, detail: str
     await answer.gateway_error(kind, detail, executed)
 
 
-async def _call(answer: Answer, record: _Record, route: Any, tenant: str, method: CoreMethod,
-                request: Message, caller: str, tags: dict[str, str], timeout: float) -> None:
-    target = route.endpoint
+async def _call(answer: Answer, record: _Record, route: Any, target: AgentMethod,
+                streaming: bool, data: bytes, caller: str, tags: dict[str, str],
+                timeout: float) -> None:
+    address = route.endpoint
     try:
-        channel = await passthrough.channel_for(target)
+        channel = await passthrough.channel_for(address)
     except (ValueError, OSError, OutboundError) as exc:
         await _gateway_error(answer, record, errors.UNREACHABLE,
-                             f"the agent's gRPC interface {target}: {exc}", False)
+                             f"the agent's gRPC interface {address}: {exc}", False)
         return
     if not await passthrough.connected(channel, min(policy.current().connect_timeout, timeout)):
-        passthrough.forget(target, channel)
+        passthrough.forget(address, channel)
         await _gateway_error(answer, record, errors.UNREACHABLE,
-                             f"cannot connect to the agent's gRPC interface {target}", False)
+                             f"cannot connect to the agent's gRPC interface {address}", False)
         return
-    outgoing = type(request)()
-    outgoing.CopyFrom(request)
-    if "tenant" in outgoing.DESCRIPTOR.fields_by_name:
-        outgoing.tenant = tenant
-    data = outgoing.SerializeToString()
     metadata = _metadata(tags, caller, route.credential_passthrough)
-    path = f"/{SERVICE}/{method.name}"
     record.started = True
-    if method.streaming:
-        await _stream(answer, record, channel, path, method, data, metadata)
+    if streaming:
+        await _stream(answer, record, channel, target, data, metadata)
         return
     deadline = time.monotonic() + timeout
-    call = channel.unary_unary(path)(data, metadata=metadata, timeout=timeout)
+    call = channel.unary_unary(target.path)(data, metadata=metadata, timeout=timeout)
     try:
         raw: bytes = await call
     except grpc.aio.AioRpcError as exc:
         await _failed(answer, record, exc, deadline)
         return
     try:
-        reply = method.reply.FromString(raw)
-    except DecodeError as exc:
+        reply = target.decode(raw)
+    except TranslationError as exc:
         await _gateway_error(answer, record, errors.AGENT_ERROR,
-                             f"the agent's answer is not a {method.reply.__name__}: {exc}",
-                             True)
+                             f"the agent's answer cannot be translated: {exc}", True)
         return
     record.outcome, record.status, record.nbytes = "ok", 200, len(raw)
     await answer.reply(reply)
@@ -375,9 +531,9 @@ async def _failed(answer: Answer, record: _Record, exc: grpc.aio.AioRpcError,
     await answer.agent_error(status_error(code, details, trailing))
 
 
-async def _stream(answer: Answer, record: _Record, channel: grpc.aio.Channel, path: str,
-                  method: CoreMethod, data: bytes, metadata: list[tuple[str, str]]) -> None:
-    call = channel.unary_stream(path)(data, metadata=metadata)
+async def _stream(answer: Answer, record: _Record, channel: grpc.aio.Channel,
+                  target: AgentMethod, data: bytes, metadata: list[tuple[str, str]]) -> None:
+    call = channel.unary_stream(target.path)(data, metadata=metadata)
     idle = float(settings.A2A_SSE_IDLE_TIMEOUT_SECONDS)
     stall = float(settings.A2A_SSE_STALL_TIMEOUT_SECONDS)
     try:
@@ -394,11 +550,11 @@ async def _stream(answer: Answer, record: _Record, channel: grpc.aio.Channel, pa
                 break
             assert isinstance(message, bytes)  # identity deserializer
             try:
-                event = method.reply.FromString(message)
-            except DecodeError as exc:
+                event = target.decode(message)
+            except TranslationError as exc:
                 call.cancel()
                 await _gateway_error(answer, record, errors.AGENT_ERROR,
-                                     f"the agent's event is not a StreamResponse: {exc}", True)
+                                     f"the agent's event cannot be translated: {exc}", True)
                 return
             try:
                 async with asyncio.timeout(stall):
@@ -514,12 +670,12 @@ async def answer_jsonrpc(send: Send, *, route: Any, caller: str, tags: dict[str,
         return
     answer = JsonRpcAnswer(send, rpc_id, route.agent_id, call)
     try:
-        tenant = (await bindings(route)).grpc_tenant
+        agent = await bindings(route)
     except Exception:
         await answer.gateway_error(errors.UNREACHABLE, "the agent's card cannot be read now; "
                                    "retry", False)
         return
-    await call_agent(answer, route=route, tenant=tenant, method=call.method,
+    await call_agent(answer, route=route, agent=agent, method=call.method,
                      request=call.request, caller=caller, tags=tags, timeout=timeout,
                      started=started, request_bytes=request_bytes)
 
@@ -613,13 +769,13 @@ async def answer_rest(send: Any, *, route: Any, caller: str, tags: dict[str, str
     answer = RelayAnswer(RestTranslation(call, V10, send, card=card), route.agent_id,
                          call.method, version=call.version, finish=True)
     try:
-        tenant = (await bindings(route)).grpc_tenant
+        agent = await bindings(route)
     except Exception:
         await answer.gateway_error(errors.UNREACHABLE, "the agent's card cannot be read now; "
                                    "retry", False)
         return
     # The caller's path tenant is the gateway's: the agent gets its card's.
-    await call_agent(answer, route=route, tenant=tenant, method=call.method,
+    await call_agent(answer, route=route, agent=agent, method=call.method,
                      request=call.request, caller=caller, tags=tags, timeout=timeout,
                      started=started, request_bytes=len(body))
 
@@ -642,11 +798,11 @@ async def answer_grpc(out: Any, *, route: Any, caller: str, tags: dict[str, str]
     does not serve itself: translated to the version it serves."""
     answer = RelayAnswer(out, route.agent_id, method, version=version, finish=False)
     try:
-        tenant = (await bindings(route)).grpc_tenant
+        agent = await bindings(route)
     except Exception:
         await answer.gateway_error(errors.UNREACHABLE, "the agent's card cannot be read now; "
                                    "retry", False)
         return
-    await call_agent(answer, route=route, tenant=tenant, method=method, request=request,
+    await call_agent(answer, route=route, agent=agent, method=method, request=request,
                      caller=caller, tags=tags, timeout=timeout, started=started,
                      request_bytes=request_bytes)

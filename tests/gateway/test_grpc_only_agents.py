@@ -351,3 +351,43 @@ def test_grpc_statuses_become_jsonrpc_errors():
     assert status_error(grpc.StatusCode.NOT_FOUND, "x", [(
         "grpc-status-details-bin", status_pb2.Status(details=[foreign]).SerializeToString())]
     )["code"] == -32603
+
+
+async def test_an_agent_serving_the_03_grpc_service_only(echo_agent_factory, api,
+                                                         live_server_url, grpc_address, caller):
+    """A 0.3 card whose one interface is the agent's 0.3 gRPC service: JSON-RPC and HTTP+JSON
+    calls reach it through the SDK's 0.3 conversions; ``ListTasks``, which 0.3 has not, is
+    ``binding_unavailable``, never sent."""
+    agent = echo_agent_factory(card_shape="0.3", interfaces=[("GRPC", "0.3")])
+    assert agent.card_document["preferredTransport"] == "GRPC"
+    agent_id = f"grpc03-{os.urandom(3).hex()}"
+    response = api.post("/api/v1/agents", json={"agent_id": agent_id,
+                                                "card": agent.card_document})
+    assert response.status_code == 201, response.text
+    base = f"{live_server_url}/a2a/{agent_id}/"
+    token = auth(caller)
+
+    async def calls():
+        server = await agent.serve_grpc("0.3")
+        try:
+            async with sdk_client(base, bindings=[JSONRPC_BINDING], streaming=True,
+                                  headers=token) as client:
+                events = await send_and_collect(client, "task streamed")
+                with pytest.raises(TaskNotFoundError):
+                    await client.get_task(GetTaskRequest(id="no-such-task"))
+            async with httpx.AsyncClient(headers=token, timeout=20) as http:
+                rest = await http.post(f"{base}message:send", json={"message": {
+                    "messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}})
+                listed = await http.get(f"{base}tasks")
+        finally:
+            await server.stop(None)
+        return events, rest, listed
+
+    events, rest, listed = await on_node(calls())
+    assert events[-1].event.status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert rest.json()["message"]["parts"][0]["text"] == "echo: hi"
+    assert (listed.status_code, listed.headers["x-a2a-executed"]) == (501, "false")
+    assert listed.json()["error"]["details"][0]["metadata"]["kind"] == "binding_unavailable"
+    service = "/a2a.v1.A2AService/"
+    assert [path for path, _ in agent.grpc_calls] == [service + m for m in (
+        "SendStreamingMessage", "GetTask", "SendMessage")]

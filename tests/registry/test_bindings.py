@@ -136,15 +136,18 @@ def test_a_grpc_only_card_offers_jsonrpc_and_http_json_translated_to_its_grpc():
     both = {"name": "both", "supportedInterfaces": [iface(GRPC, "1.0", "agent:1"),
                                                     iface(JSONRPC, "1.0", AGENT)]}
     assert grpc_only_endpoint(both) == ""
+    # A 0.3 card whose one interface is gRPC: its 0.3 view names the gateway's JSON-RPC.
+    grpc03 = {**card_03(), "preferredTransport": "GRPC", "url": "agent.example:50051"}
+    assert grpc_only_endpoint(grpc03) == "grpc://agent.example:50051"
+    out = rewrite_card_endpoints(grpc03, GW)
+    assert (out["url"], out["preferredTransport"]) == (GW, JSONRPC)
+    assert out["additionalInterfaces"] == [{"url": GW, "transport": HTTP_JSON}]
 
 
 def test_a_card_without_a_served_interface_offers_none():
     rest = {"name": "rest only", "supportedInterfaces": [iface(HTTP_JSON, "1.0")]}
     assert rewrite_card_endpoints(rest, GW)["supportedInterfaces"] == [
         iface(HTTP_JSON, "1.0", GW)]
-    grpc03 = {**card_03(), "preferredTransport": "GRPC", "url": "agent.example:50051"}
-    out = rewrite_card_endpoints(grpc03, GW)
-    assert "url" not in out and "preferredTransport" not in out
 
 
 def test_03_card_main_binding_not_served_takes_the_first_served_additional():

@@ -116,6 +116,9 @@ def test_endpoint_is_the_cards_json_rpc_interface():
     # No JSON-RPC interface at all: its 1.x gRPC one (calls are translated to it) ...
     assert parse_card(both).endpoint == "grpc://a.example:50051"
     del both["supportedInterfaces"][0]
-    assert parse_card(both).endpoint == "http://a.example/grpc"  # ... else ``url``
+    # ... else its 0.3 one (the main interface here: ``http://`` names no TLS) ...
+    assert parse_card(both).endpoint == "grpc://a.example/grpc"
+    rest_main = {**card_03("http://a.example/rest"), "preferredTransport": "HTTP+JSON"}
+    assert parse_card(rest_main).endpoint == "http://a.example/rest"  # ... else ``url``
     assert parse_card(card_03("http://a.example/")).endpoint == "http://a.example/"
     assert parse_card(grpc_main, url="http://reg.example/").endpoint == "http://reg.example/"
