@@ -391,3 +391,58 @@ async def test_an_agent_serving_the_03_grpc_service_only(echo_agent_factory, api
     service = "/a2a.v1.A2AService/"
     assert [path for path, _ in agent.grpc_calls] == [service + m for m in (
         "SendStreamingMessage", "GetTask", "SendMessage")]
+
+
+async def test_an_agent_error_inside_a_stream_ends_it(grpc_only, grpc_address, caller):
+    """The agent writes one event, then ends its stream with an A2A error status: the caller
+    gets the event, then the error -- a last JSON-RPC error event, or the HTTP+JSON binding's
+    terminal ``event: error`` -- executed true."""
+    from a2a.types import a2a_pb2
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    agent, agent_id, base = grpc_only
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason="TASK_NOT_FOUND", domain="a2a-protocol.org"))
+    details = status_pb2.Status(code=5, message="gone", details=[info]).SerializeToString()
+
+    async def one_then_error(request: bytes, context):
+        yield a2a_pb2.StreamResponse(task=a2a_pb2.Task(
+            id="t-1", context_id="c-1", status=a2a_pb2.TaskStatus(
+                state=a2a_pb2.TaskState.TASK_STATE_SUBMITTED))).SerializeToString()
+        await context.abort(grpc.StatusCode.NOT_FOUND, "gone",
+                            trailing_metadata=(("grpc-status-details-bin", details),))
+
+    message = {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+
+    async def calls():
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "lf.a2a.v1.A2AService", {"SendStreamingMessage":
+                                     grpc.unary_stream_rpc_method_handler(one_then_error)})])
+        server.add_insecure_port(agent.grpc_address)
+        await server.start()
+        try:
+            async with httpx.AsyncClient(headers=auth(caller), timeout=20) as http:
+                rpc = await http.post(base, json={"jsonrpc": "2.0", "id": 7, "method":
+                                                  "SendStreamingMessage", "params": message})
+                rest = await http.post(f"{base}message:stream", json=message)
+        finally:
+            await server.stop(None)
+        return rpc, rest
+
+    rpc, rest = await on_node(calls())
+    assert rpc.headers["x-a2a-executed"] == "true"
+    events = [orjson.loads(line[6:]) for line in rpc.text.splitlines()
+              if line.startswith("data: ")]
+    assert [event["result"]["task"]["id"] for event in events[:1]] == ["t-1"]
+    assert events[1] == {"jsonrpc": "2.0", "id": 7, "error": {
+        "code": -32001, "message": "gone", "data": [{
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "TASK_NOT_FOUND",
+            "domain": "a2a-protocol.org", "metadata": {}}]}}
+    assert len(events) == 2
+    assert rest.headers["content-type"].startswith("text/event-stream")
+    chunks = rest.text.strip().split("\n\n")
+    assert orjson.loads(chunks[0].removeprefix("data: "))["task"]["id"] == "t-1"
+    assert chunks[1].startswith("event: error\ndata: ")
+    assert orjson.loads(chunks[1].split("data: ", 1)[1])["error"]["status"] == "NOT_FOUND"
