@@ -296,6 +296,7 @@ class AgentMethod:
     path: str
     encode: Callable[[Message], bytes]
     decode: Callable[[bytes], Message]
+    version: str  # the service's A2A version (the ``a2a-version`` metadata)
 
 
 def agent_method(method: CoreMethod, version: str, tenant: str) -> AgentMethod:
@@ -317,7 +318,7 @@ def agent_method(method: CoreMethod, version: str, tenant: str) -> AgentMethod:
             except DecodeError as exc:
                 raise TranslationError(f"not a {method.reply.__name__}: {exc}") from None
 
-        return AgentMethod(f"/{SERVICE}/{method.name}", encode, decode)
+        return AgentMethod(f"/{SERVICE}/{method.name}", encode, decode, V10)
     found = _AGENT_03.get(method.name)
     if found is None:
         raise Unsupported(f"{method.name} is not an A2A 0.3 method")
@@ -330,7 +331,8 @@ def agent_method(method: CoreMethod, version: str, tenant: str) -> AgentMethod:
             raise TranslationError(str(exc)) from None
 
     return AgentMethod(f"/{SERVICE_03}/{name}",
-                       lambda request: compat(to_03)(request).SerializeToString(), decode_03)
+                       lambda request: compat(to_03)(request).SerializeToString(), decode_03,
+                       V03)
 
 
 # --- the agent's status ------------------------------------------------------------------------
@@ -404,8 +406,9 @@ class _Record:
         self.nbytes = 0
 
 
-def _metadata(tags: dict[str, str], caller: str, passthrough_auth: bool) -> list[tuple[str, str]]:
-    out = [("a2a-version", V10)]
+def _metadata(tags: dict[str, str], caller: str, passthrough_auth: bool,
+              version: str) -> list[tuple[str, str]]:
+    out = [("a2a-version", version)]
     for name, value in outbound_headers(tags, caller, passthrough=passthrough_auth).items():
         name = name.lower()
         if name in _DROPPED or name.startswith(("grpc-", ":")) or name.endswith("-bin") \
@@ -488,7 +491,7 @@ async def _call(answer: Answer, record: _Record, route: Any, target: AgentMethod
         await _gateway_error(answer, record, errors.UNREACHABLE,
                              f"cannot connect to the agent's gRPC interface {address}", False)
         return
-    metadata = _metadata(tags, caller, route.credential_passthrough)
+    metadata = _metadata(tags, caller, route.credential_passthrough, target.version)
     record.started = True
     if streaming:
         await _stream(answer, record, channel, target, data, metadata)
