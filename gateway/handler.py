@@ -249,7 +249,7 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive, send,
     # (gateway.grpc_binding.outbound_translate).
     if route is not None and outbound_translate.is_grpc_target(route.endpoint):
         await outbound_translate.answer_jsonrpc(
-            send, route=route, caller=caller, tags=headers.tags, timeout=request_timeout(
+            send, receive, route=route, caller=caller, tags=headers.tags, timeout=request_timeout(
                 payload, settings), started=started, request_bytes=len(body),
             payload=payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body))
         return
@@ -377,7 +377,7 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive, send, a
     # HOOK (gRPC-only agent): translated to its gRPC server, as in handle_rpc.
     if outbound_translate.is_grpc_target(route.endpoint):
         await outbound_translate.answer_rest(
-            send, route=route, caller=caller, tags=headers.tags, tail=tail, method=method,
+            send, receive, route=route, caller=caller, tags=headers.tags, tail=tail, method=method,
             query=scope.get("query_string") or b"", body=body, started=started,
             timeout=request_timeout({"params": payload} if payload else {}, settings),
             check_webhook=lambda name, params: refused_webhook(scope, agent_id, caller, name,

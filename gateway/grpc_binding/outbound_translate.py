@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -378,6 +378,10 @@ def status_error(code: grpc.StatusCode, details: str,
 # --- the call ----------------------------------------------------------------------------------
 
 
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
 class Answer(Protocol):
     """The caller's side of one translated call, in its binding's form."""
 
@@ -420,10 +424,11 @@ def _metadata(tags: dict[str, str], caller: str, passthrough_auth: bool,
 
 async def call_agent(answer: Answer, *, route: Any, agent: AgentBindings, method: CoreMethod,
                      request: Message, caller: str, tags: dict[str, str], timeout: float,
-                     started: float, request_bytes: int) -> None:
+                     started: float, request_bytes: int, receive: Receive | None) -> None:
     """Make the agent's gRPC call of ``request`` (on its 1.0 service when its card lists one,
     else its 0.3 one) and answer the caller through ``answer``; metrics and the console's
-    recorder see it under the 1.0 method name."""
+    recorder see it under the 1.0 method name. A stream's caller leaving (``receive`` answers
+    ``http.disconnect``) cancels the agent's call."""
     record = _Record()
     agent_id = route.agent_id
     metrics.count_request(agent_id, method.name)
@@ -450,8 +455,14 @@ async def call_agent(answer: Answer, *, route: Any, agent: AgentBindings, method
         _finish(record, agent_id, caller, method.name, request_bytes, started)
         return
     try:
-        await _call(answer, record, route, target, method.streaming, data, caller, tags,
-                    timeout)
+        call = _call(answer, record, route, target, method.streaming, data, caller, tags,
+                     timeout)
+        if method.streaming and receive is not None:
+            if not await _unless_gone(call, receive):
+                record.outcome = "client_disconnect"
+                return
+        else:
+            await call
         await answer.end()
     except asyncio.CancelledError:
         if record.outcome in ("unknown", "ok"):
@@ -460,6 +471,27 @@ async def call_agent(answer: Answer, *, route: Any, agent: AgentBindings, method
     finally:
         passthrough.release_slot(agent_id)
         _finish(record, agent_id, caller, method.name, request_bytes, started)
+
+
+async def _unless_gone(call: Coroutine[Any, Any, None], receive: Receive) -> bool:
+    """Run ``call`` unless the caller leaves first (then it is cancelled: False)."""
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(call)
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watch):
+            if not pending.done():
+                pending.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+    if task.cancelled():
+        return False
+    task.result()  # its own exception, if any
+    return True
 
 
 def _finish(record: _Record, agent_id: str, caller: str, method: str, size: int,
@@ -579,7 +611,6 @@ async def _stream(answer: Answer, record: _Record, channel: grpc.aio.Channel,
 
 # --- the JSON-RPC caller -----------------------------------------------------------------------
 
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 _EXECUTED = (b"x-a2a-executed", b"true")
 
 
@@ -654,9 +685,9 @@ class JsonRpcAnswer:
             await self._event(b"", last=True)
 
 
-async def answer_jsonrpc(send: Send, *, route: Any, caller: str, tags: dict[str, str],
-                         payload: dict[str, Any], timeout: float, started: float,
-                         request_bytes: int) -> None:
+async def answer_jsonrpc(send: Send, receive: Receive, *, route: Any, caller: str,
+                         tags: dict[str, str], payload: dict[str, Any], timeout: float,
+                         started: float, request_bytes: int) -> None:
     """Answer an admitted JSON-RPC call (``payload``) to the gRPC-only agent of ``route``."""
     rpc_id = payload.get("id")
     try:
@@ -680,7 +711,7 @@ async def answer_jsonrpc(send: Send, *, route: Any, caller: str, tags: dict[str,
         return
     await call_agent(answer, route=route, agent=agent, method=call.method,
                      request=call.request, caller=caller, tags=tags, timeout=timeout,
-                     started=started, request_bytes=request_bytes)
+                     started=started, request_bytes=request_bytes, receive=receive)
 
 
 # --- the HTTP+JSON caller ----------------------------------------------------------------------
@@ -749,8 +780,9 @@ class RelayAnswer:
             await self.out.finish()
 
 
-async def answer_rest(send: Any, *, route: Any, caller: str, tags: dict[str, str], tail: str,
-                      method: str, query: bytes, body: bytes, timeout: float, started: float,
+async def answer_rest(send: Any, receive: Receive, *, route: Any, caller: str,
+                      tags: dict[str, str], tail: str, method: str, query: bytes, body: bytes,
+                      timeout: float, started: float,
                       check_webhook: Callable[[str, Any], Awaitable[str | None]]) -> None:
     """Answer an admitted HTTP+JSON call (route ``tail``, A2A ``method``) to the gRPC-only
     agent of ``route``: translated as :func:`gateway.rest_translate.rest_call` does, its
@@ -780,7 +812,7 @@ async def answer_rest(send: Any, *, route: Any, caller: str, tags: dict[str, str
     # The caller's path tenant is the gateway's: the agent gets its card's.
     await call_agent(answer, route=route, agent=agent, method=call.method,
                      request=call.request, caller=caller, tags=tags, timeout=timeout,
-                     started=started, request_bytes=len(body))
+                     started=started, request_bytes=len(body), receive=receive)
 
 
 async def send_error(send: Send, kind: str, agent_id: str, detail: str) -> None:
@@ -808,4 +840,4 @@ async def answer_grpc(out: Any, *, route: Any, caller: str, tags: dict[str, str]
         return
     await call_agent(answer, route=route, agent=agent, method=method, request=request,
                      caller=caller, tags=tags, timeout=timeout, started=started,
-                     request_bytes=request_bytes)
+                     request_bytes=request_bytes, receive=out.receive)

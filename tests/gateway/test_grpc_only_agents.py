@@ -445,3 +445,48 @@ async def test_an_agent_error_inside_a_stream_ends_it(grpc_only, grpc_address, c
     assert orjson.loads(chunks[0].removeprefix("data: "))["task"]["id"] == "t-1"
     assert chunks[1].startswith("event: error\ndata: ")
     assert orjson.loads(chunks[1].split("data: ", 1)[1])["error"]["status"] == "NOT_FOUND"
+
+
+async def test_a_stream_whose_caller_leaves_cancels_the_agents_call(grpc_only, grpc_address,
+                                                                    caller):
+    """A JSON-RPC stream's caller disconnects after the first event: the agent's gRPC call is
+    cancelled at once (not left to run until the agent ends it)."""
+    from a2a.types import a2a_pb2
+
+    agent, agent_id, base = grpc_only
+    cancelled = asyncio.Event()
+
+    async def one_then_wait(request: bytes, context):
+        yield a2a_pb2.StreamResponse(task=a2a_pb2.Task(
+            id="t-1", context_id="c-1", status=a2a_pb2.TaskStatus(
+                state=a2a_pb2.TaskState.TASK_STATE_WORKING))).SerializeToString()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    message = {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
+
+    async def calls():
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "lf.a2a.v1.A2AService", {"SendStreamingMessage":
+                                     grpc.unary_stream_rpc_method_handler(one_then_wait)})])
+        server.add_insecure_port(agent.grpc_address)
+        await server.start()
+        try:
+            async with httpx.AsyncClient(headers=auth(caller), timeout=20) as http:
+                async with http.stream("POST", base, json={
+                        "jsonrpc": "2.0", "id": 1, "method": "SendStreamingMessage",
+                        "params": message}) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: "):
+                            break
+            left = asyncio.get_running_loop().time()
+            await asyncio.wait_for(cancelled.wait(), 10)
+            return asyncio.get_running_loop().time() - left
+        finally:
+            await server.stop(None)
+
+    assert await on_node(calls()) < 3
