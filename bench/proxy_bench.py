@@ -179,7 +179,8 @@ def probe(arm: Arm, timeout: float = 10.0) -> None:
 
 
 #: The hot path's files whose ``tracing.ENABLED`` checks --tracing-compiled-out removes.
-TRACING_HOOK_FILES = ("gateway/handler.py", "gateway/subscriber.py")
+TRACING_HOOK_FILES = ("gateway/handler.py", "gateway/rest_handler.py", "gateway/forwarding.py",
+                      "gateway/subscriber.py")
 
 
 def baseline_checkout(ref: str, tmp: Path, name: str = "baseline-src") -> Path:

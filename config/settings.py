@@ -259,6 +259,11 @@ A2A_SSE_STALL_TIMEOUT_SECONDS = env_float("A2A_SSE_STALL_TIMEOUT_SECONDS", 60, m
 # bytes of numbered events it keeps per stream (when full while nobody reads, the agent waits).
 A2A_SSE_RESUME_SECONDS = env_float("A2A_SSE_RESUME_SECONDS", 0, minimum=0)
 A2A_SSE_RESUME_BUFFER_BYTES = env_int("A2A_SSE_RESUME_BUFFER_BYTES", 4 * 1024 * 1024, minimum=4096)
+# Distributed mode (docs/streams.md "Across nodes"): the bytes of large replies' pieces Redis may
+# hold for this node (as the entry node) across all its calls at once; owners wait for a grant
+# beyond it. At least one piece (64 KiB); the default stays below Redis's pubsub soft limit.
+A2A_BROKER_INFLIGHT_BYTES = env_int("A2A_BROKER_INFLIGHT_BYTES", 8 * 1024 * 1024,
+                                    minimum=64 * 1024)
 # Extra agent response header names never relayed to callers (comma-separated; a trailing "*"
 # matches a prefix), on top of gateway.headers.DROPPED_RESPONSE_HEADERS.
 A2A_DROP_RESPONSE_HEADERS = env_list("A2A_DROP_RESPONSE_HEADERS")

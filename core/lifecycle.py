@@ -41,7 +41,7 @@ _grpc_bound: int | None = None
 def begin_drain() -> None:
     """The server stopped taking new work (SIGTERM / SIGINT): the requests it is answering
     get ``A2A_SHUTDOWN_DRAIN_SECONDS`` to finish; those the server then cancels are answered
-    ``node_stopping`` (gateway.handler) instead of being cut off. Signal-safe: sets a flag and
+    ``node_stopping`` (gateway.forwarding) instead of being cut off. Signal-safe: sets a flag and
     calls the :func:`on_drain` callbacks (each signal-safe itself: it schedules its work)."""
     global _draining
     if _draining:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 
 class BindingCaller:
-    """It stands where a JSON-RPC call's id goes (admission, the handler's ``Exchange`` and
-    ``_error``): the gateway's own errors are handed to it (:meth:`gateway_error`) instead of
-    being written as a JSON-RPC answer; the agent's answer still reaches the ``send`` it gave,
-    as ASGI messages."""
+    """It stands where a JSON-RPC call's id goes (admission, :class:`gateway.exchange.Exchange`
+    and :func:`gateway.exchange.send_error`): the gateway's own errors are handed to it
+    (:meth:`gateway_error`) instead of being written as a JSON-RPC answer; the agent's answer
+    still reaches the ``send`` it gave, as ASGI messages."""
 
     __slots__ = ()
 

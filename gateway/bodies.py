@@ -1,5 +1,5 @@
 """Reading an ASGI request body under a size cap: the one reader of the lean ASGI handlers
-(``/a2a`` in gateway.handler, heartbeats in node.heartbeats)."""
+(``/a2a`` in gateway.admission, heartbeats in node.heartbeats)."""
 
 from __future__ import annotations
 

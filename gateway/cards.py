@@ -20,7 +20,7 @@ import hashlib
 import ipaddress
 import re
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from a2a.types import a2a_pb2
@@ -32,12 +32,16 @@ from google.protobuf.json_format import MessageToDict
 
 from core import lifecycle as node_config
 from gateway import errors, metrics
-from gateway.headers import scan_request_headers
+from gateway.bodies import Receive, Send
+from gateway.headers import RequestHeaders, scan_request_headers
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.bindings import rewrite_card_endpoints
 from registry.ids import AGENT_ID_RE
 from registry.selectors import agent_get
 from registry.token_cache import AuthFailed
+
+if TYPE_CHECKING:
+    from gateway.runtime import GatewayNode
 
 MAX_CACHED = 4096
 _HOST_RE = re.compile(r"^[A-Za-z0-9.\-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
@@ -56,7 +60,9 @@ def _card_of(agent_id: str) -> tuple[str, dict[str, Any]] | None:
 
 
 @lru_cache(maxsize=64)
-def _trusted_networks(proxies: tuple[str, ...]) -> tuple:
+def _trusted_networks(
+    proxies: tuple[str, ...],
+) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     networks = []
     for entry in proxies:
         try:
@@ -140,7 +146,8 @@ def _etag_matches(header: str, etag: bytes) -> bool:
     return False
 
 
-async def serve_card(node, scope: dict[str, Any], receive, send, agent_id: str) -> None:
+async def serve_card(node: GatewayNode, scope: dict[str, Any], receive: Receive, send: Send,
+                     agent_id: str) -> None:
     headers = scan_request_headers(scope["headers"])
     if not AGENT_ID_RE.match(agent_id):
         await _json(send, 404, errors.error_body(errors.INVALID_REQUEST, agent_id=None,
@@ -197,7 +204,7 @@ async def serve_card(node, scope: dict[str, Any], receive, send, agent_id: str) 
     await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
 
 
-async def _json(send, status: int, body: bytes, scope: dict[str, Any]) -> None:
+async def _json(send: Send, status: int, body: bytes, scope: dict[str, Any]) -> None:
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -213,7 +220,7 @@ EXTENDED_CARD_METHODS = frozenset({"GetExtendedAgentCard", "agent/getAuthenticat
 EXTENDED_CARD_ANONYMOUS = "the extended agent card is answered to authenticated callers only"
 
 
-def gateway_url(scope: dict[str, Any], headers: Any, agent_id: str) -> str:
+def gateway_url(scope: dict[str, Any], headers: RequestHeaders, agent_id: str) -> str:
     """The agent's gateway base (``.../a2a/{agent_id}/``) as the caller reached it: where a
     card answered to that caller points."""
     base = gateway_base_url(scope, headers.host, headers.forwarded_proto, headers.forwarded_host)
@@ -254,7 +261,7 @@ class CardRewrite:
 
     __slots__ = ("send", "url", "rest", "start", "chunks")
 
-    def __init__(self, send, url: str, *, rest: bool) -> None:
+    def __init__(self, send: Send, url: str, *, rest: bool) -> None:
         self.send = send
         self.url = url
         self.rest = rest

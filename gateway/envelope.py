@@ -21,13 +21,30 @@ Replies go to the reply channel, each naming the request (``i``). ``k`` is the m
   through the broker, so the gateway can tell "no live subscriber" from "slow agent")
 - ``p`` piece: the next part of the previous message's ``body`` (below)
 
-Through the broker (gateway.subscriber.BrokerSink) every reply but an ack is **numbered**: ``n``
+Through the broker (gateway.broker_sink.BrokerSink) every reply but an ack is **numbered**: ``n``
 counts a request's messages from 1, so the entry node detects a lost one (a gap) instead of
 relaying around it; and a message whose ``body`` is larger than :data:`PIECE_BYTES` crosses in
 pieces: the message itself with the first ``PIECE_BYTES`` of its body and ``pc`` (how many
 pieces follow), then ``pc`` piece messages (each numbered too), which the entry node joins back
 into the one message before it is relayed (gateway.inbox.Reassembly). Pieces are sent only to
 an entry node that asked for them (the ``a2a_pieces`` tag below).
+
+**Endings.** A lost *last* message leaves no later number to show the gap, so after a call's
+last reply message (an error, or a start or chunk without ``more``) the owner tells the entry
+node where the call ended: an ``a2a.ended`` message on the reply channel,
+``{"type": "a2a.ended", "calls": {<request id>: <number of its last reply message>, ...}}``,
+one per reply channel and beat for every call that ended there lately, sent
+:data:`ENDED_REPEATS` times :data:`ENDED_EVERY_SECONDS` apart (gateway.endings); the same
+message names, for each call of several messages still running, the number of its last message
+whose publish is over. The entry node still waiting for a number at or below it has lost it:
+the call ends with ``stream_gap`` at once (gateway.inbox.Reassembly.ended). A node of an older
+version ignores the message (it is no reply and no registry event).
+
+**Grants.** A Query's ``a2a_grant`` tag (an entry node that has a node-wide budget for what
+Redis holds for it, gateway.grants) says the owner sends the pieces of a large message only as
+far as the entry node allows: cumulative piece bytes, starting from the tag's value and raised
+by ``stream_credit`` messages carrying ``a2a_granted``; the message itself (with its first
+piece) needs no grant. Without the tag, pieces cross as before.
 """
 
 from __future__ import annotations
@@ -36,6 +53,11 @@ from typing import Any
 
 QUERY = "a2a.query"
 REPLY = "a2a.reply"
+ENDED = "a2a.ended"
+#: How often the owner repeats where its calls ended, and how many times (gateway.endings):
+#: the notice outlives a publishing connection lost with the call's last message.
+ENDED_EVERY_SECONDS = 1.0
+ENDED_REPEATS = 3
 
 TAG_METHOD = "a2a_method"
 TAG_TIMEOUT = "a2a_timeout"
@@ -81,10 +103,16 @@ TAG_CREDIT = "a2a_credit"
 #: so the pieces of one large message too cross at most a window at a time.
 TAG_PIECES = "a2a_pieces"
 TAG_RECEIVED = "a2a_received"
+#: Grants (above): a Query's ``a2a_grant``, a ``stream_credit``'s ``a2a_granted``.
+TAG_GRANT = "a2a_grant"
+TAG_GRANTED = "a2a_granted"
 #: Resumable streams (gateway.resume): ``stream_resume`` reattaches a caller to the stream named
 #: by ``a2a_stream_id`` (its public stream id), replaying the events after ``a2a_last_event``.
 RESUME_METHOD = "stream_resume"
 TAG_LAST_EVENT = "a2a_last_event"
+#: A stream opened through the HTTP+JSON binding and translated to the agent's JSON-RPC: the
+#: form its stream id names (gateway.resume.stream_form), so a reconnect is re-translated.
+TAG_STREAM_FORM = "a2a_stream_form"
 # Ownership handover on a broadcasting layer (gateway.handover): a new owner's
 # subscriber publishes a probe until it hears its own, then a takeover; both carry its nonce.
 PROBE_METHOD = "a2a_probe"
@@ -122,3 +150,13 @@ def ack(request_id: str) -> dict[str, Any]:
 
 def piece(request_id: str, body: bytes) -> dict[str, Any]:
     return {"type": REPLY, "i": request_id, "k": PIECE, "body": body}
+
+
+def ended(calls: dict[str, int]) -> dict[str, Any]:
+    return {"type": ENDED, "calls": calls}
+
+
+def is_last(message: dict[str, Any]) -> bool:
+    """Whether a reply message is its call's last one (an error, or an end of the body)."""
+    kind = message.get("k")
+    return kind == ERROR or (kind in (START, CHUNK) and not message.get("more"))

@@ -11,7 +11,7 @@ at connect time, TLS handshake, auth, size, an intermediary's 502/503/504); true
 byte was written to the agent, whatever happened next (timeout after delivery, connection cut
 mid-response, a broken or oversize answer), the kind saying what happened. The subscriber
 decides it from the outbound layer's errors (``outbound.errors.classify``: whether a byte was
-written) and carries it in the error reply; see ``gateway.subscriber.transport_error``.
+written) and carries it in the error reply; see ``gateway.agent_calls.transport_error``.
 """
 
 from __future__ import annotations

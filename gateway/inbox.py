@@ -16,7 +16,12 @@ request's buffer holds at most the response cap.
 What the owning node publishes for a request is numbered and, above ``PIECE_BYTES``, split
 (gateway.envelope): each pending request's messages go through a :class:`Reassembly`, which
 joins the pieces back in order and turns a missing number into :data:`STREAM_GAP` -- the call
-then ends with the ``stream_gap`` error instead of relaying around the loss.
+then ends with the ``stream_gap`` error instead of relaying around the loss. A lost *last*
+message has no later number: the owner's ``a2a.ended`` notices (gateway.endings) name the
+number each call ended at, and a call still waiting for it gets :data:`STREAM_GAP` too
+(:meth:`Reassembly.ended`). With a node-wide budget (gateway.grants) each call's Query asks the
+owner to send the pieces of large messages only as granted, and the call's grants go back to
+the budget when it is forgotten here (:class:`Pending`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway import envelope as env
+from gateway.grants import Budget, CallGrant
+from registry.ids import agent_channel
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +48,15 @@ class Reassembly:
     relayed: numbers must follow one another from 1 (a repeated one is dropped; a skipped one
     is a gap: :data:`STREAM_GAP` goes to ``push`` and nothing more is taken), and a message
     announcing pieces (``pc``) is held until they all came, then handed on whole. Messages
-    without a number (acks) pass as they are.
+    without a number pass as they are; an ack passes at once even between a message and its
+    pieces (the owner's ack timer can fire as the answer starts: its publish then follows the
+    message's first part).
 
     Bounded: a message announcing more than ``limit`` bytes of pieces is refused like a gap is
     (the owner never sends one: its messages are capped by the response cap)."""
 
     __slots__ = ("put", "push", "limit", "expected", "held", "parts", "missing", "broken",
-                 "on_piece")
+                 "on_piece", "grant")
 
     def __init__(self, put: Callable[[dict[str, Any]], None],
                  push: Callable[[dict[str, Any]], None], limit: int) -> None:
@@ -62,9 +71,14 @@ class Reassembly:
         #: Told the size of each piece taken (the stream's credit: the owner sends the pieces
         #: of one large message at most a window ahead of this).
         self.on_piece: Callable[[int], None] | None = None
+        #: The call's share of the node's budget (gateway.grants), if it has one.
+        self.grant: CallGrant | None = None
 
     def __call__(self, message: dict[str, Any]) -> None:
         if self.broken:
+            return
+        if message.get("k") == env.ACK:
+            self.put(message)
             return
         number = message.get("n")
         if number is not None:
@@ -84,6 +98,11 @@ class Reassembly:
             self.missing -= 1
             if self.on_piece is not None:
                 self.on_piece(len(body))
+            grant = self.grant
+            if grant is not None:
+                grant.took(len(body))
+                if self.missing <= 0:
+                    grant.complete()
             if self.missing <= 0:
                 held["body"] = b"".join(self.parts)
                 del held["pc"]
@@ -104,8 +123,17 @@ class Reassembly:
             self.missing = pieces
             if self.on_piece is not None:
                 self.on_piece(len(self.parts[0]))
+            if self.grant is not None:
+                self.grant.announced(pieces)
             return
         self.put(message)
+
+    def ended(self, number: int) -> None:
+        """The owner says the call's last reply message was number ``number``: if it has not
+        come (the call is still here, waiting for it), the call's tail was lost."""
+        if not self.broken and number >= self.expected:
+            self._gap(f"the call ended at reply {number}, and reply {self.expected} never "
+                      "arrived")
 
     def _gap(self, detail: str) -> None:
         self.broken = True
@@ -115,14 +143,30 @@ class Reassembly:
         self.push(STREAM_GAP)
 
 
+class Pending(dict[str, Callable[[dict[str, Any]], None]]):
+    """The requests waiting for replies, by request id: a request forgotten (``pop``) gives its
+    grants back to the node's budget."""
+
+    def pop(self, key: str, *default: Any) -> Any:
+        found = super().pop(key, *default)
+        grant = getattr(found, "grant", None)
+        if grant is not None:
+            grant.close()
+        return found
+
+
 class Inbox:
     def __init__(self, layer: Any, *, groups: tuple[str, ...] = (),
-                 on_other: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_other: Callable[[dict[str, Any]], None] | None = None,
+                 budget: int = 0) -> None:
+        """``budget``: bytes of pieces Redis may hold for this node across its calls
+        (``A2A_BROKER_INFLIGHT_BYTES``; 0: no grants, pieces cross as the owner sends them)."""
         self.layer = layer
         self.groups = groups
         self.on_other = on_other
         self.channel: str | None = None
-        self.pending: dict[str, Callable[[dict[str, Any]], None]] = {}
+        self.pending: Pending = Pending()
+        self.budget = Budget(budget, layer) if budget > 0 else None
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -139,6 +183,15 @@ class Inbox:
                     await self.layer.group_discard(group, self.channel)
                 except Exception:  # broker down at shutdown: membership lapses on its own
                     pass
+
+    def expect(self, tags: dict[str, str], reassembly: Reassembly, agent_id: str) -> None:
+        """Wait for the replies to the Query with ``tags`` (sent next, to ``agent_id``'s
+        channel): its messages go to ``reassembly``; with a budget, its pieces are granted."""
+        request_id = tags[env.TAG_REQUEST_ID]
+        if self.budget is not None:
+            tags[env.TAG_GRANT] = "0"
+            reassembly.grant = self.budget.call(request_id, agent_channel(agent_id))
+        self.pending[request_id] = reassembly
 
     @property
     def ready(self) -> bool:
@@ -187,10 +240,20 @@ class Inbox:
                 continue
             if not isinstance(message, dict):
                 continue
-            if message.get("type") == env.REPLY:
+            kind = message.get("type")
+            if kind == env.REPLY:
                 deliver = pending.get(message.get("i"))  # type: ignore[arg-type]  # no id: no match
                 if deliver is not None:
                     deliver(message)
+            elif kind == env.ENDED:
+                calls = message.get("calls")
+                if isinstance(calls, dict):
+                    for request_id, number in calls.items():
+                        found = pending.get(request_id)
+                        if found is not None and isinstance(number, int):
+                            ended = getattr(found, "ended", None)
+                            if ended is not None:
+                                ended(number)
             elif self.on_other is not None:
                 try:
                     self.on_other(message)

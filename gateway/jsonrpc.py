@@ -13,6 +13,9 @@ key at a level that is read (simdjson's lookup takes the first, orjson and most 
 last), a top-level value that is not an object, and anything simdjson refuses (invalid JSON,
 integers past 64 bits, depth past 1024). So every body gets the answer a whole orjson parse
 would give it; ``tests/gateway/test_jsonrpc_parse.py`` holds the two parses equal.
+
+A body that is not JSON gets a -32700 saying when its Content-Type was not JSON either
+(:func:`invalid_json_detail`).
 """
 
 from __future__ import annotations
@@ -173,3 +176,22 @@ def events_have_error(events: bytes) -> bool:
             if is_error_reply(line[5:].lstrip(b" ")):
                 return True
     return False
+
+
+def invalid_json_detail(content_type: bytes) -> str:
+    """The -32700 message: says when the declared media type was not JSON either."""
+    declared = media_type(content_type)
+    if not declared or is_json_media_type(declared):
+        return "invalid JSON"
+    return f"invalid JSON (Content-Type {declared.decode('latin-1')} is not JSON)"
+
+
+def media_type(content_type: bytes) -> bytes:
+    """The media type of a Content-Type value, lower-cased, parameters dropped."""
+    return content_type.split(b";", 1)[0].strip().lower()
+
+
+def is_json_media_type(media: bytes) -> bool:
+    """``application/json`` and every ``+json`` structured syntax (RFC 6839)."""
+    return media == b"application/json" or media.endswith(b"+json")
+

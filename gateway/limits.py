@@ -1,7 +1,7 @@
 """Per-request limits: the caller's timeout and the per-caller rate limit.
 
 The per-agent concurrency cap lives with the virtual subscriber (it enforces it); the size caps
-are checked where the bytes are read (gateway.handler for requests, gateway.subscriber for
+are checked where the bytes are read (gateway.admission for requests, gateway.agent_calls for
 responses).
 """
 

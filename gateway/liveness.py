@@ -42,10 +42,10 @@ def cluster_of(database: Mapping[str, object]) -> str:
     where = "|".join(str(database.get(k) or "") for k in ("ENGINE", "HOST", "PORT", "NAME"))
     return hashlib.sha1(where.encode()).hexdigest()[:12]
 #: What ends a call in flight on a node found dead (pushed into the call's reply buffer,
-#: gateway.handler).
+#: gateway.relays).
 OWNER_LOST: dict[str, str] = {"k": "owner_lost"}
 #: What ends every call in flight through the broker when this node's subscribing connection to
-#: it is lost: replies published meanwhile are gone (gateway.runtime, gateway.handler).
+#: it is lost: replies published meanwhile are gone (gateway.runtime, gateway.relays).
 BROKER_LOST: dict[str, str] = {"k": "broker_lost"}
 #: A known node whose key has been gone this many TTLs is dropped from the known set.
 FORGET_AFTER_TTLS = 20

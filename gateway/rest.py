@@ -39,6 +39,7 @@ the gateway.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, unquote
 
 #: A2A 1.0 method names of the routes whose answer is an event stream.
@@ -118,7 +119,7 @@ def route_of(tail: str) -> RestRoute | None:
     return None
 
 
-def forwarded_path(scope: dict, agent_id: str, tail: str) -> str | None:
+def forwarded_path(scope: dict[str, Any], agent_id: str, tail: str) -> str | None:
     """The path and query the agent gets, after its HTTP+JSON interface URL: ``/`` + the
     request's path after ``/a2a/{agent_id}/`` as the caller encoded it, and ``?query``. None
     when it holds a character a request line cannot carry (the caller's server let it in)."""

@@ -21,7 +21,7 @@ SDK's server).
 :class:`~gateway.binding.BindingCaller`) and the agent's answer (the relay's ASGI messages) are
 written to the caller in the binding's form. Everything else -- admission, the subscriber,
 caps, timeouts, header rules, metrics, audit, tracing -- is the gateway's one way
-(``gateway.handler.forward_binding_call``).
+(``gateway.forwarding.forward_binding_call``).
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ from google.protobuf.message import Message
 
 from gateway import errors
 from gateway.binding import BindingCaller
+from gateway.bodies import Send
 from gateway.rest import match_route
 from gateway.resume import STREAM_ID_HEADER
-from gateway.sse import data_events, take_events
+from gateway.sse import data_events, identified_events, take_events
 from gateway.translation import (
     A2A_DOMAIN,
     CORE,
@@ -61,10 +62,11 @@ from gateway.translation import (
 _A2A_JSON = A2A_JSON_MEDIA_TYPE.encode()
 #: The routes A2A 0.3 has under ``v1/`` (its A2A 1.0 method names; no ListTasks).
 _ROUTES_03 = frozenset(FROM_03)
-#: Relayed agent headers the translated answer does not keep (its framing is the gateway's; a
-#: translated stream is not resumable through the JSON-RPC resume path).
+#: Relayed agent headers the translated answer does not keep (its framing is the gateway's). A
+#: resumable stream's ``X-A2A-Stream-Id`` is kept: its id names the translation
+#: (gateway.resume.stream_form), so a reconnect is translated as the live stream is.
 _DROPPED = frozenset({b"content-type", b"content-length", b"transfer-encoding",
-                      b"x-a2a-executed", b"x-a2a-agent-status", STREAM_ID_HEADER})
+                      b"x-a2a-executed", b"x-a2a-agent-status"})
 #: An agent's HTTP error status whose body is not JSON-RPC: the google.rpc status name of the
 #: binding's answer (the agent's own HTTP status is kept).
 _HTTP_STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED",
@@ -109,6 +111,7 @@ def _parse_body(body: bytes, message: Message) -> Message:
 
 def _query(query: bytes, message: Message) -> Message:
     try:
+        # _Query stands for Starlette's QueryParams: parse_params reads only keys and getlist
         parse_params(_Query(query), message)  # type: ignore[arg-type]
     except (ParseError, ValueError, TypeError) as exc:
         raise TranslationError(f"query: {exc}") from None
@@ -254,12 +257,14 @@ class RestTranslation(BindingCaller):
     """The caller's side of one translated HTTP+JSON call: the relay's ASGI messages of the
     agent's JSON-RPC answer (:meth:`send`) and the gateway's errors (:meth:`gateway_error`)
     become the binding's answer on the caller's ``send``. A stream's events are written as
-    they come; a unary answer once whole (:meth:`finish`)."""
+    they come, a resumable stream's each with the id the owner gave the agent's event; a
+    unary answer once whole (:meth:`finish`). The reconnect to a translated stream
+    (gateway.handler.handle_resume) translates the replayed events with this class too."""
 
     __slots__ = ("call", "agent_version", "out", "card", "started", "done", "answered",
-                 "http_status", "sse", "headers", "chunks", "tail")
+                 "http_status", "sse", "headers", "chunks", "tail", "resumable")
 
-    def __init__(self, call: RestCall, agent_version: str, send,
+    def __init__(self, call: RestCall, agent_version: str, send: Send,
                  card: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.call = call
         self.agent_version = agent_version
@@ -273,6 +278,7 @@ class RestTranslation(BindingCaller):
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunks: list[bytes] = []
         self.tail = b""
+        self.resumable = False  # the owner numbers the events (X-A2A-Stream-Id)
 
     def flow_controlled(self, wrap: Callable[[Any], Any]) -> None:
         """Apply the stream relay's flow control to the caller's own ``send`` beneath."""
@@ -302,9 +308,11 @@ class RestTranslation(BindingCaller):
                 (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
                 (b"x-a2a-executed", b"true"), *self._agent_headers()]})
 
-    async def _event(self, data: Any, *, error: bool = False) -> None:
+    async def _event(self, data: Any, *, error: bool = False, event_id: bytes | None = None
+                     ) -> None:
         await self._start_stream()
-        event = (b"event: error\n" if error else b"") + b"data: " + orjson.dumps(data) + b"\n\n"
+        event = (b"event: error\n" if error else b"") + b"data: " + orjson.dumps(data) + (
+            b"\nid: " + event_id + b"\n\n" if event_id else b"\n\n")
         if error:
             self.done = True
         await self.out({"type": "http.response.body", "body": event, "more_body": not error})
@@ -350,12 +358,16 @@ class RestTranslation(BindingCaller):
                     self.sse = value[:17].lower() == b"text/event-stream"
                 elif name not in _DROPPED:
                     self.headers.append((name, value))
+                    if name == STREAM_ID_HEADER:
+                        self.resumable = True
             return
         body = message.get("body", b"")
         if self.sse and self.call.method.streaming and self.http_status < 400:
             events, self.tail = take_events(self.tail, body, bool(message.get("more_body")))
-            for answer in data_events(events):
-                await self._answer(answer)
+            # One translation, live or replayed after a reconnect (the replay's events are the
+            # agent's JSON-RPC events the owner kept): each keeps the id the owner gave it.
+            for event_id, answer in identified_events(events):
+                await self._answer(answer, event_id if self.resumable else None)
                 if self.done:
                     return
             if not message.get("more_body"):
@@ -370,9 +382,9 @@ class RestTranslation(BindingCaller):
             self.done = True
             await self.out({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _answer(self, answer: Any) -> None:
-        """One JSON-RPC response of the agent: its result a reply (an event of a stream), its
-        error the binding's error."""
+    async def _answer(self, answer: Any, event_id: bytes | None = None) -> None:
+        """One JSON-RPC response of the agent: its result a reply (an event of a stream, with
+        the id the agent's event had), its error the binding's error."""
         if not isinstance(answer, dict) or ("result" not in answer and "error" not in answer):
             await self._broken("not a JSON-RPC response")
             return
@@ -400,7 +412,7 @@ class RestTranslation(BindingCaller):
             await self._broken(str(exc))
             return
         if method.streaming:
-            await self._event(data)
+            await self._event(data, event_id=event_id)
         else:  # the media types of the SDK's REST server: A2A's for 1.0 routes
             await self._respond(200, data, executed=True, extra=self._agent_headers(),
                                 media_type=_A2A_JSON if self.call.version == V10

@@ -38,6 +38,41 @@ REPLAY_MESSAGE_BYTES = 64 * 1024
 _RELEASED = 1 << 62  # credit that lets a flow-controlled sink waiting for its caller go on
 
 
+#: A stream opened through the A2A HTTP+JSON binding says so in its id, so that a reconnect
+#: (even to an unknown or expired stream) is answered in the binding the stream was opened with:
+#: ``r.<token>`` forwarded to the agent's own HTTP+JSON interface (the agent's events are
+#: already the binding's), ``t<c><a>.<token>`` translated to the agent's JSON-RPC, the caller's
+#: (``c``) and the agent's (``a``) protocol version as ``1`` (A2A 1.0) or ``0`` (A2A 0.3). A
+#: JSON-RPC stream's id is the bare token. The token alone is random, so the prefix guards
+#: nothing: the owner keys its streams by the whole id.
+REST_FORWARDED = "r"
+_FORM = re.compile(r"(r|t[01][01])\.")
+_VERSIONS = {"1": "1.0", "0": "0.3"}
+
+
+def rest_form(caller_version: str, agent_version: str) -> str:
+    """The stream id prefix of a translated HTTP+JSON stream (``a2a_stream_form``)."""
+    codes = {v: k for k, v in _VERSIONS.items()}
+    return f"t{codes[caller_version]}{codes[agent_version]}"
+
+
+def stream_form(stream_id: str) -> tuple[str, str, str] | None:
+    """How a stream id was opened: None for JSON-RPC, else ``(form, caller version, agent
+    version)`` -- the versions empty for a forwarded HTTP+JSON stream."""
+    match = _FORM.match(stream_id)
+    if match is None:
+        return None
+    form = match.group(1)
+    if form == REST_FORWARDED:
+        return form, "", ""
+    return form, _VERSIONS[form[1]], _VERSIONS[form[2]]
+
+
+def valid_form(form: str) -> bool:
+    """Whether a Query's ``a2a_stream_form`` tag names a form :func:`stream_form` reads."""
+    return _FORM.fullmatch(form + ".") is not None
+
+
 def parse_last_event_id(value: str, stream_id: str) -> int | None:
     """The event number of a Last-Event-ID (``<stream_id>:<n>``, or ``<n>``); None if it is
     not one of this stream's ids."""
@@ -56,6 +91,9 @@ def _release(sink: Sink | None) -> None:
     credit = getattr(sink, "credit", None)
     if credit is not None:
         credit(_RELEASED, _RELEASED)  # delivered, and (pieces) taken from the broker
+    allowance = getattr(sink, "allowance", None)
+    if allowance is not None:
+        allowance.grant(_RELEASED)  # and its pieces granted (gateway.grants)
     owner = getattr(sink, "__self__", None)
     if isinstance(owner, StreamBuffer):
         owner.close()
@@ -94,8 +132,10 @@ class ReplayStream:
         limit: int,
         sink: Sink,
         on_end: Callable[[ReplayStream], None],
+        form: str = "",
     ) -> None:
-        self.stream_id = secrets.token_urlsafe(12)
+        token = secrets.token_urlsafe(12)
+        self.stream_id = f"{form}.{token}" if form else token
         self._sid = self.stream_id.encode()
         self.origin = request_id  # the first request: its task reads the agent
         self.caller = caller

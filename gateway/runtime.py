@@ -86,7 +86,7 @@ class GatewayNode:
         #: The liveness beat (distributed mode): None in embedded mode and before start.
         self.liveness: Liveness | None = None
         #: In-flight calls sent through the broker, by owning node: request id -> a function
-        #: that ends the call when that node is found dead (gateway.handler).
+        #: that ends the call when that node is found dead (gateway.relays).
         self.inflight: dict[str, dict[str, Callable[[dict[str, Any]], None]]] = {}
         #: Why the broker was last lost (the terminal error's detail).
         self.broker_lost_detail = ""
@@ -135,6 +135,7 @@ class GatewayNode:
             self.layer,
             groups=(DISCOVERY_GROUP,) if self.cross_process else (),
             on_other=self.replicator.remote_message,
+            budget=settings.A2A_BROKER_INFLIGHT_BYTES if self.cross_process else 0,
         )
         # Subscribed before the table loads: events during the load are applied at once and
         # the load keeps them (RoutingTable.finish_resync).

@@ -257,15 +257,28 @@ class _TwistedFlow:
 def data_events(stream: bytes) -> Iterator[Any]:
     """The JSON of each ``data`` of the complete SSE events in ``stream`` (comments and
     keepalives skipped; an event whose data is not JSON gives None)."""
+    for _, data in identified_events(stream):
+        yield data
+
+
+def identified_events(stream: bytes) -> Iterator[tuple[bytes | None, Any]]:
+    """``(id, JSON of data)`` of each complete SSE event in ``stream`` that has a ``data``:
+    its last ``id`` field (None without one; a resumable stream's owner appends its own,
+    gateway.resume), comments and keepalives skipped, None for data that is not JSON."""
     for event in stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n\n"):
-        data = [line[5:].removeprefix(b" ") for line in event.split(b"\n")
-                if line.startswith(b"data:")]
+        data = []
+        event_id = None
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                data.append(line[5:].removeprefix(b" "))
+            elif line.startswith(b"id:"):
+                event_id = line[3:].removeprefix(b" ")
         if not data:
             continue
         try:
-            yield orjson.loads(b"\n".join(data))
+            yield event_id, orjson.loads(b"\n".join(data))
         except orjson.JSONDecodeError:
-            yield None
+            yield event_id, None
 
 
 def take_events(tail: bytes, body: bytes, more: bool) -> tuple[bytes, bytes]:

@@ -14,8 +14,10 @@ An HTTP+JSON call (tags ``a2a_http_method``/``a2a_http_path``, gateway.rest) goe
 to the agent's HTTP+JSON interface URL with that method and path; its streaming methods
 (``SendStreamingMessage``, ``SubscribeToTask``) take the SSE handler.
 
-Replies are reply messages (gateway.envelope) written to a *sink*: the broker reply channel, or
-the receiving gateway itself on the local fast path. The same handlers serve both.
+Replies are reply messages (gateway.envelope) written to a *sink*: the broker reply channel
+(:class:`gateway.broker_sink.BrokerSink`), or the receiving gateway itself on the local fast
+path. The same handlers serve both; those that call the agent are in
+:mod:`gateway.agent_calls`.
 
 Handover between two live nodes (gateway.handover): a subscriber in *standby* or *draining*
 drops the Queries it gets through the broker, keeps serving its own streams' control
@@ -26,38 +28,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, cast
-
-import orjson
+from collections.abc import Awaitable
+from typing import Any
 
 from gateway import envelope as env
-from gateway import errors, tracing
+from gateway import errors, grants, tracing
 from gateway import metrics as m
+from gateway.agent_calls import AgentCalls
+from gateway.broker_sink import BrokerSink, Sink, spawn
 from gateway.conf import NodeSettings
 from gateway.handover import Handover
-from gateway.headers import outbound_headers, relayed_response_headers
-from gateway.jsonrpc import parse_request
-from gateway.resume import ReplayStream, not_found
-from gateway.sse import KEEPALIVE, largest_event, split_events
+from gateway.resume import REST_FORWARDED, ReplayStream, not_found, valid_form
 from outbound import http1 as outbound
-from outbound.errors import classify, describe
 from registry.events import AgentRoute
 from registry.ids import agent_channel
 
 logger = logging.getLogger(__name__)
 
-Sink = Callable[[dict[str, Any]], Awaitable[None]]
-
-#: Bodies up to this size (with a known Content-Length) are read in one go and sent as one
-#: message; larger ones are relayed chunk by chunk as they arrive.
-WHOLE_BODY_BYTES = 256 * 1024
-#: Through the broker, a request still running after this long is acknowledged, so the gateway
-#: can tell a slow agent from a missing subscriber.
-ACK_AFTER_SECONDS = 0.5
-#: How long the kubemq profile's stream_cancel notice to the agent may take.
-CANCEL_NOTICE_TIMEOUT_SECONDS = 5.0
 #: Methods the subscriber handles itself (never forwarded as a sync call).
 _CONTROL_METHODS = frozenset({env.CANCEL_METHOD, env.CREDIT_METHOD, env.RESUME_METHOD})
 #: How many stream_cancels for not-yet-seen streams a subscriber remembers.
@@ -68,126 +55,7 @@ CANCEL_RETRY_SECONDS = 0.5
 CANCEL_RETRIES = 20
 
 
-class StreamStalled(Exception):
-    """The gateway relaying a stream took no more of it for too long (no stream_credit)."""
-
-
-class BrokerSink:
-    """Writes reply messages to the gateway's reply channel through the Channels layer.
-
-    For a stream whose Query names a window (``a2a_window``), at most that many body bytes are
-    sent ahead of what the caller has read (``stream_credit`` from the gateway): the relay then
-    waits here, so it stops reading the agent, and one slow caller never floods the broker or
-    the gateway node's inbox. Each stream waits on its own; the receive loop never does.
-    """
-
-    __slots__ = ("layer", "channel", "request_id", "_ack_timer", "_tasks", "window", "sent",
-                 "credited", "credit_timeout", "_credit_waiter", "number", "piece",
-                 "pieces_sent", "pieces_received")
-
-    def __init__(self, layer: Any, channel: str, request_id: str,
-                 tasks: set[asyncio.Task[Any]]) -> None:
-        self.layer = layer
-        self.channel = channel
-        self.request_id = request_id
-        self._ack_timer: asyncio.TimerHandle | None = None
-        self._tasks = tasks
-        self.window = 0  # 0: no flow control (sync replies, bounded by the response cap)
-        self.sent = 0
-        self.credited = 0
-        #: How long a flow-controlled stream waits for credit (set with ``window``).
-        self.credit_timeout = 0.0
-        self._credit_waiter: asyncio.Future[None] | None = None
-        #: The number of the last reply message published (gateway.envelope: numbered, so the
-        #: entry node detects a lost one).
-        self.number = 0
-        #: The largest body sent in one message (0: whole messages; the entry node's
-        #: ``a2a_pieces``), and the bytes of pieced messages sent / taken by the entry node.
-        self.piece = 0
-        self.pieces_sent = 0
-        self.pieces_received = 0
-
-    def credit(self, total: int, received: int = 0) -> None:
-        """The gateway has delivered ``total`` body bytes of this stream to its caller, and
-        taken ``received`` bytes of pieced messages from the broker."""
-        if total > self.credited or received > self.pieces_received:
-            self.credited = max(total, self.credited)
-            self.pieces_received = max(received, self.pieces_received)
-            waiter = self._credit_waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-
-    async def _wait_credit(self, pieces: bool = False) -> None:
-        # Bounded: a gateway that vanished, or credits lost in the broker, end the stream
-        # after the gateway's own stall timeout would have (plus its buffer) - never a hang.
-        limit = self.credit_timeout
-        try:
-            async with asyncio.timeout(limit):
-                while (self.pieces_sent - self.pieces_received if pieces
-                       else self.sent - self.credited) >= self.window:
-                    self._credit_waiter = asyncio.get_running_loop().create_future()
-                    try:
-                        await self._credit_waiter
-                    finally:
-                        self._credit_waiter = None
-        except TimeoutError:
-            raise StreamStalled(f"no stream credit for {limit:g} s") from None
-
-    def arm_ack(self) -> None:
-        self._ack_timer = asyncio.get_running_loop().call_later(ACK_AFTER_SECONDS, self._ack)
-
-    def _ack(self) -> None:
-        self._ack_timer = None
-        _spawn(self._tasks, self._send(env.ack(self.request_id)))
-
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
-            self._ack_timer = None
-        body = message.get("body")
-        window = self.window
-        if window and body:
-            if self.sent - self.credited >= window:
-                await self._wait_credit()
-            self.sent += len(body)
-        # Numbered (acks are not: they carry nothing for the caller), and a large body crosses
-        # in pieces, which the entry node joins back (gateway.envelope).
-        self.number += 1
-        size = self.piece
-        if not size or not body or len(body) <= size:
-            message["n"] = self.number
-            await self._send(message)
-            return
-        # A flow-controlled stream's pieces cross at most a window ahead of what the entry
-        # node has taken (its credits' a2a_received): Redis never queues more for it.
-        rest = range(size, len(body), size)
-        self.pieces_sent += size
-        await self._send({**message, "body": body[:size], "n": self.number, "pc": len(rest)})
-        for at in rest:
-            if window and self.pieces_sent - self.pieces_received >= window:
-                await self._wait_credit(pieces=True)
-            self.number += 1
-            part = env.piece(self.request_id, body[at:at + size])
-            part["n"] = self.number
-            self.pieces_sent += len(part["body"])
-            await self._send(part)
-
-    async def _send(self, message: dict[str, Any]) -> None:
-        try:
-            await self.layer.send(self.channel, message)
-        except Exception as exc:  # broker down: the gateway times out and answers itself
-            logger.warning("reply to %s lost: %s: %s", self.channel, type(exc).__name__, exc)
-
-
-def _spawn(tasks: set[asyncio.Task[Any]], coro: Awaitable[Any]) -> asyncio.Task[Any]:
-    # A sink's answer is a coroutine typed as the Awaitable its protocol promises.
-    task = asyncio.get_running_loop().create_task(cast(Coroutine[Any, Any, Any], coro))
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
-    return task
-
-
-class VirtualSubscriber:
+class VirtualSubscriber(AgentCalls):
     """One agent's subscriber on its owning node."""
 
     def __init__(self, route: AgentRoute, layer: Any, settings: NodeSettings) -> None:
@@ -225,7 +93,7 @@ class VirtualSubscriber:
         self._receiver = loop.create_task(self._receive_loop(after), name=self.client_id)
         if standby:
             self.handover.standby()
-            _spawn(self._tasks, self.handover.take_over())
+            spawn(self._tasks, self.handover.take_over())
 
     async def _publish(self, tags: dict[str, str]) -> None:
         try:
@@ -317,6 +185,7 @@ class VirtualSubscriber:
                     sink.piece = max(int(pieces), 4096)
                 except ValueError:
                     pass
+                sink.allowance = grants.allowance(tags, request_id, self.settings)
             try:
                 await self.handle(message, sink, local=False)
             except Exception:
@@ -357,6 +226,7 @@ class VirtualSubscriber:
                                        int(tags.get(env.TAG_RECEIVED) or 0))
                 except ValueError:
                     pass
+            grants.credit(tags)
             return
         if method == env.RESUME_METHOD:
             self._resume(query, sink, local)
@@ -396,7 +266,7 @@ class VirtualSubscriber:
             if self.settings.A2A_SSE_RESUME_SECONDS > 0:
                 replay = ReplayStream(request_id, tags.get(env.TAG_CALLER) or "anonymous",
                                       self.settings.A2A_SSE_RESUME_BUFFER_BYTES, sink,
-                                      self._replay_ended)
+                                      self._replay_ended, _stream_form(tags))
                 self._replays[replay.stream_id] = replay
                 self._attached[request_id] = replay
                 sink = replay
@@ -406,7 +276,7 @@ class VirtualSubscriber:
         elif local:
             await self._run_sync(query, sink, request_id)
         else:
-            _spawn(self._tasks, self._run_sync(query, sink, request_id))
+            spawn(self._tasks, self._run_sync(query, sink, request_id))
 
     async def _refuse(self, sink: Sink, message: dict[str, Any], local: bool) -> None:
         """Answer a Query without running it. Through the broker the reply is sent from a task
@@ -418,7 +288,7 @@ class VirtualSubscriber:
         if local:
             await sink(message)
         else:
-            _spawn(self._tasks, sink(message))
+            spawn(self._tasks, sink(message))
 
     def _stream_done(self, request_id: str) -> None:
         # The slot is released here, not in the stream task: a stream cancelled before its
@@ -492,7 +362,7 @@ class VirtualSubscriber:
         why = "unknown or expired stream" if replay is None or last < 0 else replay.check(
             tags.get(env.TAG_CALLER) or "anonymous", last)
         if why is not None or replay is None:
-            _spawn(self._tasks, sink(not_found(request_id, why or "")))
+            spawn(self._tasks, sink(not_found(request_id, why or "")))
             return
         if not local:
             try:
@@ -506,7 +376,7 @@ class VirtualSubscriber:
             )
             self._stream_sinks[request_id] = sink  # type: ignore[assignment]  # not local: a BrokerSink
         self._attached[request_id] = replay
-        _spawn(self._tasks, self._attach(replay, sink, request_id, last))
+        spawn(self._tasks, self._attach(replay, sink, request_id, last))
 
     async def _attach(self, replay: ReplayStream, sink: Sink, request_id: str,
                       last: int) -> None:
@@ -537,261 +407,16 @@ class VirtualSubscriber:
             if request_id != replay.origin:
                 self._stream_sinks.pop(request_id, None)
 
-    # --- handlers --------------------------------------------------------------------------
-
-    async def _run_sync(self, query: dict[str, Any], sink: Sink, request_id: str) -> None:
-        """The sync handler: POST the caller's bytes unchanged, relay the agent's answer.
-
-        Kept flat on purpose: it is the proxy's hot path, and every coroutine level costs on
-        each suspension. A small answer is read whole and relayed in one message; SSE, large
-        502/503/504 answers and statuses outside 100-599 go through :meth:`_relay`.
-        """
-        tags = query["tags"]
-        try:
-            settings = self.settings
-            try:
-                seconds = float(tags.get(env.TAG_TIMEOUT) or settings.A2A_DEFAULT_TIMEOUT_SECONDS)
-            except ValueError:
-                seconds = float(settings.A2A_DEFAULT_TIMEOUT_SECONDS)
-            headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
-                                       passthrough=self.route.credential_passthrough)
-            client = self._client
-            if client is None or client.closed:
-                client = self._client = outbound.client()
-            try:
-                path = tags.get(env.TAG_HTTP_PATH)
-                if path is None:
-                    response = await client.post(self.route.endpoint, query["body"], headers,
-                                                 seconds)
-                else:
-                    rest = self.route.http_json_endpoint
-                    if not rest:
-                        await sink(env.error(request_id, errors.BINDING_UNAVAILABLE))
-                        return
-                    response = await client.request(
-                        tags.get(env.TAG_HTTP_METHOD) or "POST", rest, query["body"], headers,
-                        seconds, suffix=path)
-                try:
-                    status = response.status
-                    length = response.content_length
-                    cap = settings.A2A_MAX_RESPONSE_BYTES
-                    if (
-                        status in (502, 503, 504)
-                        or not 100 <= status <= 599
-                        or (length is not None and (length > WHOLE_BODY_BYTES or length > cap))
-                        or _is_event_stream(response)
-                    ):
-                        await self._relay(response, sink, request_id)
-                        return
-                    # The own client's answers are mostly complete by now: taken without a
-                    # coroutine (aiohttp's never are before read).
-                    body = response.take(cap) if response.complete else await response.read(cap)
-                finally:
-                    response.finish()
-                if body is None:
-                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
-                    return
-                await sink(env.start(request_id, status, relayed_response_headers(
-                    response.headers, self.route.credential_passthrough), body, more=False,
-                    sse=False))
-            except TRANSPORT_ERRORS as exc:
-                await sink(transport_error(request_id, exc))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.exception("%s: handler failed", self.client_id)
-            await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}",
-                                 executed=True))
-        finally:
-            self.in_flight -= 1
-            if self.handover.draining:
-                self._check_drained()
-
-    async def _run_stream(self, query: dict[str, Any], sink: Sink, request_id: str) -> None:
-        tags = query["tags"]
-        try:
-            await self._stream(query["body"], tags, sink, request_id)
-        except asyncio.CancelledError:
-            if request_id in self._cancel_requested:
-                self._cancel_requested.pop(request_id)
-                if self.settings.A2A_ERROR_PROFILE == "kubemq" \
-                        and env.TAG_HTTP_PATH not in tags:  # a JSON-RPC notice, to JSON-RPC
-                    _spawn(self._tasks, self._notify_cancel(tags, query["body"]))
-            elif self._stopping:
-                await sink(env.error(request_id, errors.UNREACHABLE, "agent deregistered"))
-            raise
-        except Exception as exc:
-            logger.exception("%s: stream handler failed", self.client_id)
-            await sink(env.error(request_id, errors.UNREACHABLE, f"{type(exc).__name__}",
-                                 executed=True))
-        # the slot is released by _stream_done (which also runs the drain check), when the
-        # task is done
-
-    async def _stream(
-        self, body: bytes, tags: dict[str, str], sink: Sink, request_id: str
-    ) -> None:
-        """The SSE handler: open the agent's stream and relay it event by event."""
-        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
-                                   passthrough=self.route.credential_passthrough)
-        try:
-            # No overall timeout for streams; waiting for the agent's first bytes is bounded
-            # by the idle timeout, like every later silence.
-            async with asyncio.timeout(self.settings.A2A_SSE_IDLE_TIMEOUT_SECONDS):
-                path = tags.get(env.TAG_HTTP_PATH)
-                if path is None:
-                    response = await outbound.client().post(self.route.endpoint, body, headers,
-                                                            None)
-                else:
-                    rest = self.route.http_json_endpoint
-                    if not rest:
-                        await sink(env.error(request_id, errors.BINDING_UNAVAILABLE))
-                        return
-                    response = await outbound.client().request(
-                        tags.get(env.TAG_HTTP_METHOD) or "POST", rest, body, headers, None,
-                        suffix=path)
-        except TRANSPORT_ERRORS as exc:
-            await sink(transport_error(request_id, exc))
-            return
-        try:
-            await self._relay(response, sink, request_id)
-        except StreamStalled as exc:
-            logger.warning("%s: stream ended: %s", self.client_id, exc)
-            # the agent's stream was flowing: it had the request
-            await sink(env.error(request_id, errors.STREAM_STALLED, str(exc), executed=True))
-        except TRANSPORT_ERRORS as exc:
-            await sink(transport_error(request_id, exc))
-        finally:
-            outbound.finish(response)  # an unfinished stream's connection is closed
-
-    async def _relay(self, response: Any, sink: Sink, request_id: str) -> None:
-        status = response.status
-        if not 100 <= status <= 599:
-            # No server can relay it (uvicorn has no status line for 999; Daphne would): one
-            # documented error on both, for both outbound clients. The agent had the request.
-            await sink(env.error(request_id, errors.BAD_AGENT_STATUS, status=status,
-                                 executed=True))
-            return
-        if status in (502, 503):
-            await sink(env.error(request_id, errors.UPSTREAM_UNAVAILABLE, status=status))
-            return
-        if status == 504:
-            await sink(env.error(request_id, errors.TIMEOUT, status=status))
-            return
-        headers = relayed_response_headers(response.headers,
-                                           self.route.credential_passthrough)
-        if _is_event_stream(response):
-            await self._relay_events(response, headers, sink, request_id)
-        else:
-            await self._relay_body(response, headers, sink, request_id)
-
-    async def _relay_body(self, response: Any, headers: list[tuple[bytes, bytes]], sink: Sink,
-                          request_id: str) -> None:
-        cap = self.settings.A2A_MAX_RESPONSE_BYTES
-        length = response.content_length
-        status = response.status
-        if length is not None and length > cap:
-            await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
-            return
-        if length is None or length <= WHOLE_BODY_BYTES:
-            # Unknown length: buffered up to the cap, so an oversize answer can still become a
-            # clean response_too_large instead of a truncated relay.
-            body = await response.read(cap)
-            if body is None:
-                await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
-            else:
-                await sink(env.start(request_id, status, headers, body, more=False, sse=False))
-            return
-        headers.append((b"content-length", str(length).encode()))
-        await sink(env.start(request_id, status, headers, b"", more=True, sse=False))
-        while piece := await response.read_chunk():
-            await sink(env.chunk(request_id, piece, more=True))
-        await sink(env.chunk(request_id, b"", more=False))
-
-    async def _relay_events(self, response: Any, headers: list[tuple[bytes, bytes]], sink: Sink,
-                            request_id: str) -> None:
-        settings = self.settings
-        cap = settings.A2A_MAX_RESPONSE_BYTES
-        keepalive = settings.A2A_SSE_KEEPALIVE_SECONDS
-        idle = settings.A2A_SSE_IDLE_TIMEOUT_SECONDS
-        loop = asyncio.get_running_loop()
-        await sink(env.start(request_id, response.status, headers, b"", more=True, sse=True))
-        self.sse_active += 1
-        try:
-            now = loop.time()
-            last_data = last_sent = now
-            tail = b""
-            while True:
-                wait = min(last_sent + keepalive, last_data + idle) - loop.time()
-                try:
-                    async with asyncio.timeout(max(wait, 0.0)):
-                        piece = await response.read_chunk()
-                except TimeoutError:
-                    now = loop.time()
-                    if now >= last_data + idle:
-                        await sink(env.error(request_id, errors.TIMEOUT, "stream idle timeout"))
-                        return
-                    await sink(env.chunk(request_id, KEEPALIVE, more=True))
-                    last_sent = now
-                    continue
-                if not piece:
-                    await sink(env.chunk(request_id, tail, more=False))
-                    return
-                last_data = loop.time()
-                events, tail = split_events(tail + piece if tail else piece)
-                del piece  # copied into events and tail: not held while the sink waits
-                if len(tail) > cap or (len(events) > cap and largest_event(events) > cap):
-                    await sink(env.error(request_id, errors.RESPONSE_TOO_LARGE, executed=True))
-                    return
-                if events:
-                    await sink(env.chunk(request_id, events, more=True))
-                    # The sink waits while the caller lags (backpressure): that wait is not the
-                    # agent's silence, so the idle and keepalive clocks restart after it.
-                    last_sent = last_data = loop.time()
-        finally:
-            self.sse_active -= 1
-
-    async def _notify_cancel(self, tags: dict[str, str], body: bytes) -> None:
-        """kubemq profile: tell the agent its stream was cancelled (KubeMQ-style agents
-        implement a ``stream_cancel`` JSON-RPC method)."""
-        try:
-            original = parse_request(body).get("id")
-        except (orjson.JSONDecodeError, AttributeError):
-            original = None
-        notice = orjson.dumps({
-            "jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": env.CANCEL_METHOD,
-            "params": {"id": original, "request_id": original},
-        })
-        headers = outbound_headers(tags, tags.get(env.TAG_CALLER) or "anonymous",
-                                   passthrough=self.route.credential_passthrough)
-        headers.pop("content-type", None)
-        headers.pop("accept", None)
-        headers["content-type"] = "application/json"
-        try:
-            response = await outbound.client().post(self.route.endpoint, notice, headers,
-                                                    CANCEL_NOTICE_TIMEOUT_SECONDS)
-            try:
-                await response.read(64 * 1024)
-            finally:
-                outbound.finish(response)
-        except TRANSPORT_ERRORS as exc:
-            logger.info("%s: stream_cancel notice failed: %s", self.client_id, describe(exc))
-
-
-def _is_event_stream(response: outbound.Response) -> bool:
-    content_type = response.header(b"content-type") or b""
-    return content_type[:17].lower() == b"text/event-stream"
+def _stream_form(tags: dict[str, str]) -> str:
+    """The binding a resumable stream's id names (gateway.resume.stream_form): HTTP+JSON
+    forwarded (the Query names the caller's HTTP path), translated (the entry node says how),
+    or JSON-RPC."""
+    form = tags.get(env.TAG_STREAM_FORM, "")
+    if form and valid_form(form):
+        return form
+    return REST_FORWARDED if env.TAG_HTTP_PATH in tags else ""
 
 
 #: Control messages of a stream already running: a draining (or standby) subscriber still
 #: serves those of its own streams (unknown stream ids are no-ops).
 _STREAM_CONTROL = frozenset((env.CANCEL_METHOD, env.CREDIT_METHOD, env.RESUME_METHOD))
-
-#: What an outbound exchange raises when the agent cannot be reached or breaks the exchange.
-TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (TimeoutError, *outbound.CONNECTION_ERRORS)
-
-
-def transport_error(request_id: str, exc: BaseException) -> dict[str, Any]:
-    """The one mapping of an outbound failure to an error reply: kind, detail and whether the
-    agent may have received the request (``executed``), from ``outbound.errors.classify``."""
-    failure = classify(exc)
-    return env.error(request_id, failure.kind, failure.detail, executed=failure.executed)

@@ -268,7 +268,9 @@ FROM_03: dict[str, Method03] = {m.core.name: m for m in (
 
 
 def _dump_03(model: Any) -> dict[str, Any]:
-    return model.params.model_dump(by_alias=True, exclude_none=True, mode="json")
+    params: dict[str, Any] = model.params.model_dump(by_alias=True, exclude_none=True,
+                                                     mode="json")
+    return params
 
 
 _TO_03: dict[str, Callable[[Any], dict[str, Any]]] = {

@@ -31,6 +31,32 @@ def pytest_collection_modifyitems(config, items) -> None:
                        "pass"))
 
 
+def _flush_by_delete() -> None:
+    """Empty PostgreSQL's tables after a transactional test with ``DELETE`` instead of Django's
+    ``TRUNCATE``: the same empty tables, at a fraction of the cost. TRUNCATE gives each of the
+    40 tables a new file, which PostgreSQL syncs at commit: 0.7-0.9 s per flush on this project's
+    2-core machine kind, against 0.01-0.05 s for DELETEs of the few rows a test leaves (measured
+    together on the same migrated database, 5 rounds each), and the distributed pass flushes
+    after several hundred tests. Django creates every foreign key ``DEFERRABLE INITIALLY
+    DEFERRED``, so the DELETEs run in any order inside the flush's transaction. A flush that
+    must reset sequences or cascade keeps Django's own statements."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or allow_cascade or not tables:
+            return truncate(self, style, tables, reset_sequences=reset_sequences,
+                            allow_cascade=allow_cascade)
+        return ["SET CONSTRAINTS ALL DEFERRED"] + [
+            f"DELETE FROM {self.quote_name(table)}" for table in tables]
+
+    DatabaseOperations.sql_flush = sql_flush
+
+
+_flush_by_delete()
+
+
 def _reachable(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
     try:

@@ -148,6 +148,40 @@ def test_modules_inside_each_package_import_one_another_one_way():
     assert {package: _cycles(package) for package in LAYERS if _cycles(package)} == {}
 
 
+#: The most lines a product module may have: past it a module holds more than one concern, and
+#: a change to one of them conflicts with every change to the others.
+MAX_MODULE_LINES = 600
+
+
+def _product_modules() -> list[Path]:
+    """Every module of the product: the packages of :data:`LAYERS`, the examples and scripts,
+    and the top-level scripts; not the tests, the benches or the migrations."""
+    found = list(ROOT.glob("*.py"))
+    for folder in (*LAYERS, "examples", "scripts"):
+        found.extend(path for path in (ROOT / folder).rglob("*.py")
+                     if "migrations" not in path.relative_to(ROOT).parts)
+    return found
+
+
+def _oversized(paths: list[Path], limit: int, root: Path = ROOT) -> dict[str, int]:
+    sizes = {path.relative_to(root).as_posix(): len(path.read_text().splitlines())
+             for path in paths}
+    return {name: size for name, size in sizes.items() if size > limit}
+
+
+def test_no_product_module_is_above_the_line_limit():
+    assert _oversized(_product_modules(), MAX_MODULE_LINES) == {}
+
+
+def test_the_line_limit_check_sees_a_long_module(tmp_path):
+    """The check above can fail: a module one line past the limit is reported, one at it is
+    not."""
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    found = _oversized(sorted(tmp_path.glob("*.py")), MAX_MODULE_LINES, root=tmp_path)
+    assert found == {"long.py": MAX_MODULE_LINES + 1}
+
+
 def test_the_import_check_sees_a_cycle(tmp_path):
     """The check above can fail: two modules importing each other inside functions."""
     (tmp_path / "a.py").write_text("def f():\n    from gateway import b\n")

@@ -6,7 +6,7 @@ Each method of both services (``lf.a2a.v1.A2AService``, ``a2a.v1.A2AService``) i
 1. the request is decoded into the A2A 1.0 ("core") message (:mod:`.translate`); a message
    that does not decode is ``INVALID_ARGUMENT``;
 2. its ``tenant`` names the agent (a 0.3 request has none: the ``tenant`` metadata entry then);
-3. admission as for every gateway call (:func:`gateway.handler.admit_binding_call`): the
+3. admission as for every gateway call (:func:`gateway.admission.admit_binding_call`): the
    bearer token of the ``authorization`` metadata through the same token cache,
    authorization, rate limits, the route;
 4. an agent whose card lists its own gRPC interface of the caller's version gets the call
@@ -14,7 +14,7 @@ Each method of both services (``lf.a2a.v1.A2AService``, ``a2a.v1.A2AService``) i
    on metadata, from this node); otherwise
    the core request becomes the JSON-RPC request the agent's endpoint speaks (1.0 or 0.3:
    :mod:`.agents`), and takes the gateway's one way to the agent
-   (:func:`gateway.handler.forward_binding_call`: the agent's virtual subscriber, local fast
+   (:func:`gateway.forwarding.forward_binding_call`: the agent's virtual subscriber, local fast
    path or broker, its concurrency cap, timeouts, size caps, metrics, audit, tracing);
 5. the agent's answer -- one JSON-RPC response, or SSE events relayed as they come, each
    written to the caller as it arrives (a caller that stops reading holds the stream back,
@@ -43,8 +43,9 @@ from a2a.types import a2a_pb2
 from django.conf import settings as django_settings
 from google.protobuf.message import DecodeError
 
+from gateway import admission, errors, forwarding, runtime
 from gateway import agent_bindings as agents
-from gateway import errors, handler, runtime
+from gateway.binding import BindingCaller
 from gateway.cards import EXTENDED_CARD_ANONYMOUS, grpc_gateway_url, rewrite_core_card
 from gateway.grpc_binding import outbound_translate, passthrough, translate
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
@@ -77,9 +78,9 @@ _ids = itertools.count(1)
 DONE_POLL_SECONDS = 0.5
 
 
-class GrpcCall(handler.BindingCaller):
+class GrpcCall(BindingCaller):
     """The caller's side of one gRPC call: the gateway's errors (as a
-    :class:`~gateway.handler.BindingCaller`) and the agent's answer (:meth:`send`, the ASGI
+    :class:`~gateway.binding.BindingCaller`) and the agent's answer (:meth:`send`, the ASGI
     messages of the gateway's relay), turned into the caller's reply messages and status."""
 
     __slots__ = ("method", "context", "agent_version", "failure", "http_status", "sse",
@@ -375,11 +376,11 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     headers = scan_request_headers(_request_headers(metadata))
     scope = {"client": _peer(context)}
     core = method.core
-    admitted = await handler.admit_binding_call(node, scope, headers, call, agent_id, core.name)
+    admitted = await admission.admit_binding_call(node, scope, headers, call, agent_id, core.name)
     if admitted is None:
         return None
     client_id, route = admitted
-    if handler.anonymous_card_call(scope, agent_id, client_id, core.name):
+    if admission.anonymous_card_call(scope, agent_id, client_id, core.name):
         call.fail(errors.UNAUTHENTICATED, EXTENDED_CARD_ANONYMOUS)
         return None
     if core.name == "GetExtendedAgentCard":
@@ -410,7 +411,7 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     except TranslationError as exc:
         call.fail(errors.INVALID_REQUEST, str(exc))
         return None
-    refused = await handler.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+    refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
     if refused is not None:
         call.fail(errors.WEBHOOK_REFUSED, refused)
         return None
@@ -422,7 +423,7 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     tags["a2a_hdr_a2a-version"] = version
     if version == translate.V03 and "a2a_hdr_a2a-extensions" in tags:
         tags.setdefault("a2a_hdr_x-a2a-extensions", tags["a2a_hdr_a2a-extensions"])
-    await handler.forward_binding_call(
+    await forwarding.forward_binding_call(
         node, route, client_id, call.send, call.receive, call, headers, rpc_method, body,
         _timeout(context), streaming=core.streaming, binding="GRPC", started=started,
         payload={"params": params})
@@ -442,7 +443,7 @@ async def _pass_through(method: ServiceMethod, request: Any, data: bytes, contex
         except (Unsupported, TranslationError) as exc:
             call.fail(errors.INVALID_REQUEST, str(exc))
             return None
-        refused = await handler.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+        refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
         if refused is not None:
             call.fail(errors.WEBHOOK_REFUSED, refused)
             return None
@@ -482,7 +483,7 @@ async def _to_other_grpc(method: ServiceMethod, request: Any, context: Any, call
         except (Unsupported, TranslationError) as exc:
             call.fail(errors.INVALID_REQUEST, str(exc))
             return
-        refused = await handler.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+        refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
         if refused is not None:
             call.fail(errors.WEBHOOK_REFUSED, refused)
             return

@@ -96,7 +96,7 @@ def test_documents_are_written_after_the_registrations_are_answered(postgres_onl
         assert not indexer.writer().settle(0.3)  # a wait for it is bounded
         assert time.monotonic() - started < 2
         release()
-    assert indexer.writer().settle(10)
+    assert indexer.writer().settle(30)
     assert _docs("d-") == {"d-1", "d-2", "d-3"}
     agent = Agent.objects.get(agent_id="d-2")
     doc = AgentDoc.objects.get(agent_id="d-2")
@@ -123,7 +123,7 @@ def _cut_the_writers_connection() -> None:
 
 def test_the_writer_retries_a_database_outage(postgres_only, monkeypatch):
     # The process's writer done first: its connection must not be the one blocked and cut.
-    assert indexer.writer().settle(10)
+    assert indexer.writer().settle(30)
     quick = indexer.DeferredWriter(retry_seconds=(0.05, 0.05))
     monkeypatch.setattr(indexer, "_writer", quick)
     with index_locked() as release:
@@ -131,7 +131,7 @@ def test_the_writer_retries_a_database_outage(postgres_only, monkeypatch):
         _cut_the_writers_connection()  # the first attempt fails: it tries again, reconnected
         _cut_the_writers_connection()  # so does the second
         release()
-    assert quick.settle(10)
+    assert quick.settle(30)
     assert (quick.written, quick.given_up) == (2, 0)
     assert _docs("r-") == {"r-1", "r-2"}
 
@@ -139,14 +139,14 @@ def test_the_writer_retries_a_database_outage(postgres_only, monkeypatch):
 def test_past_its_retries_the_writer_leaves_the_documents_to_the_repair_job(
         postgres_only, monkeypatch):
     # The process's writer done first: its connection must not be the one blocked and cut.
-    assert indexer.writer().settle(10)
+    assert indexer.writer().settle(30)
     quick = indexer.DeferredWriter(retry_seconds=(0.05,))
     monkeypatch.setattr(indexer, "_writer", quick)
     with index_locked():
         services.agents_register(_regs(["g-1", "g-2", "g-3"]))
         _cut_the_writers_connection()
         _cut_the_writers_connection()  # its last attempt: given up, not retried forever
-        assert quick.settle(10)
+        assert quick.settle(30)
         assert (quick.written, quick.given_up) == (0, 3)
     assert _docs("g-") == set()
     assert index_repair_task.apply().get() == 3
@@ -184,7 +184,7 @@ def test_past_its_bound_a_batch_writes_its_own_documents(postgres_only, monkeypa
         release()
     assert done.wait(10)
     thread.join()
-    assert small.settle(10)
+    assert small.settle(30)
     assert _docs("b-") == {"b-1", "b-2", "b-3", "b-4", "b-5"}
 
 

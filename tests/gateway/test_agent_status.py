@@ -1,7 +1,11 @@
 """An agent answering an HTTP status outside 100-599 (e.g. 999): uvicorn has no status line for
 it (its reply would be empty) and Daphne would relay it, so the gateway answers one documented
 error instead, ``bad_agent_status`` (executed true), on both servers and with both outbound
-clients. The agent is a raw loopback socket server: no ASGI server writes such a status."""
+clients. The agent is a raw loopback socket server: no ASGI server writes such a status.
+
+The outbound client reads the agent's status line and the server writes the gateway's answer;
+nothing passes between the two but the gateway's decision, so each server runs with one client
+and each client with one server (two nodes, not four)."""
 
 from __future__ import annotations
 
@@ -22,8 +26,10 @@ from tests.gateway.test_proxy import rpc
 # fixtures of test_proxy: a caller token, and the local fast path / broker path switch
 path_mode, token = proxy.path_mode, proxy.token
 
-# Every test runs with both outbound clients (tests/gateway/conftest.py).
-pytestmark = [pytest.mark.usefixtures("outbound_client"), pytest.mark.one_pass("embedded")]
+pytestmark = pytest.mark.one_pass("embedded")
+
+#: (server, outbound client): every server and every client once.
+PAIRS = [("daphne", "own"), ("uvicorn", "aiohttp")]
 
 
 class _OddStatus(socketserver.BaseRequestHandler):
@@ -75,11 +81,11 @@ def odd_agent(status: int, content_type: bytes) -> Iterator[socketserver.Threadi
         server.server_close()
 
 
-@pytest.mark.parametrize("server", ["uvicorn", "daphne"])
-def test_status_outside_100_to_599_is_a_gateway_error(server):
+@pytest.mark.parametrize(("server", "client"), PAIRS)
+def test_status_outside_100_to_599_is_a_gateway_error(server, client):
     cases = [(999, b"application/json", "message/send"), (600, b"application/json", "tasks/get"),
              (999, b"text/event-stream", "message/stream")]
-    with running_node(server) as node:
+    with running_node(server, A2A_OUTBOUND_CLIENT=client) as node:
         auth = {"Authorization": f"Bearer {node.token}"}
         for number, (status, content_type, method) in enumerate(cases):
             with odd_agent(status, content_type) as agent:
@@ -112,6 +118,7 @@ def test_kubemq_profile_code():
         assert error["code"] == -32603 and error["data"]["kind"] == "bad_agent_status"
 
 
+@pytest.mark.usefixtures("outbound_client")
 def test_both_paths(live_server_url, token, path_mode):
     """Over the local fast path and through the Channels layer: the same error reaches the
     caller (the subscriber decides it; the envelope carries it)."""

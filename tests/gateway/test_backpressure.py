@@ -317,12 +317,14 @@ def test_non_reading_callers_do_not_grow_the_node(flood, server):
 STALLED_STREAM_MIB = 4.0
 
 
-@pytest.mark.usefixtures("outbound_client")
-@pytest.mark.parametrize("server", ["uvicorn", "daphne"])
-def test_a_stalled_stream_costs_about_its_buffer(flood, server):
+@pytest.mark.parametrize(("server", "client"), [("daphne", "own"), ("uvicorn", "aiohttp")])
+def test_a_stalled_stream_costs_about_its_buffer(flood, server, client):
     """Ten callers stop reading at once; the node grows by about their buffers, not by what
-    the outbound client, the relay and the server's write buffer could add on top."""
-    with running_node(server, A2A_SSE_STALL_TIMEOUT_SECONDS="120") as node:
+    the outbound client, the relay and the server's write buffer could add on top. Each server
+    and each outbound client is measured once: the client's read buffers and the server's write
+    buffer add up, they do not depend on each other."""
+    with running_node(server, A2A_SSE_STALL_TIMEOUT_SECONDS="120",
+                      A2A_OUTBOUND_CLIENT=client) as node:
         register_on(node, "flood", flood.url)
         warm = stalled_caller(node, "flood", node.token)  # the stream path's first use
         time.sleep(1.5)

@@ -2,7 +2,7 @@
 ``PIECE_BYTES``, joined back in order by the entry node, and a lost message ending the call
 (``stream_gap``) instead of being relayed around.
 
-The owner's real :class:`~gateway.subscriber.BrokerSink` publishes through the real Redis layer
+The owner's real :class:`~gateway.broker_sink.BrokerSink` publishes through the real Redis layer
 (gateway.redis_layer); the entry node's real :class:`~gateway.inbox.Reassembly` takes what a
 receiver gets on the reply channel into a real :class:`~gateway.sse.StreamBuffer`."""
 
@@ -14,16 +14,20 @@ import os
 import pytest
 
 from gateway import envelope as env
-from gateway.inbox import STREAM_GAP, Reassembly
+from gateway import grants
+from gateway.broker_sink import BrokerSink
+from gateway.conf import NodeSettings
+from gateway.inbox import STREAM_GAP, Inbox, Reassembly
 from gateway.redis_layer import RedisDirectChannelLayer
 from gateway.sse import StreamBuffer
-from gateway.subscriber import BrokerSink
+from registry.ids import agent_channel
 
 pytestmark = pytest.mark.timeout(60)
 
 
 class Wire:
-    """The real layer, recording every message published (and dropping the ones asked)."""
+    """The real layer, recording every reply message published (and dropping the ones asked;
+    the owner's ``a2a.ended`` notices pass)."""
 
     def __init__(self, layer: RedisDirectChannelLayer, drop: set[int] = frozenset()) -> None:
         self.layer = layer
@@ -31,6 +35,8 @@ class Wire:
         self.sent: list[dict] = []
 
     async def send(self, channel: str, message: dict) -> int:
+        if message["type"] != env.REPLY:
+            return await self.layer.send(channel, message)
         self.sent.append(message)
         if len(self.sent) in self.drop:
             return 1  # lost on the way (a publish that never reached Redis)
@@ -133,6 +139,20 @@ def test_a_repeated_message_is_relayed_once():
     assert [m["body"] for m in buffer._items] == [b"1", b"2", b"3"]
 
 
+def test_an_ack_between_a_message_and_its_pieces_is_no_gap():
+    """The owner's ack timer fired as its answer started: the ack's publish follows the
+    message's first part, before its pieces."""
+    buffer = StreamBuffer(1024 * 1024)
+    reassembly = Reassembly(buffer.put_nowait, buffer.push, 1024 * 1024)
+    reassembly({**env.start("r", 200, [], b"a" * env.PIECE_BYTES, more=False, sse=False),
+                "n": 1, "pc": 2})
+    reassembly(env.ack("r"))
+    reassembly({**env.piece("r", b"b" * env.PIECE_BYTES), "n": 2})
+    reassembly({**env.piece("r", b"c"), "n": 3})
+    assert [m["k"] for m in buffer._items] == [env.ACK, env.START]
+    assert buffer._items[1]["body"] == b"a" * env.PIECE_BYTES + b"b" * env.PIECE_BYTES + b"c"
+
+
 def test_an_oversize_announcement_is_refused():
     buffer = StreamBuffer(1024)
     reassembly = Reassembly(buffer.put_nowait, buffer.push, 10 * env.PIECE_BYTES)
@@ -166,6 +186,146 @@ def test_pieces_of_one_message_cross_at_most_a_window_ahead(redis_url):
             assert sink.pieces_sent == 2 * 1024 * 1024
             assert len(wire.sent) == 32
         finally:
+            await layer.flush()
+
+    asyncio.run(run())
+
+
+def test_a_lost_last_message_is_found_by_the_owners_ending_notice(redis_url):
+    """The last message of a call is lost on the way: no later number shows it, but the owner
+    tells the entry node's inbox where the call ended (``a2a.ended``, gateway.endings) and the
+    call gets :data:`STREAM_GAP`; so does a running stream that lost a message and went quiet
+    (the owner tells how far its publishes got); a call that arrived whole gets nothing more."""
+
+    async def run():
+        layer = RedisDirectChannelLayer(hosts=[{"address": redis_url}],
+                                        prefix=os.urandom(4).hex())
+        inbox = Inbox(layer)
+        inbox.start()
+        try:
+            assert await inbox.wait_ready(5)
+            buffers = {}
+            for request_id, drop in (("lost", {3}), ("whole", set())):
+                buffer = buffers[request_id] = StreamBuffer(1024 * 1024)
+                inbox.pending[request_id] = Reassembly(buffer.put_nowait, buffer.push,
+                                                       1024 * 1024)
+                sink = BrokerSink(Wire(layer, drop), inbox.channel, request_id, set())
+                sink.piece = env.PIECE_BYTES
+                await sink(env.start(request_id, 200, [], b"", more=True, sse=True))
+                await sink(env.chunk(request_id, b"data: 1\n\n", more=True))
+                await sink(env.chunk(request_id, b"", more=False))  # the 3rd: lost for "lost"
+            async with asyncio.timeout(env.ENDED_EVERY_SECONDS * 3):
+                got = [await buffers["lost"].get() for _ in range(3)]
+            assert got[-1] is STREAM_GAP
+            assert [m["body"] for m in got[:2]] == [b"", b"data: 1\n\n"]
+            await asyncio.sleep(env.ENDED_EVERY_SECONDS * 1.5)  # its notices came too
+            whole = buffers["whole"]
+            assert [m.get("more") for m in whole._items] == [True, True, False]
+            # a stream still running: its 2nd message is lost, and nothing comes after it
+            quiet = StreamBuffer(1024 * 1024)
+            inbox.pending["quiet"] = Reassembly(quiet.put_nowait, quiet.push, 1024 * 1024)
+            sink = BrokerSink(Wire(layer, {2}), inbox.channel, "quiet", set())
+            await sink(env.start("quiet", 200, [], b"", more=True, sse=True))
+            await sink(env.chunk("quiet", b"data: 1\n\n", more=True))
+            async with asyncio.timeout(env.ENDED_EVERY_SECONDS * 3):
+                got = [await quiet.get() for _ in range(2)]
+            assert got[-1] is STREAM_GAP
+            del sink
+        finally:
+            await inbox.stop()
+            await layer.flush()
+
+    asyncio.run(run())
+
+
+def test_pieces_cross_only_as_the_entry_nodes_budget_grants_them(redis_url):
+    """Four owners' large messages to one entry node at once, which takes a piece only every
+    few milliseconds: what was published of their pieces and not yet taken by the entry node
+    never exceeds its node-wide budget (plus one piece), and every message arrives whole."""
+    budget = 4 * env.PIECE_BYTES
+    size = 2 * 1024 * 1024 + 5
+
+    async def run():
+        layer = RedisDirectChannelLayer(hosts=[{"address": redis_url}],
+                                        prefix=os.urandom(4).hex())
+        inbox = Inbox(layer, budget=budget)
+        inbox.start()
+        agent_id = f"budget-{os.urandom(3).hex()}"
+        owner_channel = agent_channel(agent_id)
+        counts = {"sent": 0, "taken": 0, "most": 0}
+
+        class Counting(Wire):
+            async def send(self, channel: str, message: dict) -> int:
+                if message.get("k") == env.PIECE:
+                    counts["sent"] += len(message["body"])
+                    counts["most"] = max(counts["most"], counts["sent"] - counts["taken"])
+                return await super().send(channel, message)
+
+        async def owner() -> None:  # the owner's subscriber: grants raise the allowances
+            while True:
+                grants.credit((await layer.receive(owner_channel))["tags"])
+
+        class Slow:
+            """The entry node taking what its subscription got slowly."""
+
+            def __init__(self, reassembly: Reassembly) -> None:
+                self.reassembly = reassembly
+                self.grant = reassembly.grant
+                self.queue: asyncio.Queue = asyncio.Queue()
+
+            def __call__(self, message: dict) -> None:
+                self.queue.put_nowait(message)
+
+            async def feed(self) -> None:
+                while True:
+                    self.reassembly(await self.queue.get())
+                    await asyncio.sleep(0.003)
+
+        loop = asyncio.get_running_loop()
+        listening = loop.create_task(owner())
+        feeders = []
+        try:
+            assert await inbox.wait_ready(5)
+            await asyncio.sleep(0.2)  # the owner's channel subscribed
+            buffers, sinks = [], []
+            settings = NodeSettings.from_django()
+            for k in range(4):
+                request_id = f"big-{k}"
+                buffer = StreamBuffer(4 * size)
+                reassembly = Reassembly(buffer.put_nowait, buffer.push, 4 * size)
+
+                def taken(piece: int) -> None:
+                    counts["taken"] += piece
+
+                reassembly.on_piece = taken
+                tags = {env.TAG_REQUEST_ID: request_id, env.TAG_METHOD: "message/send"}
+                inbox.expect(tags, reassembly, agent_id)
+                slow = inbox.pending[request_id] = Slow(reassembly)
+                feeders.append(loop.create_task(slow.feed()))
+                assert tags[env.TAG_GRANT] == "0"
+                sink = BrokerSink(Counting(layer), inbox.channel, request_id, set())
+                sink.piece = env.PIECE_BYTES
+                sink.allowance = grants.allowance(tags, request_id, settings)
+                buffers.append(buffer)
+                sinks.append(sink)
+            bodies = [bytes([65 + k]) * size for k in range(4)]
+            async with asyncio.timeout(20):
+                await asyncio.gather(*(sink(env.start(f"big-{k}", 200, [], bodies[k],
+                                                      more=False, sse=False))
+                                       for k, sink in enumerate(sinks)))
+                got = [await buffer.get() for buffer in buffers]
+            assert [m["body"] for m in got] == bodies
+            assert counts["sent"] == 4 * (size - env.PIECE_BYTES)
+            # a piece counts as taken once the entry node has it: one piece of slack
+            assert counts["most"] <= budget + env.PIECE_BYTES, counts
+            for request_id in list(inbox.pending):
+                inbox.pending.pop(request_id)
+            assert inbox.budget is not None and inbox.budget.free == budget
+        finally:
+            listening.cancel()
+            for feeder in feeders:
+                feeder.cancel()
+            await inbox.stop()
             await layer.flush()
 
     asyncio.run(run())

@@ -18,7 +18,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from gateway import handler, runtime
+from gateway import relays, runtime
 from gateway.redis_layer import RedisDirectChannelLayer
 from registry import services
 from registry.permissions import SYSTEM
@@ -155,7 +155,7 @@ def test_owner_node_gone_is_unreachable(live_server_url, node_b, agent, settings
         # Checked send: the direct layer's send() finds nobody listening on the agent's
         # channel and the call is answered then; the ack wait (made longer than the client's
         # patience here) is not what answers it.
-        monkeypatch.setattr(handler, "ACK_TIMEOUT_SECONDS", 120.0)
+        monkeypatch.setattr(relays, "ACK_TIMEOUT_SECONDS", 120.0)
     # No subscriber acknowledges the Query: `unreachable` (no live subscriber) after the ack
     # wait, not `timeout` after the request's 300 s (the client would give up after 30 s).
     r = httpx.post(f"{live_server_url}/a2a/orphan", json=rpc(rpc_id="o"), timeout=30,

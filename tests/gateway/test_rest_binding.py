@@ -332,6 +332,7 @@ async def test_a_refused_webhook_never_reaches_the_agents_http_json_interface(
 # --- both servers ------------------------------------------------------------------------------
 
 
+@pytest.mark.one_pass("distributed")  # a node of its own: the same in both passes
 @pytest.mark.parametrize("server", ["uvicorn", "daphne"])
 async def test_send_and_stream_on_both_servers(echo_agent_factory, server):
     """A node served by each server (``manage.py serve --server ...``, its own process): a REST
@@ -474,6 +475,7 @@ async def test_timeout_metrics_and_audit_as_for_json_rpc(gateway_path, echo_agen
 # --- a caller that never reads a REST stream ----------------------------------------------------
 
 
+@pytest.mark.one_pass("distributed")  # a node of its own: the same in both passes
 @pytest.mark.parametrize("server", ["uvicorn", "daphne"])
 def test_stalled_rest_caller_is_bounded_and_gets_a_terminal_error(server):
     """The same backpressure as JSON-RPC streams (tests/gateway/test_backpressure.py): an agent
