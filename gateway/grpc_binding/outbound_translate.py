@@ -24,7 +24,8 @@ handler to come here instead of taking the subscriber's HTTP way. Everything goe
   error it names (:func:`~gateway.grpc_binding.outbound_messages.status_error`: the
   ``ErrorInfo`` the SDK's servers attach, else the status code) in the caller's binding; the
   gateway's own outcomes (``unreachable``, ``timeout``, ``busy``, ...) are the gateway's
-  errors, with ``X-A2A-Executed`` false when no byte reached the agent. docs/gateway.md has the table.
+  errors, with ``X-A2A-Executed`` false when no byte reached the agent.
+  docs/gateway.md has the table.
 
 No I/O of this module's own but the agent's gRPC call; admission, the webhook check and the
 extended card's authentication are the handler's, before it hands the call here.
