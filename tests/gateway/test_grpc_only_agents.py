@@ -330,7 +330,7 @@ def test_grpc_statuses_become_jsonrpc_errors():
     from google.protobuf import any_pb2
     from google.rpc import error_details_pb2, status_pb2
 
-    from gateway.grpc_binding.outbound_translate import status_error
+    from gateway.grpc_binding.outbound_messages import status_error
 
     detail = any_pb2.Any()
     detail.Pack(error_details_pb2.ErrorInfo(reason="TASK_NOT_FOUND", domain="a2a-protocol.org",
