@@ -63,6 +63,7 @@ from gateway.forwarding import (
     forward_call,
     subscriber_of,
 )
+from gateway.grpc_binding import outbound_translate
 from gateway.headers import scan_request_headers
 from gateway.jsonrpc import (
     LAZY_ABOVE_BYTES,
@@ -184,6 +185,16 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive: Receive,
         if rewrite is None:
             return
         send = rewrite
+    # HOOK (gRPC-only agent): its endpoint is its gRPC address; the admitted call is
+    # translated to its gRPC server instead of taking the subscriber's HTTP way
+    # (gateway.grpc_binding.outbound_translate).
+    if outbound_translate.is_grpc_target(route.endpoint):
+        await outbound_translate.answer_jsonrpc(
+            send, receive, route=route, caller=caller, tags=headers.tags,
+            timeout=request_timeout(payload, settings), started=started,
+            request_bytes=len(body),
+            payload=payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body))
+        return
     await forward_call(node, route, send, receive, rpc_id, caller, headers.tags, method, body,
                        request_timeout(payload, settings),
                        streaming=method in env.STREAMING_METHODS, started=started,

@@ -30,6 +30,7 @@ from gateway.bodies import Receive, Send
 from gateway.cards import EXTENDED_CARD_METHODS, CardRewrite, rewrite_card
 from gateway.exchange import REST, send_error
 from gateway.forwarding import forward_binding_call, forward_call
+from gateway.grpc_binding import outbound_translate
 from gateway.headers import RequestHeaders, scan_request_headers
 from gateway.jsonrpc import LAZY_ABOVE_BYTES, invalid_json_detail, parse_request
 from gateway.limits import request_timeout
@@ -84,6 +85,15 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive: Receive
         if rewrite is None:
             return
         send = rewrite
+    # HOOK (gRPC-only agent): translated to its gRPC server, as in handler.handle_rpc.
+    if outbound_translate.is_grpc_target(route.endpoint):
+        await outbound_translate.answer_rest(
+            send, receive, route=route, caller=caller, tags=headers.tags, tail=tail,
+            method=method, query=scope.get("query_string") or b"", body=body, started=started,
+            timeout=request_timeout({"params": payload} if payload else {}, node.settings),
+            check_webhook=lambda name, params: refused_webhook(scope, agent_id, caller, name,
+                                                               params))
+        return
     if not route.http_json_endpoint:  # translated to the agent's JSON-RPC
         await _translated_rest(node, scope, receive, send, route, caller, headers, tail,
                                method, body, payload, started)

@@ -142,6 +142,48 @@ def grpc_tenant(card: dict[str, Any]) -> str:
     return ""
 
 
+def lists_jsonrpc(card: dict[str, Any]) -> bool:
+    """Whether the card lists a JSON-RPC interface (its main ``url`` without another
+    ``preferredTransport``, or an entry of either interface list)."""
+    url = card.get("url")
+    if isinstance(url, str) and url and \
+            interface_binding(card.get("preferredTransport")) == JSONRPC:
+        return True
+    for key in ("additionalInterfaces", "supportedInterfaces"):
+        entries = card.get(key)
+        for iface in entries if isinstance(entries, list) else []:
+            if isinstance(iface, dict) and interface_binding(
+                    iface.get("protocolBinding") or iface.get("transport")) == JSONRPC \
+                    and isinstance(iface.get("url"), str) and iface["url"]:
+                return True
+    return False
+
+
+def grpc_url(address: str) -> str:
+    """The endpoint URL of a card's gRPC interface address: ``grpc://host:port``
+    (``grpcs://`` for a ``grpcs://`` or ``https://`` address: TLS)."""
+    text = address.strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return f"grpc://{text}"
+    return f"{'grpcs' if scheme.lower() in ('grpcs', 'https') else 'grpc'}://{rest}"
+
+
+def grpc_only_endpoint(card: dict[str, Any]) -> str:
+    """For a card that lists no JSON-RPC interface but a gRPC one: that interface (its 1.x
+    one, else its 0.3 one) as the agent's endpoint (:func:`grpc_url`), where the gateway calls
+    it (JSON-RPC and HTTP+JSON calls translated to gRPC); ``""`` for any other card."""
+    if lists_jsonrpc(card):
+        return ""
+    address = grpc_endpoint(card, "1.0") or grpc_endpoint(card, "0.3")
+    return grpc_url(address) if address else ""
+
+
+def is_grpc_url(endpoint: str) -> bool:
+    """Whether an agent's endpoint is a gRPC address (:func:`grpc_only_endpoint`)."""
+    return endpoint.startswith(("grpc://", "grpcs://"))
+
+
 def gateway_bindings(card: dict[str, Any], gateway_url: str) -> dict[str, dict[str, str]]:
     """The bindings the gateway answers for the agent of ``card``, each with the interface
     fields (``url``) that say where it answers.
@@ -150,8 +192,9 @@ def gateway_bindings(card: dict[str, Any], gateway_url: str) -> dict[str, dict[s
     whatever protocol version the agent speaks (1.0 and 0.3 method names are forwarded alike),
     and the HTTP+JSON binding at the same base (1.0 routes, 0.3 routes under ``/v1/``) for every
     agent too: forwarded to the agent's own HTTP+JSON interface when its card lists one
-    (:func:`http_json_endpoint`), else translated to its JSON-RPC. (gRPC: while the node's
-    listener runs, :func:`gateway_grpc_interface`.)
+    (:func:`http_json_endpoint`), else translated to its JSON-RPC -- or, for an agent whose
+    card lists only a gRPC interface (:func:`grpc_only_endpoint`), both translated to gRPC.
+    (gRPC: while the node's listener runs, :func:`gateway_grpc_interface`.)
     """
     return {JSONRPC: {"url": gateway_url}, HTTP_JSON: {"url": gateway_url}}
 
@@ -252,9 +295,14 @@ def rewrite_card_endpoints(card: dict[str, Any], gateway_url: str) -> dict[str, 
     out = dict(card)
     interfaces = card.get("supportedInterfaces")
     if isinstance(interfaces, list):
-        out["supportedInterfaces"] = _with_http_json(_served(
-            interfaces, {**served, GRPC: grpc} if grpc else served,
-            binding_key="protocolBinding", versioned=True), served[HTTP_JSON], card)
+        entries = _served(interfaces, {**served, GRPC: grpc} if grpc else served,
+                          binding_key="protocolBinding", versioned=True)
+        if grpc_only_endpoint(card):
+            # A gRPC-only agent: JSON-RPC at the gateway (translated to its gRPC) after its
+            # own gRPC interface, its preference; HTTP+JSON follows (_with_http_json).
+            entries = [*entries, {**served[JSONRPC], "protocolBinding": JSONRPC,
+                                  "protocolVersion": "1.0"}]
+        out["supportedInterfaces"] = _with_http_json(entries, served[HTTP_JSON], card)
     out = _rewrite_03(card, out, served)
     return _with_grpc(out, grpc) if grpc else out
 
@@ -289,6 +337,8 @@ def _rewrite_03(card: dict[str, Any], out: dict[str, Any],
     main = interface_binding(card.get("preferredTransport"))
     if main not in served:
         main = interface_binding(kept[0].get("transport")) if kept else ""
+    if main not in served and grpc_only_endpoint(card):
+        main = JSONRPC  # the gateway's JSON-RPC, translated to the agent's gRPC
     if main not in served:
         out.pop("url", None)
         out.pop("preferredTransport", None)

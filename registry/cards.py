@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 
-from registry.bindings import JSONRPC, interface_binding
+from registry.bindings import JSONRPC, grpc_only_endpoint, interface_binding
 from registry.signatures import SignatureResult, policy, verify_card
 
 
@@ -72,7 +72,9 @@ def card_endpoint(card: dict[str, Any]) -> str | None:
 
     ``url`` when the card's main interface is JSON-RPC (``preferredTransport`` absent or
     ``JSONRPC``), else the first JSON-RPC entry of ``additionalInterfaces`` (0.3) or
-    ``supportedInterfaces`` (1.0), else ``url`` whatever it serves.
+    ``supportedInterfaces`` (1.0); for a card listing no JSON-RPC interface but a gRPC one
+    (1.x first, else 0.3), that address as ``grpc://host:port`` (``grpcs://`` for TLS: the gateway
+    translates JSON-RPC and HTTP+JSON calls to it); else ``url`` whatever it serves.
     """
     url = card.get("url")
     has_url = isinstance(url, str) and bool(url)
@@ -85,6 +87,9 @@ def card_endpoint(card: dict[str, Any]) -> str | None:
             binding = interface_binding(iface.get("protocolBinding") or iface.get("transport"))
             if binding == JSONRPC and isinstance(iface.get("url"), str) and iface["url"]:
                 return iface["url"]
+    grpc = grpc_only_endpoint(card)
+    if grpc:
+        return grpc
     return url if has_url else None
 
 
@@ -188,7 +193,8 @@ def parse_card(
     shape = card_shape(card)
     endpoint = url or card_endpoint(card)
     if not endpoint:
-        raise CardError("an endpoint is required: a url, card.url or a JSONRPC supportedInterface")
+        raise CardError("an endpoint is required: a url, card.url, a JSONRPC or a GRPC "
+                        "supportedInterface")
     if strict if strict is not None else settings.A2A_CARD_VALIDATION == "strict":
         _check_strict(card, shape)
     skills = [s for s in card.get("skills") or [] if isinstance(s, dict)]

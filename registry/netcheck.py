@@ -66,9 +66,13 @@ def host_allowed(host: str, allowlist: list[str]) -> bool:
 
 
 def check_agent_url(
-    url: object, *, allowlist: list[str] | None = None, resolve: bool = True
+    url: object, *, allowlist: list[str] | None = None, resolve: bool = True,
+    grpc: bool = False,
 ) -> str:
     """Return the URL if it may be an agent endpoint, else raise :class:`UnsafeUrl`.
+
+    ``grpc``: a gRPC address (``grpc://host:port``, ``grpcs://host:port``: the endpoint of an
+    agent whose card lists only a gRPC interface) is accepted too, under the same host rules.
 
     Host names are resolved (when ``resolve``) so a name pointing at a metadata or link-local
     address is refused too; a name that does not resolve now is accepted (the agent may not be
@@ -76,7 +80,7 @@ def check_agent_url(
     (``outbound.resolve``), so it fails later as ``unreachable``, never reaching a refused
     address.
     """
-    host, literal = _checked_host(url, allowlist)
+    host, literal = _checked_host(url, allowlist, grpc=grpc)
     if literal is not None:
         reason = _forbidden_address(literal)
         if reason:
@@ -89,7 +93,7 @@ def check_agent_url(
     return url.strip()  # type: ignore[attr-defined]  # _checked_host refused non-strings
 
 
-def _checked_host(url: object, allowlist: list[str] | None):
+def _checked_host(url: object, allowlist: list[str] | None, *, grpc: bool = False):
     """``url``'s host and, for an IP literal, its address: the checks that need no lookup
     (:class:`UnsafeUrl` if one fails)."""
     if not isinstance(url, str) or not url.strip():
@@ -103,8 +107,9 @@ def _checked_host(url: object, allowlist: list[str] | None):
         port = parts.port
     except ValueError as exc:
         raise UnsafeUrl(f"url is not valid: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise UnsafeUrl("url must be an absolute http or https URL")
+    if parts.scheme not in (("http", "https", "grpc", "grpcs") if grpc else ("http", "https")):
+        raise UnsafeUrl("url must be an absolute http or https URL"
+                        + (" (or grpc://host:port, grpcs://host:port)" if grpc else ""))
     host = (parts.hostname or "").lower()
     if not host:
         raise UnsafeUrl("url has no host")

@@ -47,7 +47,7 @@ from gateway import admission, errors, forwarding, runtime
 from gateway import agent_bindings as agents
 from gateway.binding import BindingCaller
 from gateway.cards import EXTENDED_CARD_ANONYMOUS, grpc_gateway_url, rewrite_core_card
-from gateway.grpc_binding import passthrough, translate
+from gateway.grpc_binding import outbound_translate, passthrough, translate
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
@@ -395,6 +395,11 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     if target and not (core.name == "GetExtendedAgentCard" and method.version == translate.V03):
         return await _pass_through(method, request, data, context, call, scope, agent_id,
                                    client_id, route, target, bindings.grpc_tenant, started)
+    if outbound_translate.is_grpc_target(route.endpoint):
+        # A gRPC-only agent serving the other version: translated to its gRPC server.
+        await _to_other_grpc(method, request, context, call, scope, agent_id, client_id, route,
+                             headers.tags, len(data), started)
+        return None
     version = call.agent_version = bindings.jsonrpc
     try:
         rpc_method, params = translate.agent_request(core, request, version)
@@ -464,6 +469,28 @@ async def _pass_through(method: ServiceMethod, request: Any, data: bytes, contex
             return None
         passed.reply = rewrite_core_card(card, grpc_gateway_url(agent_id)).SerializeToString()
     return passed
+
+
+async def _to_other_grpc(method: ServiceMethod, request: Any, context: Any, call: GrpcCall,
+                         scope: dict[str, Any], agent_id: str, client_id: str, route: Any,
+                         tags: dict[str, str], size: int, started: float) -> None:
+    """The call translated to the gRPC-only agent's own service of the other protocol
+    version (:mod:`.outbound_translate`), after the webhook check every binding makes."""
+    core = method.core
+    if core.name in _WEBHOOK_METHODS:
+        try:
+            rpc_method, params = translate.agent_request(core, request, translate.V10)
+        except (Unsupported, TranslationError) as exc:
+            call.fail(errors.INVALID_REQUEST, str(exc))
+            return
+        refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+        if refused is not None:
+            call.fail(errors.WEBHOOK_REFUSED, refused)
+            return
+    await outbound_translate.answer_grpc(
+        call, route=route, caller=client_id, tags=tags, method=core, request=request,
+        version=method.version, timeout=_timeout(context), started=started,
+        request_bytes=size)
 
 
 #: The methods whose request may carry a push-notification webhook (checked on every binding).

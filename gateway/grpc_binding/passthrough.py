@@ -131,7 +131,7 @@ def with_tenant(data: bytes, method: str, tenant: str) -> bytes:
 # --- metadata ------------------------------------------------------------------------------
 
 
-def _valid(name: str, value: str) -> bool:
+def valid_metadata(name: str, value: str) -> bool:
     return bool(name) and all(ord(c) in _METADATA_KEY for c in name) \
         and all(0x20 <= ord(c) < 0x7F for c in value)
 
@@ -154,7 +154,7 @@ def agent_metadata(metadata: Sequence[tuple[str, str | bytes]] | None, caller_id
     out = []
     for name, value in outbound_headers(headers.tags, caller_id, passthrough=passthrough).items():
         name = name.lower()
-        if _valid(name, value):
+        if valid_metadata(name, value):
             out.append((name, value))
     return out
 
@@ -223,7 +223,7 @@ def _close_later(channel: grpc.aio.Channel) -> None:
     task.add_done_callback(_closing.discard)
 
 
-def _forget(url: str, channel: grpc.aio.Channel) -> None:
+def forget(url: str, channel: grpc.aio.Channel) -> None:
     entry = _channels.get(url)
     if entry is not None and entry.channel is channel:
         del _channels[url]
@@ -265,7 +265,7 @@ async def channel_for(url: str) -> grpc.aio.Channel:
     else:
         channel = grpc.aio.insecure_channel(pinned, options=options)
     if entry is not None:
-        _forget(url, entry.channel)
+        forget(url, entry.channel)
     _channels[url] = _Channel(channel, now)
     while len(_channels) > MAX_CHANNELS:
         _, oldest = _channels.popitem(last=False)
@@ -273,7 +273,7 @@ async def channel_for(url: str) -> grpc.aio.Channel:
     return channel
 
 
-async def _connected(channel: grpc.aio.Channel, seconds: float) -> bool:
+async def connected(channel: grpc.aio.Channel, seconds: float) -> bool:
     """Whether ``channel`` is (or gets) connected within ``seconds``; False at once when its
     connection attempt failed."""
     loop = asyncio.get_running_loop()
@@ -318,12 +318,11 @@ async def forward(*, path: str, core_method: str, version: str, streaming: bool,
     flag in its trailers); the agent's own statuses are relayed as it answered them."""
     record = _Record()
     metrics.count_request(agent_id, core_method)
-    if _in_flight.get(agent_id, 0) >= max_concurrency:
+    if not take_slot(agent_id, max_concurrency):
         metrics.count_busy(agent_id)
         await _gateway_error(record, fail, errors.BUSY, "", False)
         _finish(record, agent_id, client_id, core_method, len(data), started)
         return Passed(None)
-    _in_flight[agent_id] = _in_flight.get(agent_id, 0) + 1
     try:
         return await _forward(path, core_method, version, streaming, data, context, client_id,
                               target, tenant, credential_passthrough, timeout, fail, record)
@@ -332,12 +331,26 @@ async def forward(*, path: str, core_method: str, version: str, streaming: bool,
             record.outcome = "client_disconnect"
         raise
     finally:
-        left = _in_flight.get(agent_id, 1) - 1
-        if left > 0:
-            _in_flight[agent_id] = left
-        else:
-            _in_flight.pop(agent_id, None)
+        release_slot(agent_id)
         _finish(record, agent_id, client_id, core_method, len(data), started)
+
+
+def take_slot(agent_id: str, max_concurrency: int) -> bool:
+    """Take one of the agent's ``max_concurrency`` slots for a call this node makes to its
+    gRPC server (passed through, or translated: :mod:`.outbound_translate`); False when all
+    are taken (``busy``). Every slot taken is given back with :func:`release_slot`."""
+    if _in_flight.get(agent_id, 0) >= max_concurrency:
+        return False
+    _in_flight[agent_id] = _in_flight.get(agent_id, 0) + 1
+    return True
+
+
+def release_slot(agent_id: str) -> None:
+    left = _in_flight.get(agent_id, 1) - 1
+    if left > 0:
+        _in_flight[agent_id] = left
+    else:
+        _in_flight.pop(agent_id, None)
 
 
 def _finish(record: _Record, agent_id: str, client_id: str, method: str, size: int,
@@ -365,8 +378,8 @@ async def _forward(path: str, core_method: str, version: str, streaming: bool, d
         return await _gateway_error(record, fail, errors.UNREACHABLE,
                                     f"the agent's gRPC interface {target}: {exc}", False)
     connect = min(policy.current().connect_timeout, timeout)
-    if not await _connected(channel, connect):
-        _forget(target, channel)  # the next call makes a new connection (and resolves again)
+    if not await connected(channel, connect):
+        forget(target, channel)  # the next call makes a new connection (and resolves again)
         return await _gateway_error(record, fail, errors.UNREACHABLE,
                                     f"cannot connect to the agent's gRPC interface {target}",
                                     False)

@@ -23,7 +23,9 @@ def _resolve_card(
 ) -> ParsedCard:
     if url is not None:
         try:
-            url = check_agent_url(url)
+            # A gRPC address (grpc://host:port) is an endpoint only with the card: none can be
+            # fetched from it.
+            url = check_agent_url(url, grpc=card is not None)
         except UnsafeUrl as exc:
             raise InvalidInput(f"url: {exc}") from None
     if card is None:
@@ -42,7 +44,7 @@ def _resolve_card(
         raise InvalidInput(str(exc)) from None
     if url is None:
         try:
-            check_agent_url(parsed.endpoint)
+            check_agent_url(parsed.endpoint, grpc=True)
         except UnsafeUrl as exc:
             raise InvalidInput(f"card endpoint: {exc}") from None
     rest = http_json_endpoint(parsed.card)

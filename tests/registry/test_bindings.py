@@ -14,6 +14,7 @@ from registry.bindings import (
     HTTP_JSON,
     JSONRPC,
     gateway_bindings,
+    grpc_only_endpoint,
     http_json_endpoint,
     interface_binding,
     rewrite_card_endpoints,
@@ -125,15 +126,28 @@ def test_one_entry_per_protocol_version_and_tenant():
     assert "url" not in out and "preferredTransport" not in out  # a 1.0 card keeps its shape
 
 
-def test_a_card_without_a_served_interface_offers_none():
+def test_a_grpc_only_card_offers_jsonrpc_and_http_json_translated_to_its_grpc():
     card = {"name": "grpc only", "supportedInterfaces": [iface(GRPC, "1.0", "agent:1")]}
-    assert rewrite_card_endpoints(card, GW)["supportedInterfaces"] == []
+    assert grpc_only_endpoint(card) == "grpc://agent:1"
+    assert rewrite_card_endpoints(card, GW)["supportedInterfaces"] == [
+        iface(JSONRPC, "1.0", GW), iface(HTTP_JSON, "1.0", GW)]
+    tls = {"name": "tls", "supportedInterfaces": [iface(GRPC, "1.0", "grpcs://agent:1")]}
+    assert grpc_only_endpoint(tls) == "grpcs://agent:1"
+    both = {"name": "both", "supportedInterfaces": [iface(GRPC, "1.0", "agent:1"),
+                                                    iface(JSONRPC, "1.0", AGENT)]}
+    assert grpc_only_endpoint(both) == ""
+    # A 0.3 card whose one interface is gRPC: its 0.3 view names the gateway's JSON-RPC.
+    grpc03 = {**card_03(), "preferredTransport": "GRPC", "url": "agent.example:50051"}
+    assert grpc_only_endpoint(grpc03) == "grpc://agent.example:50051"
+    out = rewrite_card_endpoints(grpc03, GW)
+    assert (out["url"], out["preferredTransport"]) == (GW, JSONRPC)
+    assert out["additionalInterfaces"] == [{"url": GW, "transport": HTTP_JSON}]
+
+
+def test_a_card_without_a_served_interface_offers_none():
     rest = {"name": "rest only", "supportedInterfaces": [iface(HTTP_JSON, "1.0")]}
     assert rewrite_card_endpoints(rest, GW)["supportedInterfaces"] == [
         iface(HTTP_JSON, "1.0", GW)]
-    grpc03 = {**card_03(), "preferredTransport": "GRPC", "url": "agent.example:50051"}
-    out = rewrite_card_endpoints(grpc03, GW)
-    assert "url" not in out and "preferredTransport" not in out
 
 
 def test_03_card_main_binding_not_served_takes_the_first_served_additional():

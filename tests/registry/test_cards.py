@@ -102,7 +102,7 @@ def test_nul_characters_refused():
 
 def test_endpoint_is_the_cards_json_rpc_interface():
     """The gateway forwards JSON-RPC: a card whose main interface is another binding gives the
-    URL of its JSON-RPC interface, and only a card without one falls back to ``url``."""
+    URL of its JSON-RPC interface; a card without one its 1.x gRPC interface, else ``url``."""
     grpc_main = {**card_03("http://a.example/grpc"), "preferredTransport": "GRPC",
                  "additionalInterfaces": [
                      {"url": "http://a.example/rest", "transport": "HTTP+JSON"},
@@ -113,6 +113,12 @@ def test_endpoint_is_the_cards_json_rpc_interface():
         {"url": "http://a.example/v1", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}]}
     assert parse_card(both).endpoint == "http://a.example/v1"
     del both["supportedInterfaces"][1]
-    assert parse_card(both).endpoint == "http://a.example/grpc"  # no JSON-RPC interface at all
+    # No JSON-RPC interface at all: its 1.x gRPC one (calls are translated to it) ...
+    assert parse_card(both).endpoint == "grpc://a.example:50051"
+    del both["supportedInterfaces"][0]
+    # ... else its 0.3 one (the main interface here: ``http://`` names no TLS) ...
+    assert parse_card(both).endpoint == "grpc://a.example/grpc"
+    rest_main = {**card_03("http://a.example/rest"), "preferredTransport": "HTTP+JSON"}
+    assert parse_card(rest_main).endpoint == "http://a.example/rest"  # ... else ``url``
     assert parse_card(card_03("http://a.example/")).endpoint == "http://a.example/"
     assert parse_card(grpc_main, url="http://reg.example/").endpoint == "http://reg.example/"
