@@ -60,7 +60,7 @@ def node_b(request, live_server_url, redis_url, postgres_url):
     env.update(NODE_ID=node_id, DATABASE_URL=_database_url(), REDIS_URL=settings.REDIS_URL,
                SECRET_KEY=settings.SECRET_KEY, LOG_LEVEL="WARNING",  # one installation: one key
                ALLOWED_HOSTS="127.0.0.1,localhost", **getattr(request, "param", {}))
-    process, port = start_node(env, what="node B", timeout=30)
+    process, port = start_node(env, what="node B")
     url = f"http://127.0.0.1:{port}"
     try:
         yield NodeB(node_id, url, process)

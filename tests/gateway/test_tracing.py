@@ -348,7 +348,7 @@ def test_parentage_across_two_nodes(
             OTEL_BSP_SCHEDULE_DELAY="100",
             OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{otlp.url}/v1/traces",
         )
-        process, port = start_node(env, what="node B", timeout=30)
+        process, port = start_node(env, what="node B")
         node_b = f"http://127.0.0.1:{port}"
         try:
             _, admin = make_client(["admin"], name="trace-admin")
