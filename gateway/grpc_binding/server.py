@@ -5,7 +5,8 @@ both servers (uvicorn's lifespan, Daphne's hooks in ``manage.py serve``).
 Off unless ``manage.py serve --grpc-port`` or ``A2A_GRPC_PORT`` names a port
 (:func:`core.lifecycle.grpc_address`). Bounds, like the HTTP path's: a request message above
 ``A2A_MAX_REQUEST_BYTES`` is refused by gRPC itself (``RESOURCE_EXHAUSTED``, before the gateway
-reads it), so is a call whose metadata is above :data:`MAX_METADATA_BYTES`, at most ``A2A_GRPC_MAX_CONCURRENT_STREAMS`` calls at once per connection (HTTP/2
+reads it), so is a call whose metadata is above :data:`MAX_METADATA_BYTES`, at most
+``A2A_GRPC_MAX_CONCURRENT_STREAMS`` calls at once per connection (HTTP/2
 ``SETTINGS_MAX_CONCURRENT_STREAMS``), and each call takes the agent's concurrency cap, rate
 limits and timeouts like any gateway call. The port is bound exclusively (no
 ``SO_REUSEPORT``): a port another process holds is an error at start, not a shared port.

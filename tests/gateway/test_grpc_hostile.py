@@ -5,24 +5,29 @@ caps (request, response, streams per connection, stall timeout) so each bound is
 well under a second; callers are stock grpcio channels in the test process. The agent is a raw
 0.3 JSON-RPC agent whose answer the request's text picks: an echo, an oversized reply, a
 stream held open until the caller leaves, or a flood of large events as fast as the node reads
-them. Each test checks what the caller got, what reached the agent, and that the node serves
+them; a second agent serves its own gRPC interface (the node passes calls through) with the
+same streams. Each test checks what the caller got, what reached the agent, and that the node serves
 the next call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
 import httpx
 import orjson
 import pytest
-from a2a.types import a2a_pb2
+from a2a.types import AgentInterface, a2a_pb2
 from a2a.types import a2a_pb2_grpc as grpc10
 
 from gateway.grpc_binding.server import MAX_METADATA_BYTES
+from tests.a2a_agents import build_card, card_json
 from tests.gateway.test_backpressure import (
     NOT_READ_ON_BYTES,
     STALLED_STREAM_MIB,
@@ -40,6 +45,7 @@ RESPONSE_CAP = 1024 * 1024
 MAX_STREAMS = 2
 STALL_SECONDS = 3.0
 EVENT_PAD = 64 * 1024
+SSE_BUFFER_BYTES = 1024 * 1024  # the node's A2A_SSE_BUFFER_BYTES (its default)
 #: The agent stops a flood after this much (a node reading through it is unbounded).
 FLOOD_LIMIT = 256 * 1024 * 1024
 
@@ -110,6 +116,63 @@ def message(text: str) -> dict:
             "parts": [{"kind": "text", "text": text}]}
 
 
+class OwnGrpcAgent:
+    """An agent serving its own gRPC interface (1.0), so the node passes calls through:
+    ``SendStreamingMessage`` sends a task, then ("hold") holds the stream until its caller
+    leaves or ("flood") sends 64 KiB events as fast as the node takes them."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.calls = 0
+        self.sent: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
+        self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            "lf.a2a.v1.A2AService", {"SendStreamingMessage": grpc.unary_stream_rpc_method_handler(
+                self.stream, request_deserializer=a2a_pb2.SendMessageRequest.FromString,
+                response_serializer=a2a_pb2.StreamResponse.SerializeToString)})])
+        card = build_card(f"http://{self.address}/rpc", name="own-grpc", card_shape="1.0",
+                          interfaces=[AgentInterface(url=self.address, protocol_binding="GRPC",
+                                                     protocol_version="1.0")])
+        self.card_document = card_json(card, "1.0")
+
+    def stream(self, request: a2a_pb2.SendMessageRequest,
+               context: grpc.ServicerContext) -> Iterator[a2a_pb2.StreamResponse]:
+        with self._lock:
+            self.calls += 1
+            self.open += 1
+            number = len(self.sent)
+            self.sent[number] = 0
+        try:
+            reply = a2a_pb2.StreamResponse()
+            reply.task.id, reply.task.context_id = f"g{self.calls}", "c"
+            reply.task.status.state = a2a_pb2.TASK_STATE_WORKING
+            yield reply
+            if request.message.parts[0].text == "flood":
+                event = a2a_pb2.StreamResponse()
+                event.artifact_update.task_id = reply.task.id
+                event.artifact_update.artifact.parts.add().text = "x" * EVENT_PAD
+                size = event.ByteSize()
+                while context.is_active() and self.sent[number] < FLOOD_LIMIT:
+                    yield event
+                    self.sent[number] += size
+                return
+            deadline = time.monotonic() + 30
+            while context.is_active() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            with self._lock:
+                self.open -= 1
+
+    def wait_closed(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while self.open and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.open == 0
+
+
 @dataclass
 class Listener:
     node: Node
@@ -149,28 +212,46 @@ class Listener:
 
 
 @pytest.fixture(scope="module")
-def listener():
+def own_grpc_agent():
+    agent = OwnGrpcAgent()
+    agent.server.start()
+    try:
+        yield agent
+    finally:
+        agent.server.stop(None)
+
+
+@pytest.fixture(scope="module")
+def listener(own_grpc_agent):
     with serve_agent(HostileAgent()) as agent:
         port = free_port()
         with running_node("uvicorn", A2A_GRPC_PORT=str(port),
                           A2A_MAX_REQUEST_BYTES=str(REQUEST_CAP),
                           A2A_MAX_RESPONSE_BYTES=str(RESPONSE_CAP),
                           A2A_GRPC_MAX_CONCURRENT_STREAMS=str(MAX_STREAMS),
-                          A2A_SSE_STALL_TIMEOUT_SECONDS=str(STALL_SECONDS)) as node:
+                          A2A_SSE_STALL_TIMEOUT_SECONDS=str(STALL_SECONDS),
+                          A2A_SSE_BUFFER_BYTES=str(SSE_BUFFER_BYTES)) as node:
             register_on(node, "hostile", agent.url)
             response = httpx.post(f"{node.url}/api/v1/agents", headers={
                 "Authorization": f"Bearer {node.token}"}, json={
                 "agent_id": "capped", "url": agent.url, "max_concurrency": 1,
                 "card": {"name": "capped", "url": agent.url}})
             assert response.status_code == 201, response.text
+            for agent_id, cap in (("own-grpc", 1), ("own-grpc-free", 100)):
+                response = httpx.post(f"{node.url}/api/v1/agents", headers={
+                    "Authorization": f"Bearer {node.token}"}, json={
+                    "agent_id": agent_id, "url": f"http://{own_grpc_agent.address}/rpc",
+                    "max_concurrency": cap, "card": own_grpc_agent.card_document})
+                assert response.status_code == 201, response.text
             yield Listener(node, agent, f"127.0.0.1:{port}")
 
 
 @pytest.fixture
-def hostile(listener):
-    assert listener.agent.wait_closed(10)
+def hostile(listener, own_grpc_agent):
+    assert listener.agent.wait_closed(10) and own_grpc_agent.wait_closed(10)
     listener.agent.texts.clear()
     listener.agent.sent.clear()
+    own_grpc_agent.sent.clear()
     return listener
 
 
@@ -252,9 +333,23 @@ def test_calls_above_the_stream_limit_wait_for_a_free_stream(hostile):
     assert hostile.agent.wait_closed(10)
 
 
-def test_a_caller_that_never_reads_a_stream_is_bounded_and_ended(hostile):
-    node, agent = hostile.node, hostile.agent
+@pytest.mark.parametrize("path", ["translated", "passed through"])
+def test_a_caller_that_never_reads_a_stream_is_bounded_and_ended(hostile, own_grpc_agent, path):
+    """Callers that never read a flood of large events: the agent is no longer read once the
+    buffers on the way are full, the node grows by about its relay's buffers, and the calls
+    end ``stream_stalled`` after the stall timeout with the agent's streams cancelled."""
+    node = hostile.node
+    agent: HostileAgent | OwnGrpcAgent = hostile.agent
     hostile.echo()
+    if path == "passed through":
+        hostile.agent_id, agent = "own-grpc-free", own_grpc_agent
+        with hostile.channel() as channel:  # the path's first use (its channel) before
+            call = grpc10.A2AServiceStub(channel).SendStreamingMessage(
+                hostile.request("hold"), metadata=hostile.token, timeout=10)
+            assert next(call).HasField("task")
+            call.cancel()
+        assert agent.wait_closed(5)
+        agent.sent.clear()
     baseline = node.rss_mib()
     # No BDP probing: the caller's receive window stays gRPC's initial one, what it may take
     # in unread is its own small buffer.
@@ -278,6 +373,8 @@ def test_a_caller_that_never_reads_a_stream_is_bounded_and_ended(hostile):
         # The agent is no longer read: the socket buffers and a bounded relay, not the flood;
         # the node holds about the relay's buffer per stream.
         assert max(sent.values()) < NOT_READ_ON_BYTES, sent
+        if path == "passed through":  # gRPC's flow control all the way: the node's window
+            assert max(sent.values()) < 2 * SSE_BUFFER_BYTES, sent
         assert peak - baseline < MAX_STREAMS * STALLED_STREAM_MIB, (baseline, peak)
         # Stalled past the deadline: the agent's streams are freed, the calls end.
         assert agent.wait_closed(STALL_SECONDS + 8), "the stalled streams were not freed"
@@ -288,6 +385,7 @@ def test_a_caller_that_never_reads_a_stream_is_bounded_and_ended(hostile):
             code, executed, info = status_of(ended.value)
             assert (code, executed, info["kind"]) == \
                 (grpc.StatusCode.DEADLINE_EXCEEDED, "true", "stream_stalled")
+        hostile.agent_id = "hostile"
         hostile.echo(channel)
 
 
@@ -309,5 +407,29 @@ def test_a_caller_that_abandons_a_stream_frees_the_agent(hostile):
                 call.cancel()
                 assert hostile.agent.wait_closed(5), f"{text}: the agent's stream went on"
             hostile.echo(channel)
+    finally:
+        hostile.agent_id = "hostile"
+
+
+def test_a_caller_that_abandons_a_passed_through_stream_frees_the_agent(hostile, own_grpc_agent):
+    """The same through pass-through: the agent's own gRPC stream is cancelled and the slot
+    (counted by the node for passed-through calls) freed."""
+    hostile.agent_id = "own-grpc"
+    before = own_grpc_agent.calls
+    try:
+        with hostile.channel() as channel:
+            stub = grpc10.A2AServiceStub(channel)
+            for number in range(3):
+                call = stub.SendStreamingMessage(hostile.request("hold"), metadata=hostile.token,
+                                                 timeout=30)
+                assert next(call).task.id == f"g{own_grpc_agent.calls}"
+                assert own_grpc_agent.open == 1
+                with pytest.raises(grpc.RpcError) as busy:
+                    next(stub.SendStreamingMessage(hostile.request("busy"),
+                                                   metadata=hostile.token, timeout=10))
+                assert status_of(busy.value)[2]["kind"] == "busy"
+                call.cancel()
+                assert own_grpc_agent.wait_closed(5), f"call {number}: the agent's stream went on"
+            assert own_grpc_agent.calls == before + 3  # the refused ones never reached it
     finally:
         hostile.agent_id = "hostile"
