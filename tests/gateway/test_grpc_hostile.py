@@ -91,6 +91,11 @@ class HostileAgent:
             if text == "hold":
                 await closed.wait()
                 return
+            if text == "big":  # one event above the response cap
+                await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(
+                    {"jsonrpc": "2.0", "id": rid, "result": message(
+                        "x" * (RESPONSE_CAP + 1024))}) + b"\n\n"})
+                return
             event = b"data: " + orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": {
                 "kind": "artifact-update", "taskId": f"t{number}", "contextId": "c",
                 "artifact": {"artifactId": "a", "parts": [{"kind": "text",
@@ -130,13 +135,28 @@ class OwnGrpcAgent:
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.address = f"127.0.0.1:{port}"
         self.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "lf.a2a.v1.A2AService", {"SendStreamingMessage": grpc.unary_stream_rpc_method_handler(
-                self.stream, request_deserializer=a2a_pb2.SendMessageRequest.FromString,
-                response_serializer=a2a_pb2.StreamResponse.SerializeToString)})])
+            "lf.a2a.v1.A2AService", {
+                "SendStreamingMessage": grpc.unary_stream_rpc_method_handler(
+                    self.stream, request_deserializer=a2a_pb2.SendMessageRequest.FromString,
+                    response_serializer=a2a_pb2.StreamResponse.SerializeToString),
+                "SendMessage": grpc.unary_unary_rpc_method_handler(
+                    self.send, request_deserializer=a2a_pb2.SendMessageRequest.FromString,
+                    response_serializer=a2a_pb2.SendMessageResponse.SerializeToString)})])
         card = build_card(f"http://{self.address}/rpc", name="own-grpc", card_shape="1.0",
                           interfaces=[AgentInterface(url=self.address, protocol_binding="GRPC",
                                                      protocol_version="1.0")])
         self.card_document = card_json(card, "1.0")
+
+    @staticmethod
+    def reply_to(text: str) -> a2a_pb2.Message:
+        """An echo, or for "big" a message above the response cap."""
+        reply = a2a_pb2.Message(message_id="r", role=a2a_pb2.ROLE_AGENT)
+        reply.parts.add().text = "x" * (RESPONSE_CAP + 1024) if text == "big" else f"echo: {text}"
+        return reply
+
+    def send(self, request: a2a_pb2.SendMessageRequest,
+             context: grpc.ServicerContext) -> a2a_pb2.SendMessageResponse:
+        return a2a_pb2.SendMessageResponse(message=self.reply_to(request.message.parts[0].text))
 
     def stream(self, request: a2a_pb2.SendMessageRequest,
                context: grpc.ServicerContext) -> Iterator[a2a_pb2.StreamResponse]:
@@ -150,6 +170,9 @@ class OwnGrpcAgent:
             reply.task.id, reply.task.context_id = f"g{self.calls}", "c"
             reply.task.status.state = a2a_pb2.TASK_STATE_WORKING
             yield reply
+            if request.message.parts[0].text == "big":
+                yield a2a_pb2.StreamResponse(message=self.reply_to("big"))
+                return
             if request.message.parts[0].text == "flood":
                 event = a2a_pb2.StreamResponse()
                 event.artifact_update.task_id = reply.task.id
@@ -270,11 +293,22 @@ def test_a_request_above_the_cap_is_refused_unread(hostile):
         hostile.echo(channel)  # the same connection serves the next call
 
 
-def test_a_reply_above_the_cap_is_a_status_with_the_executed_flag(hostile):
+@pytest.mark.parametrize("agent_id", ["hostile", "own-grpc-free"])
+@pytest.mark.parametrize("streaming", [False, True], ids=["send", "stream"])
+def test_a_reply_above_the_cap_is_a_status_with_the_executed_flag(hostile, agent_id, streaming):
+    """A reply (a stream's event) above ``A2A_MAX_RESPONSE_BYTES``, translated or passed
+    through: ``response_too_large``, after what the stream relayed before it."""
+    request = hostile.request("big")
+    request.tenant = agent_id
     with hostile.channel() as channel:
         stub = grpc10.A2AServiceStub(channel)
         with pytest.raises(grpc.RpcError) as refused:
-            stub.SendMessage(hostile.request("big"), metadata=hostile.token, timeout=10)
+            if streaming:
+                call = stub.SendStreamingMessage(request, metadata=hostile.token, timeout=10)
+                assert next(call).HasField("task")
+                next(call)
+            else:
+                stub.SendMessage(request, metadata=hostile.token, timeout=10)
         code, executed, info = status_of(refused.value)
         assert (code, executed, info["kind"]) == \
             (grpc.StatusCode.RESOURCE_EXHAUSTED, "true", "response_too_large")
