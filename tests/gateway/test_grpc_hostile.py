@@ -43,7 +43,7 @@ pytestmark = pytest.mark.one_pass("embedded")
 REQUEST_CAP = 64 * 1024
 RESPONSE_CAP = 1024 * 1024
 MAX_STREAMS = 2
-STALL_SECONDS = 3.0
+STALL_SECONDS = 4.0
 EVENT_PAD = 64 * 1024
 SSE_BUFFER_BYTES = 1024 * 1024  # the node's A2A_SSE_BUFFER_BYTES (its default)
 #: The agent stops a flood after this much (a node reading through it is unbounded).
