@@ -31,7 +31,9 @@ reach the caller as the bytes the agent wrote, nothing re-encoded.
   rules (what remains of the caller's, capped at ``A2A_MAX_TIMEOUT_SECONDS``, else
   ``A2A_DEFAULT_TIMEOUT_SECONDS``); a stream waits at most ``A2A_SSE_IDLE_TIMEOUT_SECONDS`` for
   the agent's next message and ``A2A_SSE_STALL_TIMEOUT_SECONDS`` for a caller that stopped
-  reading, the caller's own deadline if it set one.
+  reading, the caller's own deadline if it set one; each stream's HTTP/2 receive window is
+  ``A2A_SSE_BUFFER_BYTES`` (no BDP growth), what waits on this node for a caller that stopped
+  reading.
 - **Executed.** A connect that fails (refused, unresolvable, a refused address, no connection
   within ``A2A_OUTBOUND_CONNECT_TIMEOUT_SECONDS``) is ``unreachable`` with executed false: no
   byte of the call was sent. Every later outcome counts as executed.
@@ -252,6 +254,11 @@ async def channel_for(url: str) -> grpc.aio.Channel:
         ("grpc.max_reconnect_backoff_ms", 2000),
         ("grpc.enable_retries", 0),
         ("grpc.use_local_subchannel_pool", 1),
+        # Each stream's receive window: A2A_SSE_BUFFER_BYTES, what the HTTP relay lets wait
+        # for a slow caller. (BDP probing would grow it to megabytes, held on this node for a
+        # caller that stopped reading.)
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", settings.A2A_SSE_BUFFER_BYTES),
     ]
     if tls:
         ca_file = policy.current().ca_file

@@ -5,7 +5,8 @@ both servers (uvicorn's lifespan, Daphne's hooks in ``manage.py serve``).
 Off unless ``manage.py serve --grpc-port`` or ``A2A_GRPC_PORT`` names a port
 (:func:`core.lifecycle.grpc_address`). Bounds, like the HTTP path's: a request message above
 ``A2A_MAX_REQUEST_BYTES`` is refused by gRPC itself (``RESOURCE_EXHAUSTED``, before the gateway
-reads it), at most ``A2A_GRPC_MAX_CONCURRENT_STREAMS`` calls at once per connection (HTTP/2
+reads it), so is a call whose metadata is above :data:`MAX_METADATA_BYTES`, at most
+``A2A_GRPC_MAX_CONCURRENT_STREAMS`` calls at once per connection (HTTP/2
 ``SETTINGS_MAX_CONCURRENT_STREAMS``), and each call takes the agent's concurrency cap, rate
 limits and timeouts like any gateway call. The port is bound exclusively (no
 ``SO_REUSEPORT``): a port another process holds is an error at start, not a shared port.
@@ -26,6 +27,11 @@ from django.conf import settings
 from core import lifecycle as node_config
 
 logger = logging.getLogger(__name__)
+
+#: The metadata (HPACK-counted: name, value and 32 bytes per entry) a call may send. grpcio's
+#: own default refuses between a soft limit (8 KiB) and a hard one (16 KiB) at random; one
+#: limit for both makes the refusal certain above it and never below it.
+MAX_METADATA_BYTES = 16 * 1024
 
 _server: Any = None
 _loop: asyncio.AbstractEventLoop | None = None
@@ -52,6 +58,8 @@ async def start() -> None:
         ("grpc.max_receive_message_length", settings.A2A_MAX_REQUEST_BYTES),
         ("grpc.max_send_message_length", -1),  # the agent's answer is capped on its way in
         ("grpc.max_concurrent_streams", settings.A2A_GRPC_MAX_CONCURRENT_STREAMS),
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
         ("grpc.so_reuseport", 0),
     ])
     server.add_generic_rpc_handlers(handlers())
