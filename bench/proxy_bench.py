@@ -24,7 +24,9 @@ SSE) on core 1, a fast local agent answering a fixed JSON-RPC result. Arms:
   gateway-uvicorn-rest / gateway-daphne-rest (``--rest``): the same two nodes called on the
                    A2A HTTP+JSON binding (``POST /a2a/{id}/message:send``, forwarded to the
                    agent's HTTP+JSON interface) instead of JSON-RPC: the binding's cost, same
-                   process, same run (the agent answers every POST alike)
+                   process, same run (the agent answers every POST alike); with
+                   ``--baseline-ref``, the baseline's two nodes too (``gateway-baseline-rest``,
+                   ``gateway-daphne-baseline-rest``)
 
 Figures: req/s, p50/p99 for 1 KiB ``message/send`` at c=1 and c=64 and 256 KiB at c=64; server
 CPU per request (all server-side processes of the arm); ratios; SSE first-event latency; how
@@ -359,7 +361,8 @@ def start_arms(tmp: Path, args, database_url: str | None = None
     if args.rest:
         # The HTTP+JSON binding on the same nodes: a twin arm per gateway, another route.
         for arm in list(arms):
-            if arm.name in ("gateway-uvicorn", "gateway-daphne") and arm.available:
+            if arm.name in ("gateway-uvicorn", "gateway-daphne", "gateway-baseline",
+                            "gateway-daphne-baseline") and arm.available:
                 arms.append(Arm(f"{arm.name}-rest", f"{arm.url}/message:send", arm.pids,
                                 headers=arm.headers, server_pid=arm.server_pid, gateway=True))
     if database_url:
@@ -640,6 +643,11 @@ def ratios(summary: dict) -> list[dict]:
     if "gateway-untraced" in summary.get("1KiB c=64", {}):
         each_scenario("gateway-uvicorn", "gateway-untraced", "gateway-uvicorn / gateway-untraced",
                       ">= 0.97 (tracing compiled in but off / compiled out)")
+    if "gateway-baseline-rest" in summary.get("1KiB c=64", {}):
+        each_scenario("gateway-uvicorn-rest", "gateway-baseline-rest",
+                      "HTTP+JSON, gateway-uvicorn / gateway-baseline", "reported")
+        each_scenario("gateway-baseline-rest", "gateway-baseline",
+                      "HTTP+JSON / JSON-RPC, gateway-baseline", "reported")
     for server in ("uvicorn", "daphne"):
         each_scenario(f"gateway-{server}-rest", f"gateway-{server}",
                       f"HTTP+JSON / JSON-RPC, gateway-{server}", ">= 0.9")

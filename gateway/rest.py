@@ -38,6 +38,7 @@ the gateway.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -61,6 +62,8 @@ _PUSH_CONFIG = {"GET": "GetTaskPushNotificationConfig",
                 "DELETE": "DeleteTaskPushNotificationConfig"}
 #: Characters a forwarded path keeps as they are (RFC 3986 pchar and "/").
 _SAFE = "/:@!$&'()*+,;=-._~"
+#: A character a request line cannot carry: a control, a space, DEL or beyond ASCII.
+_UNSENDABLE = re.compile(r"[^\x21-\x7e]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,17 +108,31 @@ def match_route(segments: list[str]) -> dict[str, str] | None:
     return _match(segments)
 
 
+#: One route object per methods table, built once: a call's route is looked up, not built.
+_ROUTES: dict[int, RestRoute] = {
+    id(methods): RestRoute(methods)
+    for methods in (*_SINGLE.values(), _TASK, _TASK_CANCEL, _TASK_SUBSCRIBE, _PUSH_CONFIGS,
+                    _PUSH_CONFIG)
+}
+#: The routes of one segment (``message:send``...): the common calls, without a split.
+_SINGLE_ROUTES: dict[str, RestRoute] = {
+    tail: _ROUTES[id(methods)] for tail, methods in _SINGLE.items()
+}
+
+
 def route_of(tail: str) -> RestRoute | None:
     """The binding's route of ``tail`` (the decoded path after ``/a2a/{agent_id}/``), with
     an optional tenant and ``v1/`` before it; None when it names none. Dot segments never
     match (a path must not climb out of the agent's interface URL)."""
+    if "/" not in tail:  # one segment: no tenant, no v1/, no dot segment among the routes
+        return _SINGLE_ROUTES.get(tail)
     segments = tail.split("/")
-    if len(segments) > 6 or any(s in (".", "..") for s in segments) or "" in segments[:2]:
+    if len(segments) > 6 or "." in segments or ".." in segments or "" in segments[:2]:
         return None
     for skip in (0, 1, 2):
         methods = _match(segments[skip:])
         if methods is not None:
-            return RestRoute(methods)
+            return _ROUTES[id(methods)]
     return None
 
 
@@ -124,15 +141,19 @@ def forwarded_path(scope: dict[str, Any], agent_id: str, tail: str) -> str | Non
     request's path after ``/a2a/{agent_id}/`` as the caller encoded it, and ``?query``. None
     when it holds a character a request line cannot carry (the caller's server let it in)."""
     raw = scope.get("raw_path")
-    prefix = f"/a2a/{agent_id}/".encode("ascii")
-    if isinstance(raw, bytes) and raw.startswith(prefix) and unquote(
-            raw[len(prefix):].decode("latin-1")) == tail:
-        path = raw[len(prefix) - 1:].decode("latin-1")
-    else:
+    cut = len(agent_id) + 5  # the "/" before the tail, after "/a2a/{agent_id}"
+    path = None
+    if isinstance(raw, bytes) and raw[cut:cut + 1] == b"/" \
+            and raw[:cut] == b"/a2a/" + agent_id.encode("ascii"):
+        encoded = raw[cut:].decode("latin-1")
+        # Without a "%" the caller's encoding is the decoded path itself (unquote keeps it).
+        if encoded[1:] == tail if "%" not in encoded else unquote(encoded[1:]) == tail:
+            path = encoded
+    if path is None:
         path = "/" + quote(tail, safe=_SAFE)
     query = scope.get("query_string") or b""
     if query:
         path += "?" + query.decode("latin-1")
-    if any(ord(c) <= 0x20 or ord(c) >= 0x7F for c in path):
+    if _UNSENDABLE.search(path) is not None:
         return None
     return path

@@ -110,11 +110,12 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive: Receive
         if why is not None:
             await send_error(send, errors.WEBHOOK_REFUSED, REST, agent_id, why)
             return
-    timeout = request_timeout({"params": payload} if payload else {}, settings)
+    # The body read as JSON-RPC's params: its timeout, and what tracing reads the ids from.
+    params = {"params": payload} if payload else None
+    timeout = request_timeout(params or {}, settings)
     await forward_call(node, route, send, receive, REST, caller, headers.tags, method, body,
                        timeout, streaming=method in rest.STREAMING, started=started,
-                       payload={"params": payload} if payload else None, binding="HTTP+JSON",
-                       profile=settings.A2A_ERROR_PROFILE,
+                       payload=params, binding="HTTP+JSON", profile=settings.A2A_ERROR_PROFILE,
                        extra_tags={env.TAG_HTTP_METHOD: scope["method"], env.TAG_HTTP_PATH: path})
 
 

@@ -36,7 +36,8 @@ HIGH_WATER_BYTES = 64 * 1024
 class Target:
     """A parsed agent URL: where to connect and what to put on the request line."""
 
-    __slots__ = ("key", "host", "port", "tls", "request_head", "_path", "_tail", "_query")
+    __slots__ = ("key", "host", "port", "tls", "request_head", "_path", "_tail", "_query",
+                 "_heads")
 
     def __init__(self, endpoint: str) -> None:
         parts = urlsplit(endpoint)
@@ -57,18 +58,34 @@ class Target:
         self._query = parts.query
         self._tail = f" HTTP/1.1\r\nHost: {host_header}\r\n".encode("latin-1")
         self.request_head = f"POST {path}".encode("latin-1") + self._tail
+        #: Request heads of a method and suffix, built once (an HTTP+JSON route's calls
+        #: repeat theirs): at most :data:`_HEADS_KEPT`, forgotten all at once when full (the
+        #: routes called most come back first; a task id's head seldom does).
+        self._heads: dict[tuple[str, str], bytes] = {}
 
     def head(self, method: str, suffix: str = "") -> bytes:
         """The request line and Host header for ``method``; ``suffix`` (a path starting with
         ``/``, and its query) goes after the URL's path (an HTTP+JSON route under the agent's
         interface URL), replacing the URL's own query."""
+        if not suffix and method == "POST":
+            return self.request_head
+        head = self._heads.get((method, suffix))
+        if head is not None:
+            return head
         if not suffix:
-            if method == "POST":
-                return self.request_head
             path = (self._path or "/") + (f"?{self._query}" if self._query else "")
         else:
             path = self._path + suffix
-        return f"{method} {path}".encode("latin-1") + self._tail
+        head = f"{method} {path}".encode("latin-1") + self._tail
+        if len(self._heads) >= _HEADS_KEPT:
+            self._heads.clear()
+        self._heads[(method, suffix)] = head
+        return head
+
+
+#: Request heads kept per agent URL (:meth:`Target.head`): a few routes per agent, whatever
+#: the number of agents (:func:`target` keeps up to 100,000 URLs).
+_HEADS_KEPT = 8
 
 
 _targets: dict[str, Target] = {}

@@ -61,6 +61,7 @@ def test_methods_and_streaming_by_route(tail, method, a2a):
     "", "nothing", "message:send/", "tasks/", "tasks/:cancel", "tasks/:subscribe",
     "tasks/..", "tasks/.", "../message:send", "a/b/c/message:send", "tasks/x/other",
     "tasks/x/pushNotificationConfigs/", "tasks/x/pushNotificationConfigs/c/d",
+    ".", "..", "v1", "tasks/x/../message:send", "t/v1/./message:send",
 ])
 def test_other_paths_are_no_route(tail):
     assert route_of(tail) is None
@@ -77,5 +78,15 @@ def test_forwarded_path_keeps_the_callers_encoding_and_query():
     # No raw path (or one that does not match the decoded path): encoded from the decoded one.
     assert forwarded_path({"query_string": b""}, "ag", "tasks/a b") == "/tasks/a%20b"
     assert forwarded_path({"raw_path": b"/a2a/other/x"}, "ag", "tasks/t") == "/tasks/t"
-    # A query holding a byte a request line cannot carry is refused.
+    # A raw path that decodes to another path than the decoded one: encoded from the latter.
+    assert forwarded_path({"raw_path": b"/a2a/ag/tasks/a%2Fb"}, "ag", "tasks/a b") \
+        == "/tasks/a%20b"
+    assert forwarded_path({"raw_path": b"/a2a/ag/tasks/u"}, "ag", "tasks/t") == "/tasks/t"
+    assert forwarded_path({"raw_path": b"/a2a/agx/tasks/t"}, "ag", "x/tasks/t") == "/x/tasks/t"
+    # A query holding a byte a request line cannot carry is refused; so is a path beyond ASCII
+    # or holding a space, a control or DEL, however it arrived.
     assert forwarded_path({"query_string": b"a=\x01"}, "ag", "tasks") is None
+    assert forwarded_path({"raw_path": b"/a2a/ag/tasks/\xc3\xa9"}, "ag", "tasks/\xc3\xa9") is None
+    assert forwarded_path({"query_string": b"a=\x7f"}, "ag", "tasks") is None
+    assert forwarded_path({"query_string": b"a= b"}, "ag", "tasks") is None
+    assert forwarded_path({"query_string": b"a=~!"}, "ag", "tasks") == "/tasks?a=~!"

@@ -386,3 +386,22 @@ async def test_unsafe_literal_addresses_are_refused_before_connecting(host):
     client = make_client(connect_timeout=2)
     with pytest.raises(UnsafeAddress):
         await call(client, f"http://{host}:80/")
+
+
+def test_request_heads_per_method_and_suffix():
+    """The request line and Host of each method and suffix, the same when built again (kept
+    per agent URL, a bounded few) as the first time."""
+    from outbound.http1_wire import Target
+
+    where = Target("http://agent.example:8080/rest/?q=1")
+    host = b" HTTP/1.1\r\nHost: agent.example:8080\r\n"
+    assert where.head("POST") == b"POST /rest/?q=1" + host
+    assert where.head("GET") == b"GET /rest?q=1" + host
+    for _ in range(3):  # built, kept, then past the bound forgotten and built again
+        for n in range(20):
+            assert where.head("GET", f"/tasks/t{n}?a=b") \
+                == f"GET /rest/tasks/t{n}?a=b".encode() + host
+            assert where.head("POST", "/message:send") == b"POST /rest/message:send" + host
+    assert where.head("DELETE", "/tasks/t/pushNotificationConfigs/c") \
+        == b"DELETE /rest/tasks/t/pushNotificationConfigs/c" + host
+    assert where.head("GET") == b"GET /rest?q=1" + host
