@@ -52,6 +52,7 @@ from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsu
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
 from gateway.sse import data_events, take_events
+from gateway.translation import CoreMethod
 
 logger = logging.getLogger(__name__)
 
@@ -437,16 +438,8 @@ async def _pass_through(method: ServiceMethod, request: Any, data: bytes, contex
     """The call forwarded to the agent's own gRPC server (:mod:`.passthrough`), after the
     webhook check every binding makes."""
     core = method.core
-    if core.name in _WEBHOOK_METHODS:
-        try:
-            rpc_method, params = translate.agent_request(core, request, translate.V10)
-        except (Unsupported, TranslationError) as exc:
-            call.fail(errors.INVALID_REQUEST, str(exc))
-            return None
-        refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
-        if refused is not None:
-            call.fail(errors.WEBHOOK_REFUSED, refused)
-            return None
+    if not await _webhook_allowed(core, request, call, scope, agent_id, client_id):
+        return None
 
     async def fail(kind: str, detail: str, executed: bool) -> None:
         await call.gateway_error(kind, agent_id, detail, status=None, executed=executed,
@@ -477,20 +470,31 @@ async def _to_other_grpc(method: ServiceMethod, request: Any, context: Any, call
     """The call translated to the gRPC-only agent's own service of the other protocol
     version (:mod:`.outbound_translate`), after the webhook check every binding makes."""
     core = method.core
-    if core.name in _WEBHOOK_METHODS:
-        try:
-            rpc_method, params = translate.agent_request(core, request, translate.V10)
-        except (Unsupported, TranslationError) as exc:
-            call.fail(errors.INVALID_REQUEST, str(exc))
-            return
-        refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
-        if refused is not None:
-            call.fail(errors.WEBHOOK_REFUSED, refused)
-            return
+    if not await _webhook_allowed(core, request, call, scope, agent_id, client_id):
+        return
     await outbound_translate.answer_grpc(
         call, route=route, caller=client_id, tags=tags, method=core, request=request,
         version=method.version, timeout=_timeout(context), started=started,
         request_bytes=size)
+
+
+async def _webhook_allowed(core: CoreMethod, request: Any, call: GrpcCall, scope: dict[str, Any],
+                           agent_id: str, client_id: str) -> bool:
+    """The webhook check every binding makes of a call forwarded to the agent's own gRPC
+    server: False (the call failed: ``invalid_request``, ``webhook_refused``) when the
+    request's push-notification webhook is refused."""
+    if core.name not in _WEBHOOK_METHODS:
+        return True
+    try:
+        rpc_method, params = translate.agent_request(core, request, translate.V10)
+    except (Unsupported, TranslationError) as exc:
+        call.fail(errors.INVALID_REQUEST, str(exc))
+        return False
+    refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+    if refused is not None:
+        call.fail(errors.WEBHOOK_REFUSED, refused)
+        return False
+    return True
 
 
 #: The methods whose request may carry a push-notification webhook (checked on every binding).
