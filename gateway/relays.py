@@ -124,21 +124,9 @@ async def _send_query(node: GatewayNode, query: dict[str, Any], queue: StreamBuf
     if not node.inbox.ready:
         await exchange.fail(errors.UNREACHABLE, "broker unavailable")
         return None
-    channel = node.inbox.channel
-    assert channel is not None  # the inbox is ready: it has its channel
-    tags[env.TAG_REPLY_CHANNEL] = channel
-    # Numbered, large bodies in pieces (gateway.envelope): joined in order here, and a lost
-    # message ends the call.
-    tags[env.TAG_PIECES] = _PIECES
-    reassembly = Reassembly(queue.put_nowait, queue.push,
-                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
-    if credit is not None:
-        reassembly.on_piece = credit.received
-    node.inbox.expect(tags, reassembly, exchange.agent_id)
     try:
-        listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
+        listeners = await _publish(node, query, queue, exchange, credit)
     except Exception as exc:  # broker down: answer at once, never queue
-        node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
         await exchange.fail(errors.UNREACHABLE, f"broker unavailable: {type(exc).__name__}")
         return None
     # A checked send (gateway.redis_layer returns how many processes got it; channels-redis's
@@ -153,6 +141,31 @@ async def _send_query(node: GatewayNode, query: dict[str, Any], queue: StreamBuf
         logger.warning("%d subscribers got the query for %s: more than one owner",
                        listeners, exchange.agent_id)
     return True
+
+
+async def _publish(node: GatewayNode, query: dict[str, Any], buffer: StreamBuffer,
+                   exchange: Exchange, credit: _Credit | None) -> int | None:
+    """Publish the Query on the agent's channel (the inbox ready), its answer expected into
+    ``buffer``: how many subscribers got it (None: unknown). Raises, the expected answer
+    dropped, when the broker refuses."""
+    tags = query["tags"]
+    channel = node.inbox.channel
+    assert channel is not None  # the inbox is ready: it has its channel
+    tags[env.TAG_REPLY_CHANNEL] = channel
+    # Numbered, large bodies in pieces (gateway.envelope): joined in order here, and a lost
+    # message ends the call.
+    tags[env.TAG_PIECES] = _PIECES
+    reassembly = Reassembly(buffer.put_nowait, buffer.push,
+                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
+    if credit is not None:
+        reassembly.on_piece = credit.received
+    node.inbox.expect(tags, reassembly, exchange.agent_id)
+    try:
+        listeners: int | None = await node.layer.send(agent_channel(exchange.agent_id), query)
+    except Exception:
+        node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
+        raise
+    return listeners
 
 
 _DISCONNECT: dict[str, Any] = {"k": "disconnect"}
@@ -451,16 +464,8 @@ async def _reattach(node: GatewayNode, query: dict[str, Any], buffer: StreamBuff
     tags = query["tags"]
     if not node.inbox.ready:
         return False
-    channel = node.inbox.channel
-    assert channel is not None  # the inbox is ready: it has its channel
-    tags[env.TAG_REPLY_CHANNEL] = channel
-    tags[env.TAG_PIECES] = _PIECES
-    reassembly = Reassembly(buffer.put_nowait, buffer.push,
-                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
-    reassembly.on_piece = credit.received
-    node.inbox.expect(tags, reassembly, exchange.agent_id)
     try:
-        listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
+        listeners = await _publish(node, query, buffer, exchange, credit)
     except Exception as exc:
         logger.warning("re-attaching a stream after a gap failed: %s", exc)
         listeners = 0
