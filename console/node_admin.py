@@ -10,7 +10,7 @@ from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from console.admin import ReadOnlyAdmin
+from console.site import ReadOnlyAdmin
 from registry.models import Agent, Node
 
 
