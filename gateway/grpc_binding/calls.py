@@ -300,19 +300,6 @@ def _valid_metadata(name: bytes, value: bytes) -> bool:
         and all(c in _METADATA_KEY for c in name) and all(0x20 <= c < 0x7F for c in value)
 
 
-def _request_headers(metadata: Sequence[tuple[str, str | bytes]] | None,
-                     ) -> list[tuple[bytes, bytes]]:
-    """The caller's metadata as the request headers the gateway's header rules read."""
-    out = []
-    for key, value in metadata or ():
-        key = key.lower()
-        if key.startswith((":", "grpc-")) or key.endswith("-bin") or key in _DROPPED_METADATA \
-                or not isinstance(value, str):
-            continue
-        out.append((key.encode("latin-1"), value.encode("latin-1", errors="replace")))
-    return out
-
-
 def _metadata_value(metadata: Sequence[tuple[str, str | bytes]] | None, name: str) -> str:
     for key, value in metadata or ():
         if key.lower() == name and isinstance(value, str):
@@ -374,7 +361,7 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
         call.fail(errors.INVALID_REQUEST, "no agent: set the request's tenant (the "
                   f"{TENANT_METADATA!r} metadata entry for A2A 0.3) to the agent id")
         return None
-    headers = scan_request_headers(_request_headers(metadata))
+    headers = scan_request_headers(passthrough.request_headers(metadata, _DROPPED_METADATA))
     scope = {"client": _peer(context)}
     core = method.core
     admitted = await admission.admit_binding_call(node, scope, headers, call, agent_id, core.name)

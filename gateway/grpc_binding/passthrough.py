@@ -137,17 +137,24 @@ def valid_metadata(name: str, value: str) -> bool:
         and all(0x20 <= ord(c) < 0x7F for c in value)
 
 
+def request_headers(metadata: Sequence[tuple[str, str | bytes]] | None,
+                    dropped: frozenset[str]) -> list[tuple[bytes, bytes]]:
+    """A gRPC caller's text metadata as the request headers the gateway's header rules read,
+    without gRPC's own (``grpc-*``, pseudo-headers), binary ones and the ``dropped`` keys."""
+    out = []
+    for key, value in metadata or ():
+        key = key.lower()
+        if key.startswith((":", "grpc-")) or key.endswith("-bin") or key in dropped \
+                or not isinstance(value, str):
+            continue
+        out.append((key.encode("latin-1"), value.encode("latin-1", errors="replace")))
+    return out
+
+
 def agent_metadata(metadata: Sequence[tuple[str, str | bytes]] | None, caller_id: str, *,
                    passthrough: bool) -> list[tuple[str, str]]:
     """The metadata the agent gets: the caller's, through the header rules."""
-    raw = []
-    for key, value in metadata or ():
-        key = key.lower()
-        if key.startswith((":", "grpc-")) or key.endswith("-bin") or key in _DROPPED_METADATA \
-                or not isinstance(value, str):
-            continue
-        raw.append((key.encode("latin-1"), value.encode("latin-1", errors="replace")))
-    headers = scan_request_headers(raw)
+    headers = scan_request_headers(request_headers(metadata, _DROPPED_METADATA))
     # A credential-passthrough agent's caller authenticated with x-gateway-authorization:
     # its ``authorization`` is the agent's (the header rules' scan keeps it aside).
     if passthrough and headers.authorization is not None:
