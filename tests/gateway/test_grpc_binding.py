@@ -22,7 +22,7 @@ import pytest
 from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
 from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.helpers import get_message_text
-from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState, a2a_pb2
+from a2a.types import TaskState, a2a_pb2
 from a2a.types import a2a_pb2_grpc as grpc10
 from google.rpc import error_details_pb2, status_pb2
 
@@ -31,6 +31,7 @@ from gateway import runtime
 from tests.a2a_agents import (
     GRPC_BINDING,
     JSONRPC_BINDING,
+    echo_get_and_cancel,
     sdk_client,
     send_and_collect,
     transport_name,
@@ -107,19 +108,9 @@ async def test_sdk_grpc_client_sends_streams_gets_and_cancels_through_the_gatewa
                               polling=True, headers=auth(caller), grpc_metadata=auth(caller)) \
                 as client:
             assert transport_name(client) == "TenantTransportDecorator"
-            [reply] = await send_and_collect(client, "hello")
-            assert reply.kind == "message"
-            assert get_message_text(reply.event.message) == "echo: hello"
-            [first] = await send_and_collect(client, "wait for cancel")
-            task_id = first.event.task.id
-            got = await client.get_task(GetTaskRequest(id=task_id))
-            assert (got.id, got.status.state) == (task_id, TaskState.TASK_STATE_WORKING)
-            cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
-            assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
             # The agent's TaskNotFound reaches the caller as the SDK's gRPC server answers it
             # (whatever the agent's version: the caller speaks 1.0).
-            with pytest.raises(TaskNotFoundError):
-                await client.get_task(GetTaskRequest(id="no-such-task"))
+            task_id = await echo_get_and_cancel(client)
         async with sdk_client(target.gateway_base, bindings=[GRPC_BINDING], streaming=True,
                               headers=auth(caller), grpc_metadata=auth(caller)) as client:
             events = await send_and_collect(client, "task streamed")

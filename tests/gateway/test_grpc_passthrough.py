@@ -17,11 +17,17 @@ import pytest
 from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
 from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.helpers import get_message_text
-from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState, a2a_pb2
+from a2a.types import TaskState, a2a_pb2
 from a2a.types import a2a_pb2_grpc as grpc10
 
 from gateway.grpc_binding import passthrough
-from tests.a2a_agents import GRPC_BINDING, sdk_client, send_and_collect, user_message
+from tests.a2a_agents import (
+    GRPC_BINDING,
+    echo_get_and_cancel,
+    sdk_client,
+    send_and_collect,
+    user_message,
+)
 from tests.gateway import test_grpc_binding as grpc_tests
 from tests.gateway.test_grpc_binding import auth, metadata_dict, on_node, status_of
 
@@ -45,17 +51,8 @@ async def test_sdk_grpc_client_reaches_the_agents_own_grpc_server(
             async with sdk_client(target.gateway_base, bindings=[GRPC_BINDING], streaming=False,
                                   polling=True, headers=token, grpc_metadata={
                                       **token, "x-trace": "t-1", "cookie": "c=1"}) as client:
-                [reply] = await send_and_collect(client, "hello")
-                assert get_message_text(reply.event.message) == "echo: hello"
-                [first] = await send_and_collect(client, "wait for cancel")
-                task_id = first.event.task.id
-                got = await client.get_task(GetTaskRequest(id=task_id))
-                assert (got.id, got.status.state) == (task_id, TaskState.TASK_STATE_WORKING)
-                cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
-                assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
                 # The agent's own A2A error status (its ErrorInfo) reaches the SDK client.
-                with pytest.raises(TaskNotFoundError):
-                    await client.get_task(GetTaskRequest(id="no-such-task"))
+                task_id = await echo_get_and_cancel(client)
             async with sdk_client(target.gateway_base, bindings=[GRPC_BINDING], streaming=True,
                                   headers=token, grpc_metadata=token) as client:
                 events = await send_and_collect(client, "task streamed")
