@@ -236,11 +236,8 @@ async def _stream(answer: Answer, record: passthrough.CallRecord, channel: grpc.
     stall = float(settings.A2A_SSE_STALL_TIMEOUT_SECONDS)
     try:
         while True:
-            try:
-                async with asyncio.timeout(idle):
-                    message = await call.read()
-            except TimeoutError:
-                call.cancel()
+            message = await passthrough.read_or_idle(call, idle)
+            if message is None:
                 await _gateway_error(answer, record, errors.TIMEOUT,
                                      "the agent's stream went idle", True)
                 return

@@ -464,11 +464,8 @@ async def _stream(channel: grpc.aio.Channel, path: str, data: bytes,
     initial_sent = False
     try:
         while True:
-            try:
-                async with asyncio.timeout(idle):
-                    message = await call.read()
-            except TimeoutError:
-                call.cancel()
+            message = await read_or_idle(call, idle)
+            if message is None:
                 return await _gateway_error(record, fail, errors.TIMEOUT,
                                             "the agent's stream went idle", True)
             if message is grpc.aio.EOF:
@@ -502,6 +499,17 @@ async def _stream(channel: grpc.aio.Channel, path: str, data: bytes,
     else:
         record.outcome = "ok"
     return Passed(None)
+
+
+async def read_or_idle(call: Any, idle: float) -> Any:
+    """The agent's stream's next message (``grpc.aio.EOF`` at its end); None, the call
+    cancelled, when none came within ``idle`` seconds."""
+    try:
+        async with asyncio.timeout(idle):
+            return await call.read()
+    except TimeoutError:
+        call.cancel()
+        return None
 
 
 async def _send_initial(context: Any, call: Any, passthrough: bool) -> None:

@@ -194,19 +194,26 @@ async def test_a_03_caller_names_the_agent_in_metadata(grpc_address, echo_agent_
     metadata = (*auth(caller).items(), ("tenant", target.agent_id))
 
     async def calls():
-        async with grpc.aio.insecure_channel(grpc_address) as channel:
-            stub = grpc03.A2AServiceStub(channel)
-            reply = await stub.SendMessage(pb03.SendMessageRequest(request=pb03.Message(
-                message_id="m-1", role=pb03.ROLE_USER, content=[pb03.Part(text="old")])),
-                metadata=metadata)
-            assert reply.msg.content[0].text == "echo: old"
-            with pytest.raises(grpc.aio.AioRpcError) as missing:
-                await stub.GetTask(pb03.GetTaskRequest(name="tasks/nope"), metadata=metadata)
-            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-            assert missing.value.details().startswith("TaskNotFoundError: ")
+        missing = await echo_and_miss_03(grpc_address, metadata)
+        assert missing.details().startswith("TaskNotFoundError: ")
 
     await on_node(calls())
     assert [r.rpc_method for r in target.agent.recorder.rpc()] == ["SendMessage", "GetTask"]
+
+
+async def echo_and_miss_03(address: str, metadata) -> grpc.aio.AioRpcError:
+    """Through the gateway's 0.3 gRPC service at ``address``: a message echoed, then an
+    unknown task read (NOT_FOUND). That read's error."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = grpc03.A2AServiceStub(channel)
+        reply = await stub.SendMessage(pb03.SendMessageRequest(request=pb03.Message(
+            message_id="m-1", role=pb03.ROLE_USER, content=[pb03.Part(text="old")])),
+            metadata=metadata)
+        assert reply.msg.content[0].text == "echo: old"
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.GetTask(pb03.GetTaskRequest(name="tasks/nope"), metadata=metadata)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    return missing.value
 
 
 @pytest.mark.parametrize("node_b", [{"A2A_GRPC_PORT": "0"}], indirect=True)

@@ -14,8 +14,6 @@ import asyncio
 
 import grpc
 import pytest
-from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
-from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.helpers import get_message_text
 from a2a.types import TaskState, a2a_pb2
 from a2a.types import a2a_pb2_grpc as grpc10
@@ -104,18 +102,8 @@ async def test_a_03_caller_reaches_the_agents_own_03_grpc_server(
     async def calls():
         server = await agent.serve_grpc("0.3")
         try:
-            async with grpc.aio.insecure_channel(grpc_address) as channel:
-                stub = grpc03.A2AServiceStub(channel)
-                reply = await stub.SendMessage(pb03.SendMessageRequest(request=pb03.Message(
-                    message_id="m-1", role=pb03.ROLE_USER, content=[pb03.Part(text="old")])),
-                    metadata=metadata)
-                assert reply.msg.content[0].text == "echo: old"
-                with pytest.raises(grpc.aio.AioRpcError) as missing:
-                    await stub.GetTask(pb03.GetTaskRequest(name="tasks/nope"),
-                                       metadata=metadata)
-                assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-                assert metadata_dict(missing.value.trailing_metadata())["x-a2a-executed"] == \
-                    "true"
+            missing = await grpc_tests.echo_and_miss_03(grpc_address, metadata)
+            assert metadata_dict(missing.trailing_metadata())["x-a2a-executed"] == "true"
         finally:
             await server.stop(None)
 
