@@ -356,6 +356,17 @@ def test_resumable_streams_through_a_redis_restart_lose_nothing(services, tokens
     assert "re-attached after event" in log
 
 
+def _ping(client: httpx.Client, url: str, failures: list) -> None:
+    """One small cross-node call (the agent's ``ping``); what went wrong into ``failures``."""
+    rpc_id = os.urandom(4).hex()
+    try:
+        r = client.post(url, json={"jsonrpc": "2.0", "id": rpc_id, "method": "ping"})
+        if r.status_code != 200 or r.json() != {"jsonrpc": "2.0", "id": rpc_id, "result": "ok"}:
+            failures.append(r.text[:300])
+    except httpx.HTTPError as exc:
+        failures.append(repr(exc))
+
+
 def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens, start_node):
     """20 callers stop reading cross-node streams of 64 KiB events, and 3 more stop reading
     streams whose first event is 34 MiB (one message above Redis's 32 MiB hard limit, were it
@@ -399,15 +410,7 @@ def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens
                         (calls < 50 or sent <= crossed) and time.monotonic() - started < 120):
                     if calls % 10 == 0:
                         sent = admin.info("stats")["total_net_output_bytes"] - sent_before
-                    rpc_id = os.urandom(4).hex()
-                    try:
-                        r = client.post(f"{entry.url}/a2a/{agent_id}",
-                                        json={"jsonrpc": "2.0", "id": rpc_id, "method": "ping"})
-                        if r.status_code != 200 or r.json() != {
-                                "jsonrpc": "2.0", "id": rpc_id, "result": "ok"}:
-                            failures.append(r.text[:300])
-                    except httpx.HTTPError as exc:
-                        failures.append(repr(exc))
+                    _ping(client, f"{entry.url}/a2a/{agent_id}", failures)
                     calls += 1
             after = {c["id"] for c in admin.client_list() if "P" in c["flags"]}
             sent = admin.info("stats")["total_net_output_bytes"] - sent_before
@@ -465,15 +468,7 @@ def test_concurrent_large_sync_answers_stay_within_the_entry_nodes_budget(servic
             while time.monotonic() < stop:
                 held = max([held] + [int(c["omem"]) for c in admin.client_list()
                                      if "P" in c["flags"]])
-                rpc_id = os.urandom(4).hex()
-                try:
-                    r = client.post(f"{entry.url}/a2a/{agent_id}",
-                                    json={"jsonrpc": "2.0", "id": rpc_id, "method": "ping"})
-                    if r.status_code != 200 or r.json() != {
-                            "jsonrpc": "2.0", "id": rpc_id, "result": "ok"}:
-                        failures.append(r.text[:300])
-                except httpx.HTTPError as exc:
-                    failures.append(repr(exc))
+                _ping(client, f"{entry.url}/a2a/{agent_id}", failures)
                 calls += 1
                 time.sleep(0.05)
         for asker in askers:
