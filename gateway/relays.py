@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from gateway import envelope as env
@@ -57,10 +57,7 @@ async def remote_sync(node: GatewayNode, query: dict[str, Any], exchange: Exchan
     received = await _send_query(node, query, queue, exchange)
     if received is None:
         return
-    calls = node.inflight.get(owner)
-    if calls is None:
-        calls = node.inflight[owner] = {}
-    calls[request_id] = queue.push
+    _track_call(node, owner, request_id, queue.push)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     acked = False
@@ -101,6 +98,12 @@ async def remote_sync(node: GatewayNode, query: dict[str, Any], exchange: Exchan
     finally:
         node.inbox.pending.pop(request_id, None)
         _forget_call(node, owner, request_id)
+
+
+def _track_call(node: GatewayNode, owner: str, request_id: str,
+                push: Callable[[dict[str, Any]], None]) -> None:
+    """The call's buffer, fed whatever its owner sends for it (until :func:`_forget_call`)."""
+    node.inflight.setdefault(owner, {})[request_id] = push
 
 
 def _forget_call(node: GatewayNode, owner: str, request_id: str) -> None:
@@ -206,10 +209,7 @@ async def relay_stream(node: GatewayNode, subscriber: VirtualSubscriber | None,
         received = await _send_query(node, query, buffer, exchange, credit)
         if received is None:
             return
-        calls = node.inflight.get(owner)
-        if calls is None:
-            calls = node.inflight[owner] = {}
-        calls[request_id] = buffer.push
+        _track_call(node, owner, request_id, buffer.push)
     else:
         assert subscriber is not None  # not remote: the subscriber is in this process
         await subscriber.handle(query, buffer.put, local=True)
@@ -285,10 +285,7 @@ async def relay_stream(node: GatewayNode, subscriber: VirtualSubscriber | None,
         stopped = False
         resuming = True
         acked = False
-        calls = node.inflight.get(owner)
-        if calls is None:
-            calls = node.inflight[owner] = {}
-        calls[request_id] = buffer.push
+        _track_call(node, owner, request_id, buffer.push)
         return True
 
     try:
