@@ -154,17 +154,8 @@ def test_a_reply_lost_by_the_owner_ends_the_stream_with_stream_gap(services, tok
             lambda n: n == 10 and seen.set()))
         reader.start()
         assert seen.wait(30)
-        admin.client_pause(3000, all=False)  # WRITE: PUBLISH waits in Redis
-        try:
-            time.sleep(0.5)  # the owner's next event is now waiting in Redis
-            killed = 0
-            for client in admin.client_list():
-                if client["cmd"] == "publish" and "P" not in client["flags"]:
-                    admin.client_kill_filter(_id=client["id"])
-                    killed += 1
-            assert killed >= 1
-        finally:
-            admin.client_unpause()
+        # The owner's next event waits in Redis and is lost.
+        _lose_the_owners_next_publish(admin, lambda: None)
         reader.join(60)
         assert not reader.is_alive()
     numbers, error = results[0]
