@@ -198,6 +198,11 @@ def ard_public_host(host: str) -> str:
     return host
 
 
+def _number(value: float) -> str:
+    """A setting's number as written: 30 and 2.5 (a float's ``:g``), an int whole."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def check_agreement(values: dict[str, Any]) -> None:
     """Settings that must agree with one another; ``values`` is the settings module's
     namespace once every name has been read."""
@@ -213,16 +218,11 @@ def check_agreement(values: dict[str, Any]) -> None:
             "liveness key would expire between two refreshes and its peers would take it for "
             "dead. Raise the TTL to about three refreshes."
         )
-    default, maximum = values["A2A_DEFAULT_TIMEOUT_SECONDS"], values["A2A_MAX_TIMEOUT_SECONDS"]
-    if default > maximum:
-        raise ImproperlyConfigured(
-            f"A2A_DEFAULT_TIMEOUT_SECONDS ({default:g}) is above "
-            f"A2A_MAX_TIMEOUT_SECONDS ({maximum:g}): lower the default or raise "
-            "the maximum."
-        )
-    default, maximum = values["A2A_DEFAULT_TTL_SECONDS"], values["A2A_MAX_TTL_SECONDS"]
-    if default > maximum:
-        raise ImproperlyConfigured(
-            f"A2A_DEFAULT_TTL_SECONDS ({default}) is above A2A_MAX_TTL_SECONDS "
-            f"({maximum}): lower the default or raise the maximum."
-        )
+    for low, high in (("A2A_DEFAULT_TIMEOUT_SECONDS", "A2A_MAX_TIMEOUT_SECONDS"),
+                      ("A2A_DEFAULT_TTL_SECONDS", "A2A_MAX_TTL_SECONDS")):
+        default, maximum = values[low], values[high]
+        if default > maximum:
+            raise ImproperlyConfigured(
+                f"{low} ({_number(default)}) is above {high} ({_number(maximum)}): lower the "
+                "default or raise the maximum."
+            )

@@ -9,6 +9,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from console.models import CallRecord, RegistryChange
+from console.site import ReadOnlyAdmin
 
 
 class TextFilter(admin.SimpleListFilter):
@@ -40,19 +41,6 @@ class AgentFilter(TextFilter):
 
 class CallerFilter(TextFilter):
     title, parameter_name, field = "caller", "caller", "caller"
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Rows the system writes: no add, no edit, no delete (retention purges them)."""
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 def short_time(at):

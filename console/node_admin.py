@@ -10,11 +10,12 @@ from django.db.models import Count, IntegerField, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from console.site import ReadOnlyAdmin
 from registry.models import Agent, Node
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(ReadOnlyAdmin):
     """The cluster's server processes, as they report themselves. Read-only."""
 
     list_display = ("node_id", "address", "alive", "started_at", "last_heartbeat", "agent_count")
@@ -29,15 +30,6 @@ class NodeAdmin(admin.ModelAdmin):
         return super().get_queryset(request).annotate(
             _agent_count=Coalesce(Subquery(agents, output_field=IntegerField()), 0)
         )
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     @admin.display(boolean=True, description="alive")
     def alive(self, node: Node) -> bool:

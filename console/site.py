@@ -31,3 +31,17 @@ class ConsoleAdminSite(admin.AdminSite):
             **(extra_context or {}),
         }
         return super().index(request, context)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Rows the system writes (calls, registry changes, nodes): no add, no edit, no delete
+    (retention purges them, or the nodes themselves)."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

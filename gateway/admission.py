@@ -226,6 +226,7 @@ async def _admit(node: GatewayNode, scope: dict[str, Any], send: Send, authoriza
     if limiter.address_blocked(address) and not node.tokens.verified(authorization):
         await rate_limited(scope, send, rpc_id, agent_id, None, method)
         return None
+    detail = UNAUTHENTICATED_MESSAGE  # no credentials
     try:
         actor = await node.tokens.actor(authorization)
     except AuthUnavailable as exc:
@@ -233,16 +234,11 @@ async def _admit(node: GatewayNode, scope: dict[str, Any], send: Send, authoriza
                      extra=[(b"retry-after", b"1")])
         return None
     except AuthFailed as exc:
-        limiter.charge_refused(address)
-        refused(scope, agent_id, None, method, errors.UNAUTHENTICATED)
-        await send_error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, str(exc),
-                     extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
-        return None
+        actor, detail = None, str(exc)
     if actor is None:
         limiter.charge_refused(address)
         refused(scope, agent_id, None, method, errors.UNAUTHENTICATED)
-        await send_error(send, errors.UNAUTHENTICATED, rpc_id, agent_id,
-                     UNAUTHENTICATED_MESSAGE,
+        await send_error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, detail,
                      extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
         return None
     if not actor.may_call(agent_id):

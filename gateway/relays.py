@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from gateway import envelope as env
@@ -57,10 +57,7 @@ async def remote_sync(node: GatewayNode, query: dict[str, Any], exchange: Exchan
     received = await _send_query(node, query, queue, exchange)
     if received is None:
         return
-    calls = node.inflight.get(owner)
-    if calls is None:
-        calls = node.inflight[owner] = {}
-    calls[request_id] = queue.push
+    _track_call(node, owner, request_id, queue.push)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     acked = False
@@ -103,6 +100,12 @@ async def remote_sync(node: GatewayNode, query: dict[str, Any], exchange: Exchan
         _forget_call(node, owner, request_id)
 
 
+def _track_call(node: GatewayNode, owner: str, request_id: str,
+                push: Callable[[dict[str, Any]], None]) -> None:
+    """The call's buffer, fed whatever its owner sends for it (until :func:`_forget_call`)."""
+    node.inflight.setdefault(owner, {})[request_id] = push
+
+
 def _forget_call(node: GatewayNode, owner: str, request_id: str) -> None:
     calls = node.inflight.get(owner)
     if calls is not None:
@@ -124,21 +127,9 @@ async def _send_query(node: GatewayNode, query: dict[str, Any], queue: StreamBuf
     if not node.inbox.ready:
         await exchange.fail(errors.UNREACHABLE, "broker unavailable")
         return None
-    channel = node.inbox.channel
-    assert channel is not None  # the inbox is ready: it has its channel
-    tags[env.TAG_REPLY_CHANNEL] = channel
-    # Numbered, large bodies in pieces (gateway.envelope): joined in order here, and a lost
-    # message ends the call.
-    tags[env.TAG_PIECES] = _PIECES
-    reassembly = Reassembly(queue.put_nowait, queue.push,
-                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
-    if credit is not None:
-        reassembly.on_piece = credit.received
-    node.inbox.expect(tags, reassembly, exchange.agent_id)
     try:
-        listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
+        listeners = await _publish(node, query, queue, exchange, credit)
     except Exception as exc:  # broker down: answer at once, never queue
-        node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
         await exchange.fail(errors.UNREACHABLE, f"broker unavailable: {type(exc).__name__}")
         return None
     # A checked send (gateway.redis_layer returns how many processes got it; channels-redis's
@@ -153,6 +144,31 @@ async def _send_query(node: GatewayNode, query: dict[str, Any], queue: StreamBuf
         logger.warning("%d subscribers got the query for %s: more than one owner",
                        listeners, exchange.agent_id)
     return True
+
+
+async def _publish(node: GatewayNode, query: dict[str, Any], buffer: StreamBuffer,
+                   exchange: Exchange, credit: _Credit | None) -> int | None:
+    """Publish the Query on the agent's channel (the inbox ready), its answer expected into
+    ``buffer``: how many subscribers got it (None: unknown). Raises, the expected answer
+    dropped, when the broker refuses."""
+    tags = query["tags"]
+    channel = node.inbox.channel
+    assert channel is not None  # the inbox is ready: it has its channel
+    tags[env.TAG_REPLY_CHANNEL] = channel
+    # Numbered, large bodies in pieces (gateway.envelope): joined in order here, and a lost
+    # message ends the call.
+    tags[env.TAG_PIECES] = _PIECES
+    reassembly = Reassembly(buffer.put_nowait, buffer.push,
+                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
+    if credit is not None:
+        reassembly.on_piece = credit.received
+    node.inbox.expect(tags, reassembly, exchange.agent_id)
+    try:
+        listeners: int | None = await node.layer.send(agent_channel(exchange.agent_id), query)
+    except Exception:
+        node.inbox.pending.pop(tags[env.TAG_REQUEST_ID], None)
+        raise
+    return listeners
 
 
 _DISCONNECT: dict[str, Any] = {"k": "disconnect"}
@@ -193,10 +209,7 @@ async def relay_stream(node: GatewayNode, subscriber: VirtualSubscriber | None,
         received = await _send_query(node, query, buffer, exchange, credit)
         if received is None:
             return
-        calls = node.inflight.get(owner)
-        if calls is None:
-            calls = node.inflight[owner] = {}
-        calls[request_id] = buffer.push
+        _track_call(node, owner, request_id, buffer.push)
     else:
         assert subscriber is not None  # not remote: the subscriber is in this process
         await subscriber.handle(query, buffer.put, local=True)
@@ -272,10 +285,7 @@ async def relay_stream(node: GatewayNode, subscriber: VirtualSubscriber | None,
         stopped = False
         resuming = True
         acked = False
-        calls = node.inflight.get(owner)
-        if calls is None:
-            calls = node.inflight[owner] = {}
-        calls[request_id] = buffer.push
+        _track_call(node, owner, request_id, buffer.push)
         return True
 
     try:
@@ -451,16 +461,8 @@ async def _reattach(node: GatewayNode, query: dict[str, Any], buffer: StreamBuff
     tags = query["tags"]
     if not node.inbox.ready:
         return False
-    channel = node.inbox.channel
-    assert channel is not None  # the inbox is ready: it has its channel
-    tags[env.TAG_REPLY_CHANNEL] = channel
-    tags[env.TAG_PIECES] = _PIECES
-    reassembly = Reassembly(buffer.put_nowait, buffer.push,
-                            node.settings.A2A_MAX_RESPONSE_BYTES + env.PIECE_BYTES)
-    reassembly.on_piece = credit.received
-    node.inbox.expect(tags, reassembly, exchange.agent_id)
     try:
-        listeners = await node.layer.send(agent_channel(exchange.agent_id), query)
+        listeners = await _publish(node, query, buffer, exchange, credit)
     except Exception as exc:
         logger.warning("re-attaching a stream after a gap failed: %s", exc)
         listeners = 0

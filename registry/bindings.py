@@ -61,20 +61,24 @@ def http_json_endpoint(card: dict[str, Any]) -> str:
     (``Agent.http_json_url``) and routing tables carry it, so the gateway never reads a card
     on a call.
     """
+    return _first_url(card, HTTP_JSON)
+
+
+def _first_url(card: dict[str, Any], binding: str) -> str:
+    """The card's first URL of ``binding``: its main ``url`` when ``preferredTransport`` is
+    that binding, else the first such entry of ``additionalInterfaces`` (0.3), then of
+    ``supportedInterfaces`` (1.0); ``""`` when it lists none."""
     url = card.get("url")
     if isinstance(url, str) and url and \
-            interface_binding(card.get("preferredTransport")) == HTTP_JSON:
+            interface_binding(card.get("preferredTransport")) == binding:
         return url
     for key in ("additionalInterfaces", "supportedInterfaces"):
         entries = card.get(key)
-        if not isinstance(entries, list):
-            continue
-        for iface in entries:
-            if not isinstance(iface, dict):
-                continue
-            binding = interface_binding(iface.get("protocolBinding") or iface.get("transport"))
-            if binding == HTTP_JSON and isinstance(iface.get("url"), str) and iface["url"]:
-                return iface["url"]
+        for iface in entries if isinstance(entries, list) else []:
+            if isinstance(iface, dict) and interface_binding(
+                    iface.get("protocolBinding") or iface.get("transport")) == binding \
+                    and isinstance(iface.get("url"), str) and iface["url"]:
+                return str(iface["url"])
     return ""
 
 
@@ -145,18 +149,7 @@ def grpc_tenant(card: dict[str, Any]) -> str:
 def lists_jsonrpc(card: dict[str, Any]) -> bool:
     """Whether the card lists a JSON-RPC interface (its main ``url`` without another
     ``preferredTransport``, or an entry of either interface list)."""
-    url = card.get("url")
-    if isinstance(url, str) and url and \
-            interface_binding(card.get("preferredTransport")) == JSONRPC:
-        return True
-    for key in ("additionalInterfaces", "supportedInterfaces"):
-        entries = card.get(key)
-        for iface in entries if isinstance(entries, list) else []:
-            if isinstance(iface, dict) and interface_binding(
-                    iface.get("protocolBinding") or iface.get("transport")) == JSONRPC \
-                    and isinstance(iface.get("url"), str) and iface["url"]:
-                return True
-    return False
+    return bool(_first_url(card, JSONRPC))
 
 
 def grpc_url(address: str) -> str:

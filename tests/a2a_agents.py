@@ -60,7 +60,7 @@ from a2a.client import client_factory as client_factory_module
 from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.compat.v0_3.conversions import to_compat_agent_card
 from a2a.compat.v0_3.grpc_handler import CompatGrpcHandler
-from a2a.helpers import new_task, new_text_artifact, new_text_message
+from a2a.helpers import get_message_text, new_task, new_text_artifact, new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
@@ -77,10 +77,13 @@ from a2a.types import (
     AgentCard,
     AgentInterface,
     AgentSkill,
+    CancelTaskRequest,
+    GetTaskRequest,
     Role,
     SendMessageRequest,
     StreamResponse,
     TaskArtifactUpdateEvent,
+    TaskNotFoundError,
     TaskState,
     a2a_pb2_grpc,
 )
@@ -488,6 +491,24 @@ async def send_and_collect(client: Client, text: str) -> list[Arrival]:
     async for event in client.send_message(user_message(text)):
         arrivals.append(Arrival(time.monotonic() - started, event.WhichOneof("payload"), event))
     return arrivals
+
+
+async def echo_get_and_cancel(client: Client,
+                              not_found: type[Exception] = TaskNotFoundError) -> str:
+    """The echo agent's calls an SDK client makes through the gateway on every binding: a
+    message echoed, a task started, read (working) and cancelled, and an unknown task read
+    (the SDK raises ``not_found``). The cancelled task's id."""
+    [reply] = await send_and_collect(client, "hello")
+    assert reply.kind == "message" and get_message_text(reply.event.message) == "echo: hello"
+    [first] = await send_and_collect(client, "wait for cancel")
+    task_id: str = first.event.task.id
+    got = await client.get_task(GetTaskRequest(id=task_id))
+    assert (got.id, got.status.state) == (task_id, TaskState.TASK_STATE_WORKING)
+    cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
+    assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
+    with pytest.raises(not_found):
+        await client.get_task(GetTaskRequest(id="no-such-task"))
+    return task_id
 
 
 def transport_name(client: Client) -> str:

@@ -37,6 +37,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def refuses_connections(port: int) -> bool:
+    """Whether nothing accepts a TCP connection on the loopback ``port`` now (a drained or
+    stopped server)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
 class ThreadedUvicorn:
     """An ASGI app served by a real uvicorn on 127.0.0.1 in a thread of the test process."""
 

@@ -81,8 +81,8 @@ def test_settings_that_contradict_each_other_refuse_to_start_naming_the_fix(tmp_
     assert "A2A_NODE_LIVENESS_TTL_SECONDS (1) must be above" in last
     last = _refused({**env, "A2A_DEFAULT_TIMEOUT_SECONDS": "7200"})
     assert "A2A_DEFAULT_TIMEOUT_SECONDS (7200) is above A2A_MAX_TIMEOUT_SECONDS (3600)" in last
-    assert "A2A_DEFAULT_TTL_SECONDS" in _refused({**env, "A2A_DEFAULT_TTL_SECONDS": "100",
-                                                  "A2A_MAX_TTL_SECONDS": "50"})
+    assert "A2A_DEFAULT_TTL_SECONDS (100) is above A2A_MAX_TTL_SECONDS (50)" in _refused(
+        {**env, "A2A_DEFAULT_TTL_SECONDS": "100", "A2A_MAX_TTL_SECONDS": "50"})
     # PostgreSQL without Redis is a mode of its own, chosen by name, never by accident.
     on_postgres = {**env, "DATABASE_URL": postgres_url, "SECRET_KEY": "x"}
     assert "set A2A_SINGLE_NODE=true" in _refused(on_postgres)

@@ -52,6 +52,7 @@ from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsu
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
 from gateway.sse import data_events, take_events
+from gateway.translation import CoreMethod
 
 logger = logging.getLogger(__name__)
 
@@ -299,19 +300,6 @@ def _valid_metadata(name: bytes, value: bytes) -> bool:
         and all(c in _METADATA_KEY for c in name) and all(0x20 <= c < 0x7F for c in value)
 
 
-def _request_headers(metadata: Sequence[tuple[str, str | bytes]] | None,
-                     ) -> list[tuple[bytes, bytes]]:
-    """The caller's metadata as the request headers the gateway's header rules read."""
-    out = []
-    for key, value in metadata or ():
-        key = key.lower()
-        if key.startswith((":", "grpc-")) or key.endswith("-bin") or key in _DROPPED_METADATA \
-                or not isinstance(value, str):
-            continue
-        out.append((key.encode("latin-1"), value.encode("latin-1", errors="replace")))
-    return out
-
-
 def _metadata_value(metadata: Sequence[tuple[str, str | bytes]] | None, name: str) -> str:
     for key, value in metadata or ():
         if key.lower() == name and isinstance(value, str):
@@ -373,7 +361,7 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
         call.fail(errors.INVALID_REQUEST, "no agent: set the request's tenant (the "
                   f"{TENANT_METADATA!r} metadata entry for A2A 0.3) to the agent id")
         return None
-    headers = scan_request_headers(_request_headers(metadata))
+    headers = scan_request_headers(passthrough.request_headers(metadata, _DROPPED_METADATA))
     scope = {"client": _peer(context)}
     core = method.core
     admitted = await admission.admit_binding_call(node, scope, headers, call, agent_id, core.name)
@@ -437,16 +425,8 @@ async def _pass_through(method: ServiceMethod, request: Any, data: bytes, contex
     """The call forwarded to the agent's own gRPC server (:mod:`.passthrough`), after the
     webhook check every binding makes."""
     core = method.core
-    if core.name in _WEBHOOK_METHODS:
-        try:
-            rpc_method, params = translate.agent_request(core, request, translate.V10)
-        except (Unsupported, TranslationError) as exc:
-            call.fail(errors.INVALID_REQUEST, str(exc))
-            return None
-        refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
-        if refused is not None:
-            call.fail(errors.WEBHOOK_REFUSED, refused)
-            return None
+    if not await _webhook_allowed(core, request, call, scope, agent_id, client_id):
+        return None
 
     async def fail(kind: str, detail: str, executed: bool) -> None:
         await call.gateway_error(kind, agent_id, detail, status=None, executed=executed,
@@ -477,20 +457,31 @@ async def _to_other_grpc(method: ServiceMethod, request: Any, context: Any, call
     """The call translated to the gRPC-only agent's own service of the other protocol
     version (:mod:`.outbound_translate`), after the webhook check every binding makes."""
     core = method.core
-    if core.name in _WEBHOOK_METHODS:
-        try:
-            rpc_method, params = translate.agent_request(core, request, translate.V10)
-        except (Unsupported, TranslationError) as exc:
-            call.fail(errors.INVALID_REQUEST, str(exc))
-            return
-        refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
-        if refused is not None:
-            call.fail(errors.WEBHOOK_REFUSED, refused)
-            return
+    if not await _webhook_allowed(core, request, call, scope, agent_id, client_id):
+        return
     await outbound_translate.answer_grpc(
         call, route=route, caller=client_id, tags=tags, method=core, request=request,
         version=method.version, timeout=_timeout(context), started=started,
         request_bytes=size)
+
+
+async def _webhook_allowed(core: CoreMethod, request: Any, call: GrpcCall, scope: dict[str, Any],
+                           agent_id: str, client_id: str) -> bool:
+    """The webhook check every binding makes of a call forwarded to the agent's own gRPC
+    server: False (the call failed: ``invalid_request``, ``webhook_refused``) when the
+    request's push-notification webhook is refused."""
+    if core.name not in _WEBHOOK_METHODS:
+        return True
+    try:
+        rpc_method, params = translate.agent_request(core, request, translate.V10)
+    except (Unsupported, TranslationError) as exc:
+        call.fail(errors.INVALID_REQUEST, str(exc))
+        return False
+    refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+    if refused is not None:
+        call.fail(errors.WEBHOOK_REFUSED, refused)
+        return False
+    return True
 
 
 #: The methods whose request may carry a push-notification webhook (checked on every binding).

@@ -44,7 +44,7 @@ from django.conf import settings
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from gateway import errors, metrics, recorder
+from gateway import errors, metrics
 from gateway.agent_bindings import AgentBindings, bindings
 from gateway.cards import CardRewrite, rewrite_card
 from gateway.grpc_binding import passthrough
@@ -62,8 +62,6 @@ from gateway.grpc_binding.outbound_messages import (
 from gateway.headers import outbound_headers
 from gateway.rest_translate import RestTranslation, rest_call
 from gateway.translation import V03, V10, CoreMethod, TranslationError, Unsupported
-from outbound import policy
-from outbound.errors import OutboundError
 from registry.bindings import is_grpc_url
 
 #: Headers of the caller that are not gRPC metadata (the call's own framing).
@@ -99,18 +97,6 @@ class Answer(Protocol):
         """The call ended: a stream's end (after its last message), else nothing."""
 
 
-class _Record:
-    """What the metrics and the console's recorder read of a finished call."""
-
-    __slots__ = ("outcome", "started", "status", "nbytes")
-
-    def __init__(self) -> None:
-        self.outcome = "unknown"
-        self.started = False
-        self.status = 0
-        self.nbytes = 0
-
-
 def _metadata(tags: dict[str, str], caller: str, passthrough_auth: bool,
               version: str) -> list[tuple[str, str]]:
     out = [("a2a-version", version)]
@@ -130,7 +116,7 @@ async def call_agent(answer: Answer, *, route: Any, agent: AgentBindings, method
     else its 0.3 one) and answer the caller through ``answer``; metrics and the console's
     recorder see it under the 1.0 method name. A stream's caller leaving (``receive`` answers
     ``http.disconnect``) cancels the agent's call."""
-    record = _Record()
+    record = passthrough.CallRecord()
     agent_id = route.agent_id
     metrics.count_request(agent_id, method.name)
     version = V03 if agent.grpc_v03 and not agent.grpc_v10 else V10
@@ -142,18 +128,18 @@ async def call_agent(answer: Answer, *, route: Any, agent: AgentBindings, method
                              f"{method.name} is not an A2A 0.3 method, and agent {agent_id} "
                              "serves the A2A 0.3 gRPC service", False)
         await answer.end()
-        _finish(record, agent_id, caller, method.name, request_bytes, started)
+        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started)
         return
     except TranslationError as exc:
         await _gateway_error(answer, record, errors.INVALID_REQUEST, str(exc), False)
         await answer.end()
-        _finish(record, agent_id, caller, method.name, request_bytes, started)
+        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started)
         return
     if not passthrough.take_slot(agent_id, route.max_concurrency):
         metrics.count_busy(agent_id)
         await _gateway_error(answer, record, errors.BUSY, "", False)
         await answer.end()
-        _finish(record, agent_id, caller, method.name, request_bytes, started)
+        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started)
         return
     try:
         call = _call(answer, record, route, target, method.streaming, data, caller, tags,
@@ -171,7 +157,7 @@ async def call_agent(answer: Answer, *, route: Any, agent: AgentBindings, method
         raise
     finally:
         passthrough.release_slot(agent_id)
-        _finish(record, agent_id, caller, method.name, request_bytes, started)
+        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started)
 
 
 async def _unless_gone(call: Coroutine[Any, Any, None], receive: Receive) -> bool:
@@ -195,34 +181,20 @@ async def _unless_gone(call: Coroutine[Any, Any, None], receive: Receive) -> boo
     return True
 
 
-def _finish(record: _Record, agent_id: str, caller: str, method: str, size: int,
-            started: float) -> None:
-    seconds = time.perf_counter() - started
-    metrics.observe_latency(agent_id, record.outcome, seconds)
-    recorder.record(agent_id, caller, method, record, size, seconds)
-
-
-async def _gateway_error(answer: Answer, record: _Record, kind: str, detail: str,
+async def _gateway_error(answer: Answer, record: passthrough.CallRecord, kind: str, detail: str,
                          executed: bool) -> None:
     record.outcome = kind
     record.status = errors.rest_status_for(kind)
     await answer.gateway_error(kind, detail, executed)
 
 
-async def _call(answer: Answer, record: _Record, route: Any, target: AgentMethod,
+async def _call(answer: Answer, record: passthrough.CallRecord, route: Any, target: AgentMethod,
                 streaming: bool, data: bytes, caller: str, tags: dict[str, str],
                 timeout: float) -> None:
     address = route.endpoint
-    try:
-        channel = await passthrough.channel_for(address)
-    except (ValueError, OSError, OutboundError) as exc:
-        await _gateway_error(answer, record, errors.UNREACHABLE,
-                             f"the agent's gRPC interface {address}: {exc}", False)
-        return
-    if not await passthrough.connected(channel, min(policy.current().connect_timeout, timeout)):
-        passthrough.forget(address, channel)
-        await _gateway_error(answer, record, errors.UNREACHABLE,
-                             f"cannot connect to the agent's gRPC interface {address}", False)
+    channel, why = await passthrough.open_channel(address, timeout)
+    if channel is None:
+        await _gateway_error(answer, record, errors.UNREACHABLE, why, False)
         return
     metadata = _metadata(tags, caller, route.credential_passthrough, target.version)
     record.started = True
@@ -246,39 +218,26 @@ async def _call(answer: Answer, record: _Record, route: Any, target: AgentMethod
     await answer.reply(reply)
 
 
-async def _failed(answer: Answer, record: _Record, exc: grpc.aio.AioRpcError,
+async def _failed(answer: Answer, record: passthrough.CallRecord, exc: grpc.aio.AioRpcError,
                   deadline: float | None) -> None:
-    code = exc.code()
-    details = exc.details() or ""
-    trailing = exc.trailing_metadata()
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED and deadline is not None \
-            and time.monotonic() >= deadline - 0.05:
-        await _gateway_error(answer, record, errors.TIMEOUT, "the agent did not answer in time",
-                             True)
-        return
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
-        await _gateway_error(answer, record, errors.RESPONSE_TOO_LARGE, "", True)
-        return
-    if code is grpc.StatusCode.UNAVAILABLE and not trailing:
-        await _gateway_error(answer, record, errors.UNREACHABLE,
-                             f"the agent's connection failed: {details}"[:300], True)
+    own = passthrough.gateway_failure(exc, deadline)
+    if own is not None:
+        await _gateway_error(answer, record, own[0], own[1], True)
         return
     record.outcome, record.status = "agent_error", 200
-    await answer.agent_error(status_error(code, details, trailing))
+    await answer.agent_error(status_error(exc.code(), exc.details() or "",
+                                          exc.trailing_metadata()))
 
 
-async def _stream(answer: Answer, record: _Record, channel: grpc.aio.Channel,
+async def _stream(answer: Answer, record: passthrough.CallRecord, channel: grpc.aio.Channel,
                   target: AgentMethod, data: bytes, metadata: list[tuple[str, str]]) -> None:
     call = channel.unary_stream(target.path)(data, metadata=metadata)
     idle = float(settings.A2A_SSE_IDLE_TIMEOUT_SECONDS)
     stall = float(settings.A2A_SSE_STALL_TIMEOUT_SECONDS)
     try:
         while True:
-            try:
-                async with asyncio.timeout(idle):
-                    message = await call.read()
-            except TimeoutError:
-                call.cancel()
+            message = await passthrough.read_or_idle(call, idle)
+            if message is None:
                 await _gateway_error(answer, record, errors.TIMEOUT,
                                      "the agent's stream went idle", True)
                 return
@@ -330,10 +289,7 @@ class JsonRpcAnswer:
 
     async def _respond(self, status: int, body: bytes, executed: bool) -> None:
         self.started = self.done = True
-        await self.send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-            (b"x-a2a-executed", b"true" if executed else b"false")]})
-        await self.send({"type": "http.response.body", "body": body})
+        await _send_json(self.send, status, body, executed)
 
     async def _event(self, data: bytes, *, last: bool = False) -> None:
         if not self.started:
@@ -398,21 +354,12 @@ async def answer_jsonrpc(send: Send, receive: Receive, *, route: Any, caller: st
         code = -32601 if isinstance(exc, UnknownMethod) else -32602
         body = orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "error": {
             "code": code, "message": str(exc)[:2000]}})
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-            (b"x-a2a-executed", b"false")]})
-        await send({"type": "http.response.body", "body": body})
+        await _send_json(send, 200, body, False)
         return
     answer = JsonRpcAnswer(send, rpc_id, route.agent_id, call)
-    try:
-        agent = await bindings(route)
-    except Exception:
-        await answer.gateway_error(errors.UNREACHABLE, "the agent's card cannot be read now; "
-                                   "retry", False)
-        return
-    await call_agent(answer, route=route, agent=agent, method=call.method,
-                     request=call.request, caller=caller, tags=tags, timeout=timeout,
-                     started=started, request_bytes=request_bytes, receive=receive)
+    await _call_bound(answer, route=route, method=call.method, request=call.request,
+                      caller=caller, tags=tags, timeout=timeout, started=started,
+                      request_bytes=request_bytes, receive=receive)
 
 
 # --- the HTTP+JSON caller ----------------------------------------------------------------------
@@ -504,25 +451,23 @@ async def answer_rest(send: Any, receive: Receive, *, route: Any, caller: str,
         return
     answer = RelayAnswer(RestTranslation(call, V10, send, card=card), route.agent_id,
                          call.method, version=call.version, finish=True)
-    try:
-        agent = await bindings(route)
-    except Exception:
-        await answer.gateway_error(errors.UNREACHABLE, "the agent's card cannot be read now; "
-                                   "retry", False)
-        return
     # The caller's path tenant is the gateway's: the agent gets its card's.
-    await call_agent(answer, route=route, agent=agent, method=call.method,
-                     request=call.request, caller=caller, tags=tags, timeout=timeout,
-                     started=started, request_bytes=len(body), receive=receive)
+    await _call_bound(answer, route=route, method=call.method, request=call.request,
+                      caller=caller, tags=tags, timeout=timeout, started=started,
+                      request_bytes=len(body), receive=receive)
 
 
 async def send_error(send: Send, kind: str, agent_id: str, detail: str) -> None:
     """A gateway error of the HTTP+JSON binding before the agent was called."""
     body = errors.rest_error_body(kind, agent_id=agent_id, detail=detail)
-    await send({"type": "http.response.start", "status": errors.rest_status_for(kind),
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", b"%d" % len(body)),
-                            (b"x-a2a-executed", b"false")]})
+    await _send_json(send, errors.rest_status_for(kind), body, False)
+
+
+async def _send_json(send: Send, status: int, body: bytes, executed: bool) -> None:
+    """A whole JSON response, its ``X-A2A-Executed`` header saying whether the agent ran."""
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
+        (b"x-a2a-executed", b"true" if executed else b"false")]})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -533,6 +478,16 @@ async def answer_grpc(out: Any, *, route: Any, caller: str, tags: dict[str, str]
     which the caller's handler finishes) of a protocol version the gRPC-only agent of ``route``
     does not serve itself: translated to the version it serves."""
     answer = RelayAnswer(out, route.agent_id, method, version=version, finish=False)
+    await _call_bound(answer, route=route, method=method, request=request, caller=caller,
+                      tags=tags, timeout=timeout, started=started,
+                      request_bytes=request_bytes, receive=out.receive)
+
+
+async def _call_bound(answer: Answer, *, route: Any, method: CoreMethod, request: Message,
+                      caller: str, tags: dict[str, str], timeout: float, started: float,
+                      request_bytes: int, receive: Receive) -> None:
+    """:func:`call_agent` with the agent's bindings as its card has them (``unreachable``
+    when the card cannot be read now)."""
     try:
         agent = await bindings(route)
     except Exception:
@@ -541,4 +496,4 @@ async def answer_grpc(out: Any, *, route: Any, caller: str, tags: dict[str, str]
         return
     await call_agent(answer, route=route, agent=agent, method=method, request=request,
                      caller=caller, tags=tags, timeout=timeout, started=started,
-                     request_bytes=request_bytes, receive=out.receive)
+                     request_bytes=request_bytes, receive=receive)

@@ -93,8 +93,9 @@ class Passed:
     reply: bytes | None
 
 
-class _Record:
-    """What the console's recorder reads of a finished call (as of the handler's Exchange)."""
+class CallRecord:
+    """What the metrics and the console's recorder read of a finished call to an agent's gRPC
+    server (passed through, or translated: :mod:`.outbound_translate`)."""
 
     __slots__ = ("outcome", "started", "status", "nbytes")
 
@@ -138,17 +139,24 @@ def valid_metadata(name: str, value: str) -> bool:
         and all(0x20 <= ord(c) < 0x7F for c in value)
 
 
+def request_headers(metadata: Sequence[tuple[str, str | bytes]] | None,
+                    dropped: frozenset[str]) -> list[tuple[bytes, bytes]]:
+    """A gRPC caller's text metadata as the request headers the gateway's header rules read,
+    without gRPC's own (``grpc-*``, pseudo-headers), binary ones and the ``dropped`` keys."""
+    out = []
+    for key, value in metadata or ():
+        key = key.lower()
+        if key.startswith((":", "grpc-")) or key.endswith("-bin") or key in dropped \
+                or not isinstance(value, str):
+            continue
+        out.append((key.encode("latin-1"), value.encode("latin-1", errors="replace")))
+    return out
+
+
 def agent_metadata(metadata: Sequence[tuple[str, str | bytes]] | None, caller_id: str, *,
                    passthrough: bool) -> list[tuple[str, str]]:
     """The metadata the agent gets: the caller's, through the header rules."""
-    raw = []
-    for key, value in metadata or ():
-        key = key.lower()
-        if key.startswith((":", "grpc-")) or key.endswith("-bin") or key in _DROPPED_METADATA \
-                or not isinstance(value, str):
-            continue
-        raw.append((key.encode("latin-1"), value.encode("latin-1", errors="replace")))
-    headers = scan_request_headers(raw)
+    headers = scan_request_headers(request_headers(metadata, _DROPPED_METADATA))
     # A credential-passthrough agent's caller authenticated with x-gateway-authorization:
     # its ``authorization`` is the agent's (the header rules' scan keeps it aside).
     if passthrough and headers.authorization is not None:
@@ -323,12 +331,12 @@ async def forward(*, path: str, core_method: str, version: str, streaming: bool,
 
     ``fail(kind, detail, executed)`` answers a gateway error (the caller's status, the executed
     flag in its trailers); the agent's own statuses are relayed as it answered them."""
-    record = _Record()
+    record = CallRecord()
     metrics.count_request(agent_id, core_method)
     if not take_slot(agent_id, max_concurrency):
         metrics.count_busy(agent_id)
         await _gateway_error(record, fail, errors.BUSY, "", False)
-        _finish(record, agent_id, client_id, core_method, len(data), started)
+        finish_call(record, agent_id, client_id, core_method, len(data), started)
         return Passed(None)
     try:
         return await _forward(path, core_method, version, streaming, data, context, client_id,
@@ -339,7 +347,7 @@ async def forward(*, path: str, core_method: str, version: str, streaming: bool,
         raise
     finally:
         release_slot(agent_id)
-        _finish(record, agent_id, client_id, core_method, len(data), started)
+        finish_call(record, agent_id, client_id, core_method, len(data), started)
 
 
 def take_slot(agent_id: str, max_concurrency: int) -> bool:
@@ -360,14 +368,44 @@ def release_slot(agent_id: str) -> None:
         _in_flight.pop(agent_id, None)
 
 
-def _finish(record: _Record, agent_id: str, client_id: str, method: str, size: int,
-            started: float) -> None:
+def finish_call(record: CallRecord, agent_id: str, caller: str, method: str, size: int,
+                started: float) -> None:
+    """The call's latency into the metrics and the call into the console's recorder."""
     seconds = time.perf_counter() - started
     metrics.observe_latency(agent_id, record.outcome, seconds)
-    recorder.record(agent_id, client_id, method, record, size, seconds)
+    recorder.record(agent_id, caller, method, record, size, seconds)
 
 
-async def _gateway_error(record: _Record, fail: Fail, kind: str, detail: str,
+async def open_channel(target: str, timeout: float) -> tuple[grpc.aio.Channel | None, str]:
+    """The (cached) channel to the agent's gRPC server at ``target``, connected within the
+    policy's connect timeout (at most ``timeout``); or None and why (``unreachable``)."""
+    try:
+        channel = await channel_for(target)
+    except (ValueError, OSError, OutboundError) as exc:
+        return None, f"the agent's gRPC interface {target}: {exc}"
+    if not await connected(channel, min(policy.current().connect_timeout, timeout)):
+        forget(target, channel)  # the next call makes a new connection (and resolves again)
+        return None, f"cannot connect to the agent's gRPC interface {target}"
+    return channel, ""
+
+
+def gateway_failure(exc: grpc.aio.AioRpcError, deadline: float | None) -> tuple[str, str] | None:
+    """The gateway's own error (kind, detail) for a call that ended with a status: its
+    deadline, a reply above the cap, a connection lost without an answer; None when the
+    status is the agent's own (relayed, or translated)."""
+    code = exc.code()
+    details = exc.details() or ""
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED and deadline is not None \
+            and time.monotonic() >= deadline - 0.05:
+        return errors.TIMEOUT, "the agent did not answer in time"
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+        return errors.RESPONSE_TOO_LARGE, ""
+    if code is grpc.StatusCode.UNAVAILABLE and not exc.trailing_metadata():
+        return errors.UNREACHABLE, f"the agent's connection failed: {details}"[:300]
+    return None
+
+
+async def _gateway_error(record: CallRecord, fail: Fail, kind: str, detail: str,
                          executed: bool) -> Passed:
     record.outcome = kind
     record.status = errors.rest_status_for(kind)
@@ -378,18 +416,10 @@ async def _gateway_error(record: _Record, fail: Fail, kind: str, detail: str,
 async def _forward(path: str, core_method: str, version: str, streaming: bool, data: bytes,
                    context: Any, client_id: str, target: str, tenant: str,
                    credential_passthrough: bool, timeout: float, fail: Fail,
-                   record: _Record) -> Passed:
-    try:
-        channel = await channel_for(target)
-    except (ValueError, OSError, OutboundError) as exc:
-        return await _gateway_error(record, fail, errors.UNREACHABLE,
-                                    f"the agent's gRPC interface {target}: {exc}", False)
-    connect = min(policy.current().connect_timeout, timeout)
-    if not await connected(channel, connect):
-        forget(target, channel)  # the next call makes a new connection (and resolves again)
-        return await _gateway_error(record, fail, errors.UNREACHABLE,
-                                    f"cannot connect to the agent's gRPC interface {target}",
-                                    False)
+                   record: CallRecord) -> Passed:
+    channel, why = await open_channel(target, timeout)
+    if channel is None:
+        return await _gateway_error(record, fail, errors.UNREACHABLE, why, False)
     if version == V10:
         data = with_tenant(data, core_method, tenant)
     metadata = agent_metadata(context.invocation_metadata(), client_id,
@@ -416,24 +446,15 @@ async def _forward(path: str, core_method: str, version: str, streaming: bool, d
 
 
 async def _agent_failed(exc: grpc.aio.AioRpcError, deadline: float | None, context: Any,
-                        passthrough: bool, fail: Fail, record: _Record) -> Passed:
+                        passthrough: bool, fail: Fail, record: CallRecord) -> Passed:
     """A call that ended with a status: the gateway's own (its deadline, a reply above the
     cap, a connection lost without an answer) or the agent's, relayed."""
-    code = exc.code()
-    details = exc.details() or ""
-    trailing = exc.trailing_metadata()
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED and deadline is not None \
-            and time.monotonic() >= deadline - 0.05:
-        return await _gateway_error(record, fail, errors.TIMEOUT,
-                                    "the agent did not answer in time", True)
-    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
-        return await _gateway_error(record, fail, errors.RESPONSE_TOO_LARGE, "", True)
-    if code is grpc.StatusCode.UNAVAILABLE and not trailing:
-        return await _gateway_error(record, fail, errors.UNREACHABLE,
-                                    f"the agent's connection failed: {details}"[:300], True)
-    relayed = relayed_metadata(trailing, passthrough=passthrough)
-    context.set_code(code)
-    context.set_details(details)
+    own = gateway_failure(exc, deadline)
+    if own is not None:
+        return await _gateway_error(record, fail, own[0], own[1], True)
+    relayed = relayed_metadata(exc.trailing_metadata(), passthrough=passthrough)
+    context.set_code(exc.code())
+    context.set_details(exc.details() or "")
     context.set_trailing_metadata((*relayed, (EXECUTED, "true")))
     record.outcome, record.status = "agent_error", 200
     return Passed(None)
@@ -441,7 +462,7 @@ async def _agent_failed(exc: grpc.aio.AioRpcError, deadline: float | None, conte
 
 async def _stream(channel: grpc.aio.Channel, path: str, data: bytes,
                   metadata: list[tuple[str, str]], context: Any, passthrough: bool,
-                  fail: Fail, record: _Record) -> Passed:
+                  fail: Fail, record: CallRecord) -> Passed:
     remaining = context.time_remaining()
     deadline = None if remaining is None else time.monotonic() + remaining
     call = channel.unary_stream(path)(data, metadata=metadata, timeout=remaining)
@@ -450,11 +471,8 @@ async def _stream(channel: grpc.aio.Channel, path: str, data: bytes,
     initial_sent = False
     try:
         while True:
-            try:
-                async with asyncio.timeout(idle):
-                    message = await call.read()
-            except TimeoutError:
-                call.cancel()
+            message = await read_or_idle(call, idle)
+            if message is None:
                 return await _gateway_error(record, fail, errors.TIMEOUT,
                                             "the agent's stream went idle", True)
             if message is grpc.aio.EOF:
@@ -488,6 +506,17 @@ async def _stream(channel: grpc.aio.Channel, path: str, data: bytes,
     else:
         record.outcome = "ok"
     return Passed(None)
+
+
+async def read_or_idle(call: Any, idle: float) -> Any:
+    """The agent's stream's next message (``grpc.aio.EOF`` at its end); None, the call
+    cancelled, when none came within ``idle`` seconds."""
+    try:
+        async with asyncio.timeout(idle):
+            return await call.read()
+    except TimeoutError:
+        call.cancel()
+        return None
 
 
 async def _send_initial(context: Any, call: Any, passthrough: bool) -> None:

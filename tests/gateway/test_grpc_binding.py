@@ -22,7 +22,7 @@ import pytest
 from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
 from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.helpers import get_message_text
-from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState, a2a_pb2
+from a2a.types import TaskState, a2a_pb2
 from a2a.types import a2a_pb2_grpc as grpc10
 from google.rpc import error_details_pb2, status_pb2
 
@@ -31,6 +31,7 @@ from gateway import runtime
 from tests.a2a_agents import (
     GRPC_BINDING,
     JSONRPC_BINDING,
+    echo_get_and_cancel,
     sdk_client,
     send_and_collect,
     transport_name,
@@ -107,19 +108,9 @@ async def test_sdk_grpc_client_sends_streams_gets_and_cancels_through_the_gatewa
                               polling=True, headers=auth(caller), grpc_metadata=auth(caller)) \
                 as client:
             assert transport_name(client) == "TenantTransportDecorator"
-            [reply] = await send_and_collect(client, "hello")
-            assert reply.kind == "message"
-            assert get_message_text(reply.event.message) == "echo: hello"
-            [first] = await send_and_collect(client, "wait for cancel")
-            task_id = first.event.task.id
-            got = await client.get_task(GetTaskRequest(id=task_id))
-            assert (got.id, got.status.state) == (task_id, TaskState.TASK_STATE_WORKING)
-            cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
-            assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
             # The agent's TaskNotFound reaches the caller as the SDK's gRPC server answers it
             # (whatever the agent's version: the caller speaks 1.0).
-            with pytest.raises(TaskNotFoundError):
-                await client.get_task(GetTaskRequest(id="no-such-task"))
+            task_id = await echo_get_and_cancel(client)
         async with sdk_client(target.gateway_base, bindings=[GRPC_BINDING], streaming=True,
                               headers=auth(caller), grpc_metadata=auth(caller)) as client:
             events = await send_and_collect(client, "task streamed")
@@ -203,19 +194,26 @@ async def test_a_03_caller_names_the_agent_in_metadata(grpc_address, echo_agent_
     metadata = (*auth(caller).items(), ("tenant", target.agent_id))
 
     async def calls():
-        async with grpc.aio.insecure_channel(grpc_address) as channel:
-            stub = grpc03.A2AServiceStub(channel)
-            reply = await stub.SendMessage(pb03.SendMessageRequest(request=pb03.Message(
-                message_id="m-1", role=pb03.ROLE_USER, content=[pb03.Part(text="old")])),
-                metadata=metadata)
-            assert reply.msg.content[0].text == "echo: old"
-            with pytest.raises(grpc.aio.AioRpcError) as missing:
-                await stub.GetTask(pb03.GetTaskRequest(name="tasks/nope"), metadata=metadata)
-            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-            assert missing.value.details().startswith("TaskNotFoundError: ")
+        missing = await echo_and_miss_03(grpc_address, metadata)
+        assert missing.details().startswith("TaskNotFoundError: ")
 
     await on_node(calls())
     assert [r.rpc_method for r in target.agent.recorder.rpc()] == ["SendMessage", "GetTask"]
+
+
+async def echo_and_miss_03(address: str, metadata) -> grpc.aio.AioRpcError:
+    """Through the gateway's 0.3 gRPC service at ``address``: a message echoed, then an
+    unknown task read (NOT_FOUND). That read's error."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = grpc03.A2AServiceStub(channel)
+        reply = await stub.SendMessage(pb03.SendMessageRequest(request=pb03.Message(
+            message_id="m-1", role=pb03.ROLE_USER, content=[pb03.Part(text="old")])),
+            metadata=metadata)
+        assert reply.msg.content[0].text == "echo: old"
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await stub.GetTask(pb03.GetTaskRequest(name="tasks/nope"), metadata=metadata)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    return missing.value
 
 
 @pytest.mark.parametrize("node_b", [{"A2A_GRPC_PORT": "0"}], indirect=True)

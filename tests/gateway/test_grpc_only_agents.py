@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import grpc
 import httpx
@@ -20,12 +21,12 @@ import orjson
 import pytest
 from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
 from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
-from a2a.helpers import get_message_text
-from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState
+from a2a.types import GetTaskRequest, TaskNotFoundError, TaskState
 
 from tests.a2a_agents import (
     HTTP_JSON_BINDING,
     JSONRPC_BINDING,
+    echo_get_and_cancel,
     sdk_client,
     send_and_collect,
     transport_name,
@@ -73,17 +74,8 @@ async def test_sdk_client_sends_streams_gets_and_cancels(grpc_only, grpc_address
             async with sdk_client(base, bindings=[binding], streaming=False, polling=True,
                                   headers={**token, "x-trace": "t-1"}) as client:
                 assert transport_name(client) in ("JsonRpcTransport", "RestTransport")
-                [reply] = await send_and_collect(client, "hello")
-                assert get_message_text(reply.event.message) == "echo: hello"
-                [first] = await send_and_collect(client, "wait for cancel")
-                task_id = first.event.task.id
-                got = await client.get_task(GetTaskRequest(id=task_id))
-                assert (got.id, got.status.state) == (task_id, TaskState.TASK_STATE_WORKING)
-                cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
-                assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
                 # The agent's A2A error status reaches the SDK client as the same error.
-                with pytest.raises(TaskNotFoundError):
-                    await client.get_task(GetTaskRequest(id="no-such-task"))
+                task_id = await echo_get_and_cancel(client)
             async with sdk_client(base, bindings=[binding], streaming=True,
                                   headers=token) as client:
                 events = await send_and_collect(client, "task streamed")
@@ -256,13 +248,9 @@ async def test_an_agent_that_never_answers_ends_at_the_deadline(grpc_only, grpc_
     message = {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
 
     async def calls():
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "lf.a2a.v1.A2AService", {
-                "SendMessage": grpc.unary_unary_rpc_method_handler(never),
-                "SendStreamingMessage": grpc.unary_stream_rpc_method_handler(silent)})])
-        server.add_insecure_port(agent.grpc_address)
-        await server.start()
+        server = await _a2a_server(agent.grpc_address, {
+            "SendMessage": grpc.unary_unary_rpc_method_handler(never),
+            "SendStreamingMessage": grpc.unary_stream_rpc_method_handler(silent)})
         try:
             async with httpx.AsyncClient(headers=auth(caller), timeout=20) as http:
                 started = asyncio.get_running_loop().time()
@@ -415,12 +403,8 @@ async def test_an_agent_error_inside_a_stream_ends_it(grpc_only, grpc_address, c
     message = {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
 
     async def calls():
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "lf.a2a.v1.A2AService", {"SendStreamingMessage":
-                                     grpc.unary_stream_rpc_method_handler(one_then_error)})])
-        server.add_insecure_port(agent.grpc_address)
-        await server.start()
+        server = await _a2a_server(agent.grpc_address, {
+            "SendStreamingMessage": grpc.unary_stream_rpc_method_handler(one_then_error)})
         try:
             async with httpx.AsyncClient(headers=auth(caller), timeout=20) as http:
                 rpc = await http.post(base, json={"jsonrpc": "2.0", "id": 7, "method":
@@ -469,12 +453,8 @@ async def test_a_stream_whose_caller_leaves_cancels_the_agents_call(grpc_only, g
     message = {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}
 
     async def calls():
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-            "lf.a2a.v1.A2AService", {"SendStreamingMessage":
-                                     grpc.unary_stream_rpc_method_handler(one_then_wait)})])
-        server.add_insecure_port(agent.grpc_address)
-        await server.start()
+        server = await _a2a_server(agent.grpc_address, {
+            "SendStreamingMessage": grpc.unary_stream_rpc_method_handler(one_then_wait)})
         try:
             async with httpx.AsyncClient(headers=auth(caller), timeout=20) as http:
                 async with http.stream("POST", base, json={
@@ -490,3 +470,14 @@ async def test_a_stream_whose_caller_leaves_cancels_the_agents_call(grpc_only, g
             await server.stop(None)
 
     assert await on_node(calls()) < 3
+
+
+async def _a2a_server(address: str, handlers: dict[str, Any]) -> grpc.aio.Server:
+    """A bare gRPC server at ``address`` answering these methods of the 1.0 A2A service
+    (its handlers scripted by the test), started."""
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "lf.a2a.v1.A2AService", handlers)])
+    server.add_insecure_port(address)
+    await server.start()
+    return server

@@ -14,14 +14,18 @@ import asyncio
 
 import grpc
 import pytest
-from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
-from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.helpers import get_message_text
-from a2a.types import CancelTaskRequest, GetTaskRequest, TaskNotFoundError, TaskState, a2a_pb2
+from a2a.types import TaskState, a2a_pb2
 from a2a.types import a2a_pb2_grpc as grpc10
 
 from gateway.grpc_binding import passthrough
-from tests.a2a_agents import GRPC_BINDING, sdk_client, send_and_collect, user_message
+from tests.a2a_agents import (
+    GRPC_BINDING,
+    echo_get_and_cancel,
+    sdk_client,
+    send_and_collect,
+    user_message,
+)
 from tests.gateway import test_grpc_binding as grpc_tests
 from tests.gateway.test_grpc_binding import auth, metadata_dict, on_node, status_of
 
@@ -45,17 +49,8 @@ async def test_sdk_grpc_client_reaches_the_agents_own_grpc_server(
             async with sdk_client(target.gateway_base, bindings=[GRPC_BINDING], streaming=False,
                                   polling=True, headers=token, grpc_metadata={
                                       **token, "x-trace": "t-1", "cookie": "c=1"}) as client:
-                [reply] = await send_and_collect(client, "hello")
-                assert get_message_text(reply.event.message) == "echo: hello"
-                [first] = await send_and_collect(client, "wait for cancel")
-                task_id = first.event.task.id
-                got = await client.get_task(GetTaskRequest(id=task_id))
-                assert (got.id, got.status.state) == (task_id, TaskState.TASK_STATE_WORKING)
-                cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
-                assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
                 # The agent's own A2A error status (its ErrorInfo) reaches the SDK client.
-                with pytest.raises(TaskNotFoundError):
-                    await client.get_task(GetTaskRequest(id="no-such-task"))
+                task_id = await echo_get_and_cancel(client)
             async with sdk_client(target.gateway_base, bindings=[GRPC_BINDING], streaming=True,
                                   headers=token, grpc_metadata=token) as client:
                 events = await send_and_collect(client, "task streamed")
@@ -107,18 +102,8 @@ async def test_a_03_caller_reaches_the_agents_own_03_grpc_server(
     async def calls():
         server = await agent.serve_grpc("0.3")
         try:
-            async with grpc.aio.insecure_channel(grpc_address) as channel:
-                stub = grpc03.A2AServiceStub(channel)
-                reply = await stub.SendMessage(pb03.SendMessageRequest(request=pb03.Message(
-                    message_id="m-1", role=pb03.ROLE_USER, content=[pb03.Part(text="old")])),
-                    metadata=metadata)
-                assert reply.msg.content[0].text == "echo: old"
-                with pytest.raises(grpc.aio.AioRpcError) as missing:
-                    await stub.GetTask(pb03.GetTaskRequest(name="tasks/nope"),
-                                       metadata=metadata)
-                assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-                assert metadata_dict(missing.value.trailing_metadata())["x-a2a-executed"] == \
-                    "true"
+            missing = await grpc_tests.echo_and_miss_03(grpc_address, metadata)
+            assert metadata_dict(missing.trailing_metadata())["x-a2a-executed"] == "true"
         finally:
             await server.stop(None)
 

@@ -15,10 +15,7 @@ import json
 
 import httpx
 import pytest
-from a2a.helpers import get_message_text
 from a2a.types import (
-    CancelTaskRequest,
-    GetTaskRequest,
     ListTasksRequest,
     TaskNotFoundError,
     TaskState,
@@ -28,6 +25,7 @@ from a2a.utils.errors import MethodNotFoundError
 from tests.a2a_agents import (
     HTTP_JSON_BINDING,
     JSONRPC_BINDING,
+    echo_get_and_cancel,
     sdk_client,
     send_and_collect,
     transport_name,
@@ -76,18 +74,10 @@ async def test_rest_client_sends_streams_gets_and_cancels_a_json_rpc_agent(
     async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING], streaming=False,
                           polling=True, headers=caller.auth, responses=responses) as client:
         assert transport_name(client) == transport
-        [reply] = await send_and_collect(client, "hello")
-        assert reply.kind == "message" and get_message_text(reply.event.message) == "echo: hello"
-        [first] = await send_and_collect(client, "wait for cancel")
-        task_id = first.event.task.id
-        got = await client.get_task(GetTaskRequest(id=task_id))
-        assert (got.id, got.status.state) == (task_id, TaskState.TASK_STATE_WORKING)
-        cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
-        assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
         # The agent's TaskNotFound reaches the caller as the SDK's REST server answers it
         # (404, its ErrorInfo); the 0.3 REST transport reads any 404 as MethodNotFound.
-        with pytest.raises(TaskNotFoundError if version == "1.0" else MethodNotFoundError):
-            await client.get_task(GetTaskRequest(id="no-such-task"))
+        task_id = await echo_get_and_cancel(
+            client, TaskNotFoundError if version == "1.0" else MethodNotFoundError)
     async with sdk_client(target.gateway_base, bindings=[HTTP_JSON_BINDING], streaming=True,
                           headers=caller.auth, responses=responses) as client:
         events = await send_and_collect(client, "task streamed")

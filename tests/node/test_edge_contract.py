@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers import ROOT, free_port, serve_app
+from tests.servers import ROOT, free_port, refuses_connections, serve_app
 from tests.servers import fresh_env as _env
 from tests.servers import run_manage as _manage
 from tests.servers import wait_for_ok as _wait_for
@@ -367,14 +367,6 @@ class SlowAgent:
         await send({"type": "http.response.body", "body": out})
 
 
-def _refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return True
-    return False
-
-
 @pytest.mark.parametrize("server", SERVERS)
 def test_sigterm_drains_the_edge_then_runs_the_node_shutdown(migrated_dir, token, server):
     """SIGTERM with a kept-alive idle connection and a call in flight: the node refuses new
@@ -418,7 +410,7 @@ def test_sigterm_drains_the_edge_then_runs_the_node_shutdown(migrated_dir, token
                 pass
             assert time.monotonic() - stopped < 5
             deadline = time.monotonic() + 5
-            while not _refused(node.port):
+            while not refuses_connections(node.port):
                 assert time.monotonic() < deadline, "the node still accepts connections"
                 time.sleep(0.1)
             thread.join(timeout=30)

@@ -154,17 +154,8 @@ def test_a_reply_lost_by_the_owner_ends_the_stream_with_stream_gap(services, tok
             lambda n: n == 10 and seen.set()))
         reader.start()
         assert seen.wait(30)
-        admin.client_pause(3000, all=False)  # WRITE: PUBLISH waits in Redis
-        try:
-            time.sleep(0.5)  # the owner's next event is now waiting in Redis
-            killed = 0
-            for client in admin.client_list():
-                if client["cmd"] == "publish" and "P" not in client["flags"]:
-                    admin.client_kill_filter(_id=client["id"])
-                    killed += 1
-            assert killed >= 1
-        finally:
-            admin.client_unpause()
+        # The owner's next event waits in Redis and is lost.
+        _lose_the_owners_next_publish(admin, lambda: None)
         reader.join(60)
         assert not reader.is_alive()
     numbers, error = results[0]
@@ -356,6 +347,17 @@ def test_resumable_streams_through_a_redis_restart_lose_nothing(services, tokens
     assert "re-attached after event" in log
 
 
+def _ping(client: httpx.Client, url: str, failures: list) -> None:
+    """One small cross-node call (the agent's ``ping``); what went wrong into ``failures``."""
+    rpc_id = os.urandom(4).hex()
+    try:
+        r = client.post(url, json={"jsonrpc": "2.0", "id": rpc_id, "method": "ping"})
+        if r.status_code != 200 or r.json() != {"jsonrpc": "2.0", "id": rpc_id, "result": "ok"}:
+            failures.append(r.text[:300])
+    except httpx.HTTPError as exc:
+        failures.append(repr(exc))
+
+
 def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens, start_node):
     """20 callers stop reading cross-node streams of 64 KiB events, and 3 more stop reading
     streams whose first event is 34 MiB (one message above Redis's 32 MiB hard limit, were it
@@ -399,15 +401,7 @@ def test_non_reading_callers_never_trip_the_pubsub_buffer_limit(services, tokens
                         (calls < 50 or sent <= crossed) and time.monotonic() - started < 120):
                     if calls % 10 == 0:
                         sent = admin.info("stats")["total_net_output_bytes"] - sent_before
-                    rpc_id = os.urandom(4).hex()
-                    try:
-                        r = client.post(f"{entry.url}/a2a/{agent_id}",
-                                        json={"jsonrpc": "2.0", "id": rpc_id, "method": "ping"})
-                        if r.status_code != 200 or r.json() != {
-                                "jsonrpc": "2.0", "id": rpc_id, "result": "ok"}:
-                            failures.append(r.text[:300])
-                    except httpx.HTTPError as exc:
-                        failures.append(repr(exc))
+                    _ping(client, f"{entry.url}/a2a/{agent_id}", failures)
                     calls += 1
             after = {c["id"] for c in admin.client_list() if "P" in c["flags"]}
             sent = admin.info("stats")["total_net_output_bytes"] - sent_before
@@ -465,15 +459,7 @@ def test_concurrent_large_sync_answers_stay_within_the_entry_nodes_budget(servic
             while time.monotonic() < stop:
                 held = max([held] + [int(c["omem"]) for c in admin.client_list()
                                      if "P" in c["flags"]])
-                rpc_id = os.urandom(4).hex()
-                try:
-                    r = client.post(f"{entry.url}/a2a/{agent_id}",
-                                    json={"jsonrpc": "2.0", "id": rpc_id, "method": "ping"})
-                    if r.status_code != 200 or r.json() != {
-                            "jsonrpc": "2.0", "id": rpc_id, "result": "ok"}:
-                        failures.append(r.text[:300])
-                except httpx.HTTPError as exc:
-                    failures.append(repr(exc))
+                _ping(client, f"{entry.url}/a2a/{agent_id}", failures)
                 calls += 1
                 time.sleep(0.05)
         for asker in askers:

@@ -13,7 +13,6 @@ Real ``manage.py serve`` nodes on a private PostgreSQL and Redis (tests/faults.p
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -25,7 +24,7 @@ from tests.a2a_agents import EchoAgent
 from tests.reliability.conftest import register, rpc_ids_received
 from tests.reliability.test_agent_faults import ScriptedAgent
 from tests.reliability.test_failover import _send, _wait, start_sync_and_stream
-from tests.servers import serve_app
+from tests.servers import refuses_connections, serve_app
 
 # Private services only: CI runs it in its distributed pass (tests/passes.py), to balance the two.
 pytestmark = [pytest.mark.timeout(180), pytest.mark.one_pass("distributed")]
@@ -49,14 +48,6 @@ def node_on(services):
         node.kill()
 
 
-def _refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return True
-    return False
-
-
 @pytest.mark.parametrize("server", SERVERS)
 def test_calls_in_flight_finish_during_the_drain(server, tokens, node_on):
     """SIGTERM with a 3 s call in flight: the node stops accepting connections at once, the
@@ -77,7 +68,7 @@ def test_calls_in_flight_finish_during_the_drain(server, tokens, node_on):
         thread.start()
         _wait(lambda: slow.ids == ["drain-1"], 30, "the call to reach the agent")
         node.signal(faults.signal.SIGTERM)
-        _wait(lambda: _refused(node.port), 5, "the node to stop accepting connections")
+        _wait(lambda: refuses_connections(node.port), 5, "the node to stop accepting connections")
         thread.join(timeout=30)
         response = result["response"]
         assert response.status_code == 200, response.text
