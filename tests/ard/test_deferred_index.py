@@ -104,21 +104,24 @@ def test_documents_are_written_after_the_registrations_are_answered(postgres_onl
         agent.pk, agent.card_sha256, "Deferred d-2")
 
 
-def _cut_the_writers_connection() -> None:
+def _cut_the_writers_connection(cut: set[int]) -> None:
     """Terminate the server process of the index writer's connection, blocked on the lock
-    (to the writer: the database went away mid-statement)."""
+    (to the writer: the database went away mid-statement). ``cut`` holds the processes cut
+    before: one terminated is listed until it has exited, and cutting it again would leave
+    the writer's next attempt waiting for the lock instead."""
     sql = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
            "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO \"ard_agentdoc\"%%'")
     deadline = time.monotonic() + 10
     with connection.cursor() as cursor:
         while True:
             cursor.execute(sql)
-            pids = [pid for (pid,) in cursor.fetchall()]
+            pids = [pid for (pid,) in cursor.fetchall() if pid not in cut]
             if pids or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
         assert len(pids) == 1, pids
         cursor.execute("SELECT pg_terminate_backend(%s)", [pids[0]])
+    cut.add(pids[0])
 
 
 def test_the_writer_retries_a_database_outage(postgres_only, monkeypatch):
@@ -128,8 +131,9 @@ def test_the_writer_retries_a_database_outage(postgres_only, monkeypatch):
     monkeypatch.setattr(indexer, "_writer", quick)
     with index_locked() as release:
         services.agents_register(_regs(["r-1", "r-2"]))
-        _cut_the_writers_connection()  # the first attempt fails: it tries again, reconnected
-        _cut_the_writers_connection()  # so does the second
+        cut: set[int] = set()
+        _cut_the_writers_connection(cut)  # the first attempt fails: it tries again, reconnected
+        _cut_the_writers_connection(cut)  # so does the second
         release()
     assert quick.settle(30)
     assert (quick.written, quick.given_up) == (2, 0)
@@ -144,9 +148,10 @@ def test_past_its_retries_the_writer_leaves_the_documents_to_the_repair_job(
     monkeypatch.setattr(indexer, "_writer", quick)
     with index_locked():
         services.agents_register(_regs(["g-1", "g-2", "g-3"]))
-        _cut_the_writers_connection()
-        _cut_the_writers_connection()  # its last attempt: given up, not retried forever
-        assert quick.settle(30)
+        cut: set[int] = set()
+        _cut_the_writers_connection(cut)
+        _cut_the_writers_connection(cut)  # its last attempt: given up, not retried forever
+        assert quick.settle(20)  # well inside the lock's 30 s: given up, not let through
         assert (quick.written, quick.given_up) == (0, 3)
     assert _docs("g-") == set()
     assert index_repair_task.apply().get() == 3
