@@ -40,6 +40,14 @@ from bench.common import create_postgres_db, drop_postgres_db, write_results  # 
 
 WELL_KNOWN = "/.well-known/agent-card.json"
 
+def _first_error(outcomes: list[dict]) -> str | None:
+    for results in outcomes:
+        for result in results.values():
+            if result.error:
+                return result.error
+    return None
+
+
 # --- the card server (runs in a subprocess; no Django) -----------------------------------------
 
 _hits: dict[str, int] = {}
@@ -284,8 +292,13 @@ def _run(n: int, workers: int, base: str, figures: dict) -> int:
     served = _server_counts(base, reset=True)
     single = served["total"] == n and served["max"] == 1 and served["paths"] == n
     shared_results = sum(1 for o in outcomes for r in o.values() if r.outcome == Outcome.SHARED)
+    # A fetch that failed (e.g. timed out after the server answered) leaves its entry due, so
+    # a worker that had not yet claimed that URL fetches it again: counted, not hidden.
+    failed = sorted({u for o in outcomes for u, r in o.items() if r.outcome == Outcome.FAILED})
+    example = f" e.g. {_first_error(outcomes)!r}" if failed else ""
     print(f"mass expiry, {how}: {mass:6.2f} s  requests={served['total']} for {n} URLs, "
-          f"max per URL={served['max']}, shared results={shared_results}  "
+          f"max per URL={served['max']}, shared results={shared_results}, "
+          f"failed fetches={len(failed)}{example}  "
           f"[exactly one fetch per URL: {'OK' if single else 'MISSED'}]")
 
     # Snapshot digest and build over n agents.
@@ -317,6 +330,7 @@ def _run(n: int, workers: int, base: str, figures: dict) -> int:
         "reference_get_s": round(ref, 3), "first_cycle_s": round(first, 3),
         "all_304_cycle_s": round(second, 3), "all_304_ok": ok_304,
         "mass_expiry_s": round(mass, 3), "mass_expiry_one_fetch_per_url": single,
+        "mass_expiry_requests": served["total"], "mass_expiry_failed_fetches": len(failed),
         "digest_ms": round(digest_s * 1000, 2), "reference_digest_ms": round(ref_digest * 1000, 2),
         "snapshot_build_s": round(build_s, 3), "all_targets_met": ok,
     })

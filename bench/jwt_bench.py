@@ -11,6 +11,10 @@ ratio the median of the per-round ratios (the two runs of a round are back to ba
 * ``api-key`` / ``jwt``: the production setting (``A2A_AUTH_CACHE_SECONDS`` 10): a verified
   credential is answered from the token cache -- the claim to check is that a JWT caller costs
   what an API-key caller costs (goal: within 5 %).
+* ``--tenant`` adds ``api-key-tenant`` / ``jwt-tenant``: the same agent registered in a second
+  tenant (``acme``) on the same node, called at ``/a2a/t/acme/{id}`` by an ``acme`` API client
+  and by a JWT whose ``org`` claim names ``acme`` -- tenancy's cost, and JWT against API key
+  outside the default tenant.
 * ``--uncached`` adds a second node with ``A2A_AUTH_CACHE_SECONDS=0`` (every call resolves its
   credential again): ``api-key-uncached`` looks the key up in the database each call,
   ``jwt-uncached`` verifies the signature each call (keys in memory, no provider wait). The
@@ -56,6 +60,7 @@ from bench.common import (  # noqa: E402
 from tests.identity_provider import AUDIENCE, IdentityProvider, SigningKey  # noqa: E402
 
 AGENT_ID = "bench-agent"
+TENANT = "acme"
 LUA = BENCH / "wrk_post.lua"
 SCENARIOS = [("1KiB", 1024, 64), ("1KiB", 1024, 1)]
 
@@ -84,7 +89,7 @@ def run_wrk(url: str, token: str, body_file: Path, conns: int, duration: int) ->
 
 
 def start_node(name: str, tmp: Path, upstream_url: str, issuers: list[dict],
-               extra: dict[str, str], procs: list[Proc]) -> tuple[PlatformNode, Proc, str]:
+               extra: dict[str, str], procs: list[Proc]) -> tuple[PlatformNode, Proc, str, str]:
     node = PlatformNode(name, tmp, extra_env={"A2A_JWT_ISSUERS": json.dumps(issuers), **extra})
     admin, _registrar, caller = node.prepare()
     proc = node.serve("uvicorn")
@@ -96,7 +101,24 @@ def start_node(name: str, tmp: Path, upstream_url: str, issuers: list[dict],
                                 "max_concurrency": 100_000, "ttl_seconds": 86_400})
     if response.status_code not in (200, 201):
         raise RuntimeError(f"registration failed: {response.status_code} {response.text}")
-    return node, proc, caller
+    return node, proc, caller, admin
+
+
+def add_tenant(node: PlatformNode, admin: str, upstream_url: str) -> str:
+    """Create tenant ``acme``, an ``acme`` caller and the agent in ``acme``; its caller's key."""
+    node.manage("tenants", "create", TENANT, "--name", "Bench tenant")
+    out = node.manage("create_client", f"bench-acme-{os.urandom(3).hex()}", "--scopes", "call",
+                      "--tenant", TENANT)
+    card = {**json.loads(CARD), "url": f"{upstream_url}/"}
+    response = httpx.post(f"{node.url}/api/v1/agents", timeout=30,
+                          headers={"Authorization": f"Bearer {admin}"},
+                          json={"agent_id": f"{TENANT}.{AGENT_ID}", "url": f"{upstream_url}/",
+                                "card": card, "max_concurrency": 100_000,
+                                "ttl_seconds": 86_400})
+    if response.status_code not in (200, 201):
+        raise RuntimeError(f"tenant registration failed: {response.status_code} "
+                           f"{response.text}")
+    return out.strip().splitlines()[-1].strip()
 
 
 def paired(runs: dict[str, list[dict]], arm: str, reference: str, figure: str) -> float:
@@ -118,6 +140,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 rounds x 3 s")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--duration", type=int, default=2, help="seconds per wrk run")
+    parser.add_argument("--tenant", action="store_true",
+                        help="also API-key and JWT callers of a second tenant's agent")
     parser.add_argument("--uncached", action="store_true",
                         help="also a node re-resolving every credential on every call")
     args = parser.parse_args()
@@ -125,8 +149,10 @@ def main() -> None:
         args.rounds, args.duration = 3, 3
     pin_self_to_load_core()
     provider = IdentityProvider(SigningKey("bench-rs256"))
-    issuers = [{"issuer": provider.url, "audience": AUDIENCE, "name": "bench-idp"}]
+    issuers = [{"issuer": provider.url, "audience": AUDIENCE, "name": "bench-idp",
+                "claims": {"tenant": "org"}}]
     jwt_token = provider.token(scope="a2a.call", exp=int(time.time()) + 86_400)
+    jwt_tenant = provider.token(scope="a2a.call", org=TENANT, exp=int(time.time()) + 86_400)
     procs: list[Proc] = []
     report: dict = {"args": vars(args), "jwt_bytes": len(jwt_token), "scenarios": {}}
     with temp_dir("jwt-bench") as tmp_name:
@@ -140,12 +166,18 @@ def main() -> None:
             procs.append(upstream)
             upstream.wait_ready(f"{upstream_url}/stats")
             arms: dict[str, tuple[str, str, int]] = {}  # name -> (url, token, node pid)
-            node, proc, key = start_node("jwt-node", tmp, upstream_url, issuers, {}, procs)
+            node, proc, key, admin = start_node("jwt-node", tmp, upstream_url, issuers, {},
+                                                procs)
             url = f"{node.url}/a2a/{AGENT_ID}"
             arms["api-key"] = (url, key, proc.pid)
             arms["jwt"] = (url, jwt_token, proc.pid)
+            if args.tenant:
+                tenant_key = add_tenant(node, admin, upstream_url)
+                tenant_url = f"{node.url}/a2a/t/{TENANT}/{AGENT_ID}"
+                arms["api-key-tenant"] = (tenant_url, tenant_key, proc.pid)
+                arms["jwt-tenant"] = (tenant_url, jwt_tenant, proc.pid)
             if args.uncached:
-                node2, proc2, key2 = start_node("jwt-node-uncached", tmp, upstream_url, issuers,
+                node2, proc2, key2, _ = start_node("jwt-node-uncached", tmp, upstream_url, issuers,
                                                 {"A2A_AUTH_CACHE_SECONDS": "0"}, procs)
                 url2 = f"{node2.url}/a2a/{AGENT_ID}"
                 arms["api-key-uncached"] = (url2, key2, proc2.pid)
@@ -194,6 +226,13 @@ def main() -> None:
                     "jwt_over_api_key_rps_of_medians": round(
                         summary["jwt"]["rps"] / summary["api-key"]["rps"], 3),
                 }
+                if args.tenant:
+                    ratios["jwt_tenant_over_api_key_tenant_rps"] = paired(
+                        runs, "jwt-tenant", "api-key-tenant", "rps")
+                    ratios["jwt_tenant_over_api_key_tenant_cpu"] = paired(
+                        runs, "jwt-tenant", "api-key-tenant", "cpu_us_per_request")
+                    ratios["api_key_tenant_over_api_key_rps"] = paired(
+                        runs, "api-key-tenant", "api-key", "rps")
                 if args.uncached:
                     ratios["jwt_uncached_over_api_key_rps"] = paired(
                         runs, "jwt-uncached", "api-key", "rps")

@@ -19,6 +19,12 @@ the direct call. Every reply is checked (an ``ok`` text); errors are counted.
 
     .venv/bin/python bench/mcp_bench.py --quick      # about half a minute
     .venv/bin/python bench/mcp_bench.py              # 3 rounds x 4 s per arm and concurrency
+    .venv/bin/python bench/mcp_bench.py --baseline-ref REF   # and a node of git REF beside it
+
+``--baseline-ref REF`` adds a second node built from git ``REF`` (``git archive``), with the
+same agent registered, and its three arms (``a2a-baseline``, ``mcp-baseline``,
+``mcp-2026-baseline``) in the same rotating rounds: this tree's figures against REF's, same
+run.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.apps import CARD  # noqa: E402
 from bench.common import (  # noqa: E402
+    ROOT,
     PlatformNode,
     Proc,
     clean_env,
@@ -48,6 +55,7 @@ from bench.common import (  # noqa: E402
     uvicorn_argv,
     write_results,
 )
+from bench.proxy_bench import baseline_checkout  # noqa: E402
 
 AGENT_ID = "bench-agent"
 PROTOCOL_VERSION = "2025-11-25"
@@ -133,42 +141,33 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--baseline-ref", metavar="REF",
+                        help="also a node built from this git ref, measured in the same rounds")
     args = parser.parse_args()
     rounds, seconds = (1, 2.0) if args.quick else (args.rounds, args.seconds)
     levels = [int(c) for c in args.concurrency.split(",")]
 
     with temp_dir("a2a-mcp-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        node = PlatformNode("node", tmp)
-        admin, _registrar, caller = node.prepare()
         port = free_port()
         agent = Proc("upstream", uvicorn_argv("bench.apps:upstream", port, lifespan="off"),
                      clean_env(), tmp).start()
         agent.wait_ready(f"http://127.0.0.1:{port}/stats")
-        node.serve("uvicorn", "--no-periodic")
+        upstream = f"http://127.0.0.1:{port}/"
+        builds = [("", ROOT)]
+        if args.baseline_ref:
+            builds.append(("-baseline", baseline_checkout(args.baseline_ref, tmp)))
+        nodes: list[PlatformNode] = []
         try:
-            upstream = f"http://127.0.0.1:{port}/"
-            registered = httpx.post(
-                f"{node.url}/api/v1/agents", headers={"Authorization": f"Bearer {admin}"},
-                json={"agent_id": AGENT_ID, "url": upstream,
-                      # not streaming: tool calls use message/send, as the direct arm does
-                      "card": {**orjson.loads(CARD), "url": upstream,
-                               "capabilities": {"streaming": False}}}, timeout=30)
-            registered.raise_for_status()
+            arms: dict[str, tuple] = {}
+            pids: dict[str, list[int]] = {}
+            for suffix, root in builds:
+                node = PlatformNode(f"node{suffix}", tmp, root=root)
+                nodes.append(node)
+                arms.update(_start_node(node, upstream, suffix))
+                for name in ("a2a", "mcp", "mcp-2026"):
+                    pids[f"{name}{suffix}"] = [*node.proc.pids(), *agent.pids()]
             pin_self_to_load_core()
-            auth = {"Authorization": f"Bearer {caller}", "Content-Type": "application/json"}
-            arms = {
-                "a2a": (f"{node.url}/a2a/{AGENT_ID}", auth, a2a_body, a2a_ok),
-                "mcp": (f"{node.url}/mcp", {**auth, "Accept": "application/json, "
-                                                            "text/event-stream",
-                                            "MCP-Protocol-Version": PROTOCOL_VERSION},
-                        mcp_body, mcp_ok),
-                "mcp-2026": (f"{node.url}/mcp", {
-                    **auth, "Accept": "application/json, text/event-stream",
-                    "MCP-Protocol-Version": MODERN_VERSION, "Mcp-Method": "tools/call",
-                    "Mcp-Name": AGENT_ID}, modern_body, mcp_ok),
-            }
-            server_pids = [*node.proc.pids(), *agent.pids()]
             for url, headers, body, ok in arms.values():  # warm both paths up
                 asyncio.run(drive(url, headers, body, ok, 4, 1.0))
             figures: dict[str, dict] = {}
@@ -179,18 +178,47 @@ def main() -> None:
                     order = list(arms)[shift:] + list(arms)[:shift]
                     for name in order:
                         url, headers, body, ok = arms[name]
-                        cpu_before = cpu_seconds(server_pids)
+                        cpu_before = cpu_seconds(pids[name])
                         run = asyncio.run(drive(url, headers, body, ok, concurrency, seconds))
-                        run["cpu"] = cpu_seconds(server_pids) - cpu_before
+                        run["cpu"] = cpu_seconds(pids[name]) - cpu_before
                         samples[name].append(run)
                 figures[f"c={concurrency}"] = _summary(samples)
         finally:
-            node.proc.stop()
+            for node in nodes:
+                if node.proc is not None:
+                    node.proc.stop()
             agent.stop()
 
     _print(figures)
-    path = write_results("mcp", {"rounds": rounds, "seconds": seconds, "figures": figures})
+    path = write_results("mcp", {"rounds": rounds, "seconds": seconds,
+                                 "baseline_ref": args.baseline_ref, "figures": figures})
     print(f"\nresults: {path.relative_to(Path(__file__).resolve().parent.parent)}")
+
+
+def _start_node(node: PlatformNode, upstream: str, suffix: str) -> dict[str, tuple]:
+    """Prepare and start ``node`` with the fast local agent registered: its three arms."""
+    admin, _registrar, caller = node.prepare()
+    node.serve("uvicorn", "--no-periodic")
+    registered = httpx.post(
+        f"{node.url}/api/v1/agents", headers={"Authorization": f"Bearer {admin}"},
+        # A TTL beyond the run (the nodes run without periodic work, so nothing heartbeats).
+        json={"agent_id": AGENT_ID, "url": upstream, "ttl_seconds": 3600,
+              # not streaming: tool calls use message/send, as the direct arm does
+              "card": {**orjson.loads(CARD), "url": upstream,
+                       "capabilities": {"streaming": False}}}, timeout=30)
+    registered.raise_for_status()
+    auth = {"Authorization": f"Bearer {caller}", "Content-Type": "application/json"}
+    return {
+        f"a2a{suffix}": (f"{node.url}/a2a/{AGENT_ID}", auth, a2a_body, a2a_ok),
+        f"mcp{suffix}": (f"{node.url}/mcp", {**auth, "Accept": "application/json, "
+                                                             "text/event-stream",
+                                             "MCP-Protocol-Version": PROTOCOL_VERSION},
+                         mcp_body, mcp_ok),
+        f"mcp-2026{suffix}": (f"{node.url}/mcp", {
+            **auth, "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN_VERSION, "Mcp-Method": "tools/call",
+            "Mcp-Name": AGENT_ID}, modern_body, mcp_ok),
+    }
 
 
 def _summary(samples: dict[str, list[dict]]) -> dict:
@@ -206,8 +234,24 @@ def _summary(samples: dict[str, list[dict]]) -> dict:
             "calls": calls,
             "errors": sum(run["errors"] for run in runs),
         }
-    a2a = out["a2a"]
-    for name in ("mcp", "mcp-2026"):
+    for suffix in ("", "-baseline"):
+        if f"a2a{suffix}" in out:
+            _added(out, suffix)
+    if "a2a-baseline" in out:
+        out["this_over_baseline"] = {
+            name: {"calls_per_s": round(out[name]["calls_per_s"]
+                                        / max(out[f"{name}-baseline"]["calls_per_s"], 1e-9), 3),
+                   "cpu_us_per_call": round(out[name]["cpu_us_per_call"]
+                                            / max(out[f"{name}-baseline"]["cpu_us_per_call"],
+                                                  1e-9), 3)}
+            for name in ("a2a", "mcp", "mcp-2026")}
+    return out
+
+
+def _added(out: dict, suffix: str) -> None:
+    """The MCP arms of one build against that build's direct call."""
+    a2a = out[f"a2a{suffix}"]
+    for name in (f"mcp{suffix}", f"mcp-2026{suffix}"):
         mcp = out[name]
         out[f"{name}_over_a2a"] = {
             "added_p50_ms": round(mcp["p50_ms"] - a2a["p50_ms"], 3),
@@ -216,22 +260,26 @@ def _summary(samples: dict[str, list[dict]]) -> dict:
             "throughput_ratio": round(mcp["calls_per_s"] / a2a["calls_per_s"], 3)
             if a2a["calls_per_s"] else None,
         }
-    return out
 
 
 def _print(figures: dict) -> None:
     print(f"{'load':<6} {'arm':<9} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'CPU us/call':>12} {'errors':>7}")
     for level, arms in figures.items():
-        for name in ("a2a", "mcp", "mcp-2026"):
-            f = arms[name]
-            print(f"{level:<6} {name:<9} {f['calls_per_s']:>9} {f['p50_ms']:>8} "
-                  f"{f['p99_ms']:>8} {f['cpu_us_per_call']:>12} {f['errors']:>7}")
-        for name in ("mcp", "mcp-2026"):
-            extra = arms[f"{name}_over_a2a"]
-            print(f"{level:<6} {name} adds {extra['added_p50_ms']} ms p50, "
-                  f"{extra['added_p99_ms']} ms p99, {extra['added_cpu_us_per_call']} us CPU per "
-                  f"call; throughput x{extra['throughput_ratio']}")
+        suffixes = ("", "-baseline") if "a2a-baseline" in arms else ("",)
+        for suffix in suffixes:
+            for name in (f"a2a{suffix}", f"mcp{suffix}", f"mcp-2026{suffix}"):
+                f = arms[name]
+                print(f"{level:<6} {name:<18} {f['calls_per_s']:>9} {f['p50_ms']:>8} "
+                      f"{f['p99_ms']:>8} {f['cpu_us_per_call']:>12} {f['errors']:>7}")
+            for name in (f"mcp{suffix}", f"mcp-2026{suffix}"):
+                extra = arms[f"{name}_over_a2a"]
+                print(f"{level:<6} {name} adds {extra['added_p50_ms']} ms p50, "
+                      f"{extra['added_p99_ms']} ms p99, {extra['added_cpu_us_per_call']} us CPU "
+                      f"per call; throughput x{extra['throughput_ratio']}")
+        for name, ratio in arms.get("this_over_baseline", {}).items():
+            print(f"{level:<6} {name} this / baseline: calls/s x{ratio['calls_per_s']}, "
+                  f"CPU per call x{ratio['cpu_us_per_call']}")
 
 
 if __name__ == "__main__":

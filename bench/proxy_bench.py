@@ -222,18 +222,22 @@ def start_gateway(server: str, tmp: Path, upstream_url: str, procs: list[Proc],
 
 
 def start_cross_node(tmp: Path, args, upstream_url: str, procs: list[Proc], upstream: Proc,
-                     database_url: str, layer: str | None = None) -> list[Arm]:
+                     database_url: str, layer: str | None = None, *, build: Path | None = None,
+                     redis_url: str | None = None) -> list[Arm]:
     """Two distributed nodes (PostgreSQL + Redis, ``serve --server uvicorn``): the agent is
     registered on node A, which owns its subscriber; node B reaches it through the broker.
     ``layer``: another ``A2A_CHANNEL_LAYER`` than the default, for a second pair of nodes whose
-    arms are named after it (``dist-cross-node-pubsub``), on a database of its own."""
-    shared = {"REDIS_URL": args.redis_url, "SECRET_KEY": "bench-secret-key"}
-    suffix = f"-{layer}" if layer else ""
+    arms are named after it (``dist-cross-node-pubsub``), on a database of its own. ``build``:
+    the pair runs that checkout instead (``--baseline-ref``; arms ``dist-*-baseline``), on a
+    database and a Redis database (``redis_url``) of its own."""
+    shared = {"REDIS_URL": redis_url or args.redis_url, "SECRET_KEY": "bench-secret-key"}
+    suffix = "-baseline" if build is not None else f"-{layer}" if layer else ""
     if layer:
         shared["A2A_CHANNEL_LAYER"] = layer
-    node_a = PlatformNode(f"node-a{suffix}", tmp, database_url=database_url,
+    roots = {"root": build} if build is not None else {}
+    node_a = PlatformNode(f"node-a{suffix}", tmp, database_url=database_url, **roots,
                           extra_env={**shared, "NODE_ID": f"bench-a{suffix}-{os.getpid()}"})
-    node_b = PlatformNode(f"node-b{suffix}", tmp, database_url=database_url,
+    node_b = PlatformNode(f"node-b{suffix}", tmp, database_url=database_url, **roots,
                           extra_env={**shared, "NODE_ID": f"bench-b{suffix}-{os.getpid()}"})
     agent_id = f"{AGENT_ID}-x{os.getpid()}{suffix}"
     try:
@@ -269,6 +273,12 @@ def start_distributed(tmp: Path, args, upstream_url: str, procs: list[Proc], ups
     arms = start_cross_node(tmp, args, upstream_url, procs, upstream, database_url)
     for layer, url in zip(args.compare_layer, args.compare_db_urls, strict=True):
         arms.extend(start_cross_node(tmp, args, upstream_url, procs, upstream, url, layer))
+    if args.baseline_db_url:  # the baseline build's pair: its own database and Redis db
+        base, _, db = args.redis_url.rpartition("/")
+        redis_url = f"{base}/{int(db or 0) + 1}"
+        arms.extend(start_cross_node(tmp, args, upstream_url, procs, upstream,
+                                     args.baseline_db_url, build=args.baseline_root,
+                                     redis_url=redis_url))
     return arms
 
 
@@ -283,6 +293,8 @@ def start_arms(tmp: Path, args, database_url: str | None = None
     waits = [(upstream, f"{upstream_url}/stats")]
 
     arms = [Arm("direct", f"{upstream_url}/", [upstream.pid], server_pid=upstream.pid)]
+    args.baseline_root = baseline_checkout(args.baseline_ref, tmp) if args.baseline_ref \
+        else None
     if args.only_cross_node:  # the distributed arms alone (profiling the broker path)
         upstream.wait_ready(f"{upstream_url}/stats")
         arms.extend(start_distributed(tmp, args, upstream_url, procs, upstream, database_url))
@@ -329,8 +341,8 @@ def start_arms(tmp: Path, args, database_url: str | None = None
                                       "A2A_TRACING": "on", "OTEL_TRACES_EXPORTER": "otlp",
                                       "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT":
                                           f"http://127.0.0.1:{sink_port}/v1/traces"}))
-    if args.baseline_ref:
-        root = baseline_checkout(args.baseline_ref, tmp)
+    if args.baseline_root is not None:
+        root = args.baseline_root
         arms.append(start_gateway("uvicorn", tmp, upstream_url, procs, upstream,
                                   name="gateway-baseline", root=root))
         # Daphne too: the default server's figure against the same ref, same rounds.
@@ -603,6 +615,24 @@ def ratios(summary: dict) -> list[dict]:
             if not other.startswith("dist-cross-node-"):
                 continue
             layer = other.removeprefix("dist-cross-node-")
+            if layer == "baseline":  # the baseline build's pair, same rounds
+                p50_o = get("1KiB c=1", other, "p50_us")
+                rows.append({"figure": "1KiB c=1: cross-node added p50 over direct, baseline "
+                                       "build (us)",
+                             "value": round(p50_o - p50_direct) if p50_o and p50_direct
+                             else None, "target": "reference"})
+                for scenario in ("1KiB c=1", "1KiB c=64", "256KiB c=64"):
+                    rows.append({"figure": f"{scenario}: cross-node, this build / baseline "
+                                           "build (req/s)",
+                                 "value": ratio(get(scenario, "dist-cross-node"),
+                                                get(scenario, other)),
+                                 "target": "reported"})
+                rows.append({"figure": "1KiB c=64: cross-node / single-node, baseline build "
+                                       "(req/s)",
+                             "value": ratio(get("1KiB c=64", other),
+                                            get("1KiB c=64", "dist-single-node-baseline")),
+                             "target": "reference"})
+                continue
             p50_o = get("1KiB c=1", other, "p50_us")
             rows.append({"figure": f"1KiB c=1: cross-node added p50 over direct, {layer} "
                                    "layer (us)",
@@ -791,6 +821,9 @@ def main() -> int:
     compare_dbs = [create_postgres_db(args.postgres_url) for _ in args.compare_layer] \
         if args.cross_node else []
     args.compare_db_urls = [url for url, _name in compare_dbs]
+    baseline_db = create_postgres_db(args.postgres_url) \
+        if args.cross_node and args.baseline_ref else None
+    args.baseline_db_url = baseline_db[0] if baseline_db else None
     with temp_dir("a2a-proxy-bench-") as tmp_name:
         tmp = Path(tmp_name)
         procs: list[Proc] = []
@@ -860,7 +893,7 @@ def main() -> int:
             keep_logs(tmp, "proxy")
             if db_name:
                 drop_postgres_db(args.postgres_url, db_name)
-            for _url, name in compare_dbs:
+            for _url, name in [*compare_dbs, *([baseline_db] if baseline_db else [])]:
                 drop_postgres_db(args.postgres_url, name)
     print_report(result)
     path = write_results("proxy", result)
