@@ -34,25 +34,29 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 import orjson
 from a2a.types import a2a_pb2
 from django.conf import settings as django_settings
+from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.message import DecodeError
 
-from gateway import admission, errors, forwarding, runtime
+from gateway import admission, errors, forwarding, push, runtime
 from gateway import agent_bindings as agents
 from gateway.binding import BindingCaller
 from gateway.cards import EXTENDED_CARD_ANONYMOUS, grpc_gateway_url, rewrite_core_card
+from gateway.exchange import discard
 from gateway.grpc_binding import outbound_translate, passthrough, translate
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
 from gateway.sse import data_events, take_events
+from gateway.tenant_quotas import NO_STREAM, StreamSlot
 from gateway.translation import CoreMethod
+from push import relay as push_relay
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +90,7 @@ class GrpcCall(BindingCaller):
 
     __slots__ = ("method", "context", "agent_version", "failure", "http_status", "sse",
                  "metadata", "answered", "chunks", "tail", "reply", "ended", "gone",
-                 "_done", "initial_sent", "card_url")
+                 "_done", "initial_sent", "card_url", "slot")
 
     def __init__(self, method: ServiceMethod, context: Any) -> None:
         self.method = method
@@ -101,6 +105,9 @@ class GrpcCall(BindingCaller):
         self.chunks: list[bytes] = []
         self.tail = b""
         self.reply: Any = None
+        #: Its place among its tenant's open streams (gateway.tenant_quotas), given back when
+        #: :func:`serve` returns.
+        self.slot: StreamSlot = NO_STREAM
         self.ended = False  # a streamed error ended the caller's stream
         self.gone = False
         # Set when a write finds the caller gone. No ``context.add_done_callback``: grpcio keeps
@@ -300,13 +307,6 @@ def _valid_metadata(name: bytes, value: bytes) -> bool:
         and all(c in _METADATA_KEY for c in name) and all(0x20 <= c < 0x7F for c in value)
 
 
-def _metadata_value(metadata: Sequence[tuple[str, str | bytes]] | None, name: str) -> str:
-    for key, value in metadata or ():
-        if key.lower() == name and isinstance(value, str):
-            return value
-    return ""
-
-
 def _peer(context: Any) -> tuple[str, int]:
     """The caller's address from gRPC's peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``)."""
     peer = context.peer() or ""
@@ -343,6 +343,8 @@ async def serve(method: ServiceMethod, data: bytes, context: Any) -> bytes | Non
             logger.exception("gRPC %s failed", method.path)
             call.fail(errors.UNREACHABLE, "the gateway failed to handle the call",
                       executed=call.answered)
+    finally:
+        call.slot.release()
     return await call.finish()
 
 
@@ -356,7 +358,8 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
         call.fail(errors.INVALID_REQUEST, str(exc))
         return None
     metadata = context.invocation_metadata()
-    agent_id = translate.tenant_of(request) or _metadata_value(metadata, TENANT_METADATA)
+    agent_id = translate.tenant_of(request) \
+        or passthrough.metadata_value(metadata, TENANT_METADATA) or ""
     if not agent_id:
         call.fail(errors.INVALID_REQUEST, "no agent: set the request's tenant (the "
                   f"{TENANT_METADATA!r} metadata entry for A2A 0.3) to the agent id")
@@ -368,6 +371,11 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     if admitted is None:
         return None
     client_id, route = admitted
+    slot = await admission.stream_slot(node, scope, discard, call, agent_id, client_id, route,
+                                       core.name)
+    if slot is None:
+        return None
+    call.slot = slot
     if admission.anonymous_card_call(scope, agent_id, client_id, core.name):
         call.fail(errors.UNAUTHENTICATED, EXTENDED_CARD_ANONYMOUS)
         return None
@@ -382,11 +390,13 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     target = bindings.grpc(method.version)
     if target and not (core.name == "GetExtendedAgentCard" and method.version == translate.V03):
         return await _pass_through(method, request, data, context, call, scope, agent_id,
-                                   client_id, route, target, bindings.grpc_tenant, started)
+                                   client_id, route, target, bindings.grpc_tenant, started,
+                                   admission.relay_base(node, route, None, None))
     if outbound_translate.is_grpc_target(route.endpoint):
         # A gRPC-only agent serving the other version: translated to its gRPC server.
         await _to_other_grpc(method, request, context, call, scope, agent_id, client_id, route,
-                             headers.tags, len(data), started)
+                             headers.tags, len(data), started,
+                             admission.relay_base(node, route, None, None))
         return None
     version = call.agent_version = bindings.jsonrpc
     try:
@@ -399,7 +409,9 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     except TranslationError as exc:
         call.fail(errors.INVALID_REQUEST, str(exc))
         return None
-    refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+    refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params,
+                                              relay_base=admission.relay_base(node, route,
+                                                                              None, None))
     if refused is not None:
         call.fail(errors.WEBHOOK_REFUSED, refused)
         return None
@@ -411,8 +423,10 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
     tags["a2a_hdr_a2a-version"] = version
     if version == translate.V03 and "a2a_hdr_a2a-extensions" in tags:
         tags.setdefault("a2a_hdr_x-a2a-extensions", tags["a2a_hdr_a2a-extensions"])
+    send = push.ConfigAnswer(call.send, agent_id, client_id) \
+        if rpc_method in push.CONFIG_ANSWERS else call.send  # the caller's own configs shown
     await forwarding.forward_binding_call(
-        node, route, client_id, call.send, call.receive, call, headers, rpc_method, body,
+        node, route, client_id, send, call.receive, call, headers, rpc_method, body,
         _timeout(context), streaming=core.streaming, binding="GRPC", started=started,
         payload={"params": params})
     return None
@@ -420,13 +434,17 @@ async def _call(method: ServiceMethod, data: bytes, context: Any, call: GrpcCall
 
 async def _pass_through(method: ServiceMethod, request: Any, data: bytes, context: Any,
                         call: GrpcCall, scope: dict[str, Any], agent_id: str, client_id: str,
-                        route: Any, target: str, tenant: str,
-                        started: float) -> passthrough.Passed | None:
+                        route: Any, target: str, tenant: str, started: float,
+                        relay_base: str | None) -> passthrough.Passed | None:
     """The call forwarded to the agent's own gRPC server (:mod:`.passthrough`), after the
     webhook check every binding makes."""
     core = method.core
-    if not await _webhook_allowed(core, request, call, scope, agent_id, client_id):
+    allowed = await _webhook_allowed(core, request, call, scope, agent_id, client_id,
+                                     relay_base, data, method.version)
+    if allowed is False:
         return None
+    if isinstance(allowed, bytes):
+        data = allowed  # the configs point at the relay
 
     async def fail(kind: str, detail: str, executed: bool) -> None:
         await call.gateway_error(kind, agent_id, detail, status=None, executed=executed,
@@ -448,16 +466,21 @@ async def _pass_through(method: ServiceMethod, request: Any, data: bytes, contex
                       message="the agent's card is not an AgentCard")
             return None
         passed.reply = rewrite_core_card(card, grpc_gateway_url(agent_id)).SerializeToString()
+    elif core.name in push.CONFIG_ANSWERS and passed.reply is not None:
+        passed.reply = await push.grpc_answer_shown(passed.reply, method.version, core.name,
+                                                    agent_id, client_id)
     return passed
 
 
 async def _to_other_grpc(method: ServiceMethod, request: Any, context: Any, call: GrpcCall,
                          scope: dict[str, Any], agent_id: str, client_id: str, route: Any,
-                         tags: dict[str, str], size: int, started: float) -> None:
+                         tags: dict[str, str], size: int, started: float,
+                         relay_base: str | None) -> None:
     """The call translated to the gRPC-only agent's own service of the other protocol
     version (:mod:`.outbound_translate`), after the webhook check every binding makes."""
     core = method.core
-    if not await _webhook_allowed(core, request, call, scope, agent_id, client_id):
+    if await _webhook_allowed(core, request, call, scope, agent_id, client_id,
+                              relay_base) is False:
         return
     await outbound_translate.answer_grpc(
         call, route=route, caller=client_id, tags=tags, method=core, request=request,
@@ -466,10 +489,14 @@ async def _to_other_grpc(method: ServiceMethod, request: Any, context: Any, call
 
 
 async def _webhook_allowed(core: CoreMethod, request: Any, call: GrpcCall, scope: dict[str, Any],
-                           agent_id: str, client_id: str) -> bool:
+                           agent_id: str, client_id: str, relay_base: str | None,
+                           data: bytes | None = None, version: str = translate.V10,
+                           ) -> bytes | bool:
     """The webhook check every binding makes of a call forwarded to the agent's own gRPC
     server: False (the call failed: ``invalid_request``, ``webhook_refused``) when the
-    request's push-notification webhook is refused."""
+    request's push-notification webhook is refused. In relay mode the configs are rewritten
+    (:func:`gateway.admission.refused_webhook`): ``request`` in place and, given the caller's
+    ``data`` (of ``version``), the bytes to forward instead (else True)."""
     if core.name not in _WEBHOOK_METHODS:
         return True
     try:
@@ -477,11 +504,48 @@ async def _webhook_allowed(core: CoreMethod, request: Any, call: GrpcCall, scope
     except (Unsupported, TranslationError) as exc:
         call.fail(errors.INVALID_REQUEST, str(exc))
         return False
-    refused = await admission.refused_webhook(scope, agent_id, client_id, rpc_method, params)
+    before = [config["url"] for config in push_relay.configs(rpc_method, params)]
+    refused = await admission.refused_webhook(
+        scope, agent_id, client_id, rpc_method, params,
+        relay_base=relay_base)
     if refused is not None:
         call.fail(errors.WEBHOOK_REFUSED, refused)
         return False
-    return True
+    after = push_relay.configs(rpc_method, params)
+    relayed = {url: config for url, config in zip(before, after, strict=True)
+               if config.get("url") != url}
+    if not relayed:
+        return True
+    tenant = translate.tenant_of(request)
+    request.Clear()
+    ParseDict(params, request, ignore_unknown_fields=True)
+    if tenant:
+        request.tenant = tenant
+    if data is None:
+        return True
+    if version == translate.V10:
+        return bytes(request.SerializeToString())
+    message = translate.FROM_03[core.name].request.FromString(data)
+    shape = MessageToDict(message)
+    _point_at_relay(shape, relayed)
+    message.Clear()
+    ParseDict(shape, message, ignore_unknown_fields=True)
+    return bytes(message.SerializeToString())
+
+
+def _point_at_relay(shape: Any, relayed: dict[str, dict[str, Any]]) -> None:
+    """Rewrite, anywhere in a 0.3 request's JSON form, each config whose URL was relayed."""
+    if isinstance(shape, list):
+        for item in shape:
+            _point_at_relay(item, relayed)
+    elif isinstance(shape, dict):
+        config = relayed.get(shape["url"]) if isinstance(shape.get("url"), str) else None
+        if config is not None:
+            shape["url"], shape["token"] = config["url"], config["token"]
+            shape.pop("authentication", None)
+            return
+        for value in shape.values():
+            _point_at_relay(value, relayed)
 
 
 #: The methods whose request may carry a push-notification webhook (checked on every binding).

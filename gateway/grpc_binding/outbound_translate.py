@@ -17,7 +17,7 @@ handler to come here instead of taking the subscriber's HTTP way. Everything goe
   resolved address, TLS, message caps), with the request's ``tenant`` set to the one the
   agent's card names, the caller's headers as metadata under the header rules, the deadline of
   the timeout rules (a stream: the idle and stall timeouts), and the agent's concurrency cap
-  (counted per node, shared with passed-through calls).
+  (:mod:`gateway.grpc_binding.slots`: across the cluster, shared with passed-through calls).
 - **The answer.** The reply (or each stream message) becomes the caller's: a JSON-RPC result
   (1.0: ProtoJSON; 0.3: the 0.3 JSON) or SSE events; HTTP+JSON through
   :class:`gateway.rest_translate.RestTranslation`. The agent's gRPC status becomes the A2A
@@ -41,13 +41,13 @@ from typing import Any, Protocol
 import grpc
 import orjson
 from django.conf import settings
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.message import Message
 
-from gateway import errors, metrics
+from gateway import errors, metrics, push, tracing
 from gateway.agent_bindings import AgentBindings, bindings
 from gateway.cards import CardRewrite, rewrite_card
-from gateway.grpc_binding import passthrough
+from gateway.grpc_binding import passthrough, slots
 from gateway.grpc_binding.outbound_messages import (
     CODES_03,
     AgentMethod,
@@ -111,14 +111,24 @@ def _metadata(tags: dict[str, str], caller: str, passthrough_auth: bool,
 
 async def call_agent(answer: Answer, *, route: Any, agent: AgentBindings, method: CoreMethod,
                      request: Message, caller: str, tags: dict[str, str], timeout: float,
-                     started: float, request_bytes: int, receive: Receive | None) -> None:
+                     started: float, request_bytes: int, receive: Receive | None,
+                     binding: str, payload: dict[str, Any] | None = None) -> None:
     """Make the agent's gRPC call of ``request`` (on its 1.0 service when its card lists one,
-    else its 0.3 one) and answer the caller through ``answer``; metrics and the console's
-    recorder see it under the 1.0 method name. A stream's caller leaving (``receive`` answers
-    ``http.disconnect``) cancels the agent's call."""
+    else its 0.3 one) and answer the caller through ``answer``; metrics, the console's
+    recorder and tracing (the caller's ``binding``; ``payload``: a JSON-RPC request, what the
+    entry span reads the task and context ids from) see it under the 1.0 method name. A
+    stream's caller leaving (``receive`` answers ``http.disconnect``) cancels the agent's
+    call."""
     record = passthrough.CallRecord()
     agent_id = route.agent_id
     metrics.count_request(agent_id, method.name)
+    trace = None
+    if tracing.ENABLED:
+        trace = passthrough.start_trace(
+            agent_id=agent_id, method=method.name, binding=binding,
+            traceparent=tags.get("a2a_hdr_traceparent"),
+            tracestate=tags.get("a2a_hdr_tracestate"), payload=payload,
+            request_bytes=request_bytes, caller=caller, endpoint=route.endpoint)
     version = V03 if agent.grpc_v03 and not agent.grpc_v10 else V10
     try:
         target = agent_method(method, version, agent.grpc_tenant)
@@ -128,36 +138,44 @@ async def call_agent(answer: Answer, *, route: Any, agent: AgentBindings, method
                              f"{method.name} is not an A2A 0.3 method, and agent {agent_id} "
                              "serves the A2A 0.3 gRPC service", False)
         await answer.end()
-        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started)
+        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started,
+                                trace)
         return
     except TranslationError as exc:
         await _gateway_error(answer, record, errors.INVALID_REQUEST, str(exc), False)
         await answer.end()
-        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started)
+        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started,
+                                trace)
         return
-    if not passthrough.take_slot(agent_id, route.max_concurrency):
+    slot = await slots.take_slot(agent_id, route.max_concurrency)
+    if slot is None:
         metrics.count_busy(agent_id)
         await _gateway_error(answer, record, errors.BUSY, "", False)
         await answer.end()
-        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started)
+        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started,
+                                trace)
         return
     try:
         call = _call(answer, record, route, target, method.streaming, data, caller, tags,
-                     timeout)
+                     timeout, trace)
         if method.streaming and receive is not None:
             if not await _unless_gone(call, receive):
                 record.outcome = "client_disconnect"
                 return
         else:
             await call
+        # The agent is done with the call: its slot is free before the caller hears the
+        # answer, so the caller's next call never finds it still taken.
+        slots.release_slot(slot)
         await answer.end()
     except asyncio.CancelledError:
         if record.outcome in ("unknown", "ok"):
             record.outcome = "client_disconnect"
         raise
     finally:
-        passthrough.release_slot(agent_id)
-        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started)
+        slots.release_slot(slot)
+        passthrough.finish_call(record, agent_id, caller, method.name, request_bytes, started,
+                                trace)
 
 
 async def _unless_gone(call: Coroutine[Any, Any, None], receive: Receive) -> bool:
@@ -190,13 +208,15 @@ async def _gateway_error(answer: Answer, record: passthrough.CallRecord, kind: s
 
 async def _call(answer: Answer, record: passthrough.CallRecord, route: Any, target: AgentMethod,
                 streaming: bool, data: bytes, caller: str, tags: dict[str, str],
-                timeout: float) -> None:
+                timeout: float, trace: tracing.DirectCallTrace | None) -> None:
     address = route.endpoint
     channel, why = await passthrough.open_channel(address, timeout)
     if channel is None:
         await _gateway_error(answer, record, errors.UNREACHABLE, why, False)
         return
     metadata = _metadata(tags, caller, route.credential_passthrough, target.version)
+    if trace is not None:  # the agent's traceparent: the gateway's span of its call
+        metadata = trace.agent_metadata(metadata)
     record.started = True
     if streaming:
         await _stream(answer, record, channel, target, data, metadata)
@@ -359,7 +379,8 @@ async def answer_jsonrpc(send: Send, receive: Receive, *, route: Any, caller: st
     answer = JsonRpcAnswer(send, rpc_id, route.agent_id, call)
     await _call_bound(answer, route=route, method=call.method, request=call.request,
                       caller=caller, tags=tags, timeout=timeout, started=started,
-                      request_bytes=request_bytes, receive=receive)
+                      request_bytes=request_bytes, receive=receive, binding="JSONRPC",
+                      payload=payload)
 
 
 # --- the HTTP+JSON caller ----------------------------------------------------------------------
@@ -374,8 +395,10 @@ class RelayAnswer:
     with the call (HTTP+JSON; the gRPC call's handler finishes its own)."""
 
     def __init__(self, out: Any, agent_id: str, method: CoreMethod, *, version: str,
-                 finish: bool) -> None:
+                 finish: bool, caller: str = "") -> None:
         self.out = out
+        #: A gRPC caller: its relayed push configs shown back in config answers (its own).
+        self.caller = caller
         self.agent_id = agent_id
         self.method = method
         self.version = version  # the caller's protocol version
@@ -404,7 +427,10 @@ class RelayAnswer:
         if self.method.name == "GetExtendedAgentCard" and self.version != V10:
             message = card_03(message)  # a 0.3 caller's card (``v1/card``, GetAgentCard)
         try:
-            await self._answer("result", MessageToDict(message))
+            result = MessageToDict(message)
+            if self.caller and self.method.name in push.CONFIG_ANSWERS:
+                await push.shown(result, V10, self.agent_id, self.caller)
+            await self._answer("result", result)
         except Exception as exc:  # the SDK's conversions refuse in their own ways
             await self.gateway_error(errors.AGENT_ERROR,
                                      f"the agent's answer cannot be translated: {exc}"[:2000],
@@ -445,16 +471,20 @@ async def answer_rest(send: Any, receive: Receive, *, route: Any, caller: str,
     except TranslationError as exc:
         await send_error(send, errors.INVALID_REQUEST, route.agent_id, str(exc))
         return
-    refused = await check_webhook(call.method.name, MessageToDict(call.request))
+    params = MessageToDict(call.request)
+    refused = await check_webhook(call.method.name, params)
     if refused is not None:
         await send_error(send, errors.WEBHOOK_REFUSED, route.agent_id, refused)
         return
+    if params != MessageToDict(call.request):  # relayed: the configs point at the gateway
+        call.request.Clear()
+        ParseDict(params, call.request)
     answer = RelayAnswer(RestTranslation(call, V10, send, card=card), route.agent_id,
                          call.method, version=call.version, finish=True)
     # The caller's path tenant is the gateway's: the agent gets its card's.
     await _call_bound(answer, route=route, method=call.method, request=call.request,
                       caller=caller, tags=tags, timeout=timeout, started=started,
-                      request_bytes=len(body), receive=receive)
+                      request_bytes=len(body), receive=receive, binding="HTTP+JSON")
 
 
 async def send_error(send: Send, kind: str, agent_id: str, detail: str) -> None:
@@ -477,15 +507,17 @@ async def answer_grpc(out: Any, *, route: Any, caller: str, tags: dict[str, str]
     """Answer an admitted gRPC call (``out``: its :class:`~gateway.grpc_binding.calls.GrpcCall`,
     which the caller's handler finishes) of a protocol version the gRPC-only agent of ``route``
     does not serve itself: translated to the version it serves."""
-    answer = RelayAnswer(out, route.agent_id, method, version=version, finish=False)
+    answer = RelayAnswer(out, route.agent_id, method, version=version, finish=False,
+                         caller=caller)
     await _call_bound(answer, route=route, method=method, request=request, caller=caller,
                       tags=tags, timeout=timeout, started=started,
-                      request_bytes=request_bytes, receive=out.receive)
+                      request_bytes=request_bytes, receive=out.receive, binding="GRPC")
 
 
 async def _call_bound(answer: Answer, *, route: Any, method: CoreMethod, request: Message,
                       caller: str, tags: dict[str, str], timeout: float, started: float,
-                      request_bytes: int, receive: Receive) -> None:
+                      request_bytes: int, receive: Receive, binding: str,
+                      payload: dict[str, Any] | None = None) -> None:
     """:func:`call_agent` with the agent's bindings as its card has them (``unreachable``
     when the card cannot be read now)."""
     try:
@@ -496,4 +528,5 @@ async def _call_bound(answer: Answer, *, route: Any, method: CoreMethod, request
         return
     await call_agent(answer, route=route, agent=agent, method=method, request=request,
                      caller=caller, tags=tags, timeout=timeout, started=started,
-                     request_bytes=request_bytes, receive=receive)
+                     request_bytes=request_bytes, receive=receive, binding=binding,
+                     payload=payload)

@@ -25,8 +25,8 @@ reach the caller as the bytes the agent wrote, nothing re-encoded.
   checked address (the name stays the ``:authority`` and TLS name): a name re-pointed later is
   checked again with the next channel. ``grpcs://`` / ``https://`` targets use TLS
   (``A2A_OUTBOUND_CA_FILE`` as the trust roots when set).
-- **Bounds.** The agent's concurrency cap (``busy`` past it, counted on the node taking the
-  call: see below), the request capped at ``A2A_MAX_REQUEST_BYTES`` by the listener, each reply
+- **Bounds.** The agent's concurrency cap (``busy`` past it, counted across the cluster:
+  :mod:`.slots`), the request capped at ``A2A_MAX_REQUEST_BYTES`` by the listener, each reply
   message at ``A2A_MAX_RESPONSE_BYTES`` (``response_too_large``), the deadline of the timeout
   rules (what remains of the caller's, capped at ``A2A_MAX_TIMEOUT_SECONDS``, else
   ``A2A_DEFAULT_TIMEOUT_SECONDS``); a stream waits at most ``A2A_SSE_IDLE_TIMEOUT_SECONDS`` for
@@ -34,14 +34,18 @@ reach the caller as the bytes the agent wrote, nothing re-encoded.
   reading, the caller's own deadline if it set one; each stream's HTTP/2 receive window is
   ``A2A_SSE_BUFFER_BYTES`` (no BDP growth), what waits on this node for a caller that stopped
   reading.
+- **Tracing** (on): the entry span continues the caller's ``traceparent`` metadata and the
+  agent call's span under it replaces the ``traceparent``/``tracestate`` the agent gets
+  (:func:`start_trace`, ended with the call by :func:`finish_call`; docs/tracing.md).
 - **Executed.** A connect that fails (refused, unresolvable, a refused address, no connection
   within ``A2A_OUTBOUND_CONNECT_TIMEOUT_SECONDS``) is ``unreachable`` with executed false: no
   byte of the call was sent. Every later outcome counts as executed.
 
 Where it runs: on the node whose listener took the call, which connects to the agent itself (not
 through the owning node's virtual subscriber, which speaks HTTP): the agent's gRPC address must
-be reachable from every node, and the concurrency cap is counted per node for pass-through
-calls (beside the subscriber's count of the agent's HTTP calls).
+be reachable from every node. The agent's concurrency cap is not the subscriber's count: each
+call takes a slot of :mod:`.slots` (this node's count, and in distributed mode a lease in Redis
+that every node counts), beside the subscriber's count of the agent's HTTP calls.
 """
 
 from __future__ import annotations
@@ -59,7 +63,9 @@ from urllib.parse import urlsplit
 import grpc
 from django.conf import settings
 
-from gateway import errors, metrics, recorder
+from core import lifecycle as node_config
+from gateway import errors, metrics, recorder, tracing
+from gateway.grpc_binding import slots
 from gateway.headers import outbound_headers, relayed_response_headers, scan_request_headers
 from gateway.translation import CORE, V10
 from outbound import policy
@@ -199,7 +205,6 @@ class _Channel:
 
 _channels: collections.OrderedDict[str, _Channel] = collections.OrderedDict()
 _closing: set[asyncio.Task[None]] = set()
-_in_flight: dict[str, int] = {}
 
 
 def target_of(url: str) -> tuple[str, int, bool]:
@@ -333,47 +338,61 @@ async def forward(*, path: str, core_method: str, version: str, streaming: bool,
     flag in its trailers); the agent's own statuses are relayed as it answered them."""
     record = CallRecord()
     metrics.count_request(agent_id, core_method)
-    if not take_slot(agent_id, max_concurrency):
+    trace = None
+    if tracing.ENABLED:
+        metadata = context.invocation_metadata()
+        trace = start_trace(agent_id=agent_id, method=core_method, binding="GRPC",
+                            traceparent=metadata_value(metadata, "traceparent"),
+                            tracestate=metadata_value(metadata, "tracestate"), payload=None,
+                            request_bytes=len(data), caller=client_id, endpoint=target)
+    slot = await slots.take_slot(agent_id, max_concurrency)
+    if slot is None:
         metrics.count_busy(agent_id)
         await _gateway_error(record, fail, errors.BUSY, "", False)
-        finish_call(record, agent_id, client_id, core_method, len(data), started)
+        finish_call(record, agent_id, client_id, core_method, len(data), started, trace)
         return Passed(None)
     try:
         return await _forward(path, core_method, version, streaming, data, context, client_id,
-                              target, tenant, credential_passthrough, timeout, fail, record)
+                              target, tenant, credential_passthrough, timeout, fail, record,
+                              trace)
     except asyncio.CancelledError:
         if record.outcome in ("unknown", "ok"):
             record.outcome = "client_disconnect"
         raise
     finally:
-        release_slot(agent_id)
-        finish_call(record, agent_id, client_id, core_method, len(data), started)
+        slots.release_slot(slot)
+        finish_call(record, agent_id, client_id, core_method, len(data), started, trace)
 
 
-def take_slot(agent_id: str, max_concurrency: int) -> bool:
-    """Take one of the agent's ``max_concurrency`` slots for a call this node makes to its
-    gRPC server (passed through, or translated: :mod:`.outbound_translate`); False when all
-    are taken (``busy``). Every slot taken is given back with :func:`release_slot`."""
-    if _in_flight.get(agent_id, 0) >= max_concurrency:
-        return False
-    _in_flight[agent_id] = _in_flight.get(agent_id, 0) + 1
-    return True
+def metadata_value(metadata: Sequence[tuple[str, str | bytes]] | None, name: str) -> str | None:
+    """The text value of the caller's metadata entry ``name`` (None when it sent none)."""
+    for key, value in metadata or ():
+        if key.lower() == name and isinstance(value, str):
+            return value
+    return None
 
 
-def release_slot(agent_id: str) -> None:
-    left = _in_flight.get(agent_id, 1) - 1
-    if left > 0:
-        _in_flight[agent_id] = left
-    else:
-        _in_flight.pop(agent_id, None)
+def start_trace(*, agent_id: str, method: str, binding: str, traceparent: str | None,
+                tracestate: str | None, payload: dict[str, Any] | None, request_bytes: int,
+                caller: str, endpoint: str) -> tracing.DirectCallTrace:
+    """The spans of a call this node makes to the agent's gRPC server itself (tracing on):
+    :func:`gateway.tracing.start_direct_call` on this node."""
+    return tracing.start_direct_call(
+        agent_id=agent_id, method=method, binding=binding, traceparent=traceparent,
+        tracestate=tracestate, payload=payload, request_bytes=request_bytes, caller=caller,
+        node_id=node_config.node_id(), endpoint=endpoint)
 
 
 def finish_call(record: CallRecord, agent_id: str, caller: str, method: str, size: int,
-                started: float) -> None:
-    """The call's latency into the metrics and the call into the console's recorder."""
+                started: float, trace: tracing.DirectCallTrace | None = None) -> None:
+    """The call's latency into the metrics, the call into the console's recorder, and its
+    spans ended (tracing on)."""
     seconds = time.perf_counter() - started
     metrics.observe_latency(agent_id, record.outcome, seconds)
     recorder.record(agent_id, caller, method, record, size, seconds)
+    if trace is not None:
+        trace.end(record.outcome, executed=record.started, status=record.status,
+                  response_bytes=record.nbytes)
 
 
 async def open_channel(target: str, timeout: float) -> tuple[grpc.aio.Channel | None, str]:
@@ -416,7 +435,7 @@ async def _gateway_error(record: CallRecord, fail: Fail, kind: str, detail: str,
 async def _forward(path: str, core_method: str, version: str, streaming: bool, data: bytes,
                    context: Any, client_id: str, target: str, tenant: str,
                    credential_passthrough: bool, timeout: float, fail: Fail,
-                   record: CallRecord) -> Passed:
+                   record: CallRecord, trace: tracing.DirectCallTrace | None) -> Passed:
     channel, why = await open_channel(target, timeout)
     if channel is None:
         return await _gateway_error(record, fail, errors.UNREACHABLE, why, False)
@@ -424,6 +443,8 @@ async def _forward(path: str, core_method: str, version: str, streaming: bool, d
         data = with_tenant(data, core_method, tenant)
     metadata = agent_metadata(context.invocation_metadata(), client_id,
                               passthrough=credential_passthrough)
+    if trace is not None:  # the agent's traceparent: the gateway's span of its call
+        metadata = trace.agent_metadata(metadata)
     record.started = True
     if streaming:
         return await _stream(channel, path, data, metadata, context, credential_passthrough,

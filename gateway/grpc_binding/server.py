@@ -108,9 +108,10 @@ async def stop() -> None:
         if stopping is not None:
             await stopping
     finally:
-        from gateway.grpc_binding import passthrough
+        from gateway.grpc_binding import passthrough, slots
 
         await passthrough.close_channels()
+        await slots.close()
         _server, _loop, _stopping = None, None, None
         node_config.grpc_listening(None)
         logger.info("gRPC listener stopped")
