@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
+from registry.ids import gateway_path
+
 A2A_CARD_TYPE = "application/a2a-agent-card+json"
 REGISTRY_TYPE = "application/ai-registry+json"
 CATALOG_TYPE = "application/ai-catalog+json"
@@ -106,8 +108,9 @@ def registry_entry(base_url: str) -> dict[str, Any]:
 
 
 def card_url(base_url: str, agent_id: str) -> str:
-    """The gateway's rewritten card for the agent (its endpoints point at the gateway)."""
-    return f"{base_url}/a2a/{agent_id}/.well-known/agent-card.json"
+    """The gateway's rewritten card for the agent (its endpoints point at the gateway;
+    ``agent_id``: its routing key, registry.ids.agent_key)."""
+    return f"{base_url}{gateway_path(agent_id)}.well-known/agent-card.json"
 
 
 def _strings(values: Any) -> list[str]:

@@ -28,14 +28,18 @@ from ard.documents import build_document
 from ard.models import AgentDoc
 from core import outage
 from registry.events import AgentEvent
+from registry.ids import split_agent_key
 from registry.models import Agent
 from registry.rows import insert_rows
+from registry.selectors import shared_tenants
 
 logger = logging.getLogger(__name__)
 
 BATCH = 500
 _AGENT_FIELDS = (
     "pk",
+    "tenant",
+    "visibility",
     "agent_id",
     "name",
     "description",
@@ -88,7 +92,7 @@ def _written(rows: list[dict], agent_ids: list[str], deferred: bool) -> None:
 
 def _doc_fields(agent: Agent, updated_at) -> dict:
     doc = build_document(
-        agent_id=agent.agent_id,
+        agent_id=agent.key,
         card=agent.card if isinstance(agent.card, dict) else {},
         name=agent.name,
         description=agent.description,
@@ -101,7 +105,19 @@ def _doc_fields(agent: Agent, updated_at) -> dict:
         "registry_agent_id": agent.pk,
         "public": agent.public,
         "active": agent.is_routable,
+        "reach": reach_index(agent),
     }
+
+
+def reach_index(agent: Agent) -> str:
+    """Which tenants' callers may find the agent (docs/tenants.md): ``|*|`` published to
+    every tenant, else ``|tenant|`` and the tenants it is shared with."""
+    if agent.visibility == Agent.Visibility.PUBLIC:
+        return "|*|"
+    tenants = [str(agent.tenant_id)]
+    if agent.visibility == Agent.Visibility.SHARED and agent.pk is not None:
+        tenants += shared_tenants(agent_pks=[agent.pk]).get(agent.pk, ())
+    return "|" + "|".join(tenants) + "|"
 
 
 def index_agent(*, agent_id: str, force: bool = False, new: bool = False,
@@ -109,8 +125,10 @@ def index_agent(*, agent_id: str, force: bool = False, new: bool = False,
     """(Re)index one agent from the registry; drop its document when the agent is gone.
     ``new``: the agent was just registered (no up-to-date document to compare): write at once.
     ``agent``: the row as the registration that announced it committed it (no read back)."""
-    if agent is None or agent.agent_id != agent_id:
-        agent = Agent.objects.filter(agent_id=agent_id).only(*_AGENT_FIELDS).first()
+    if agent is None or agent.key != agent_id:
+        tenant, bare = split_agent_key(agent_id)  # the routing key (registry.ids.agent_key)
+        agent = Agent.objects.filter(tenant_id=tenant, agent_id=bare).only(
+            *_AGENT_FIELDS).first()
     if agent is None:
         _delete(AgentDoc.objects.filter(agent_id=agent_id))
         return None
@@ -118,7 +136,8 @@ def index_agent(*, agent_id: str, force: bool = False, new: bool = False,
         return _upsert(agent)
     doc = (
         AgentDoc.objects.filter(agent_id=agent_id)
-        .only("pk", "card_sha256", "registry_agent_id", "public", "active", "embedding_model")
+        .only("pk", "card_sha256", "registry_agent_id", "public", "active", "embedding_model",
+              "reach")
         .first()
     )
     if (
@@ -129,9 +148,10 @@ def index_agent(*, agent_id: str, force: bool = False, new: bool = False,
         and doc.embedding_model == _current_model()
     ):
         # Same card, same row: only the flags may have moved (a lease renewal, a PATCH).
-        if (doc.public, doc.active) != (agent.public, agent.is_routable):
-            doc.public, doc.active = agent.public, agent.is_routable
-            doc.save(update_fields=["public", "active"])
+        reach = reach_index(agent)
+        if (doc.public, doc.active, doc.reach) != (agent.public, agent.is_routable, reach):
+            doc.public, doc.active, doc.reach = agent.public, agent.is_routable, reach
+            doc.save(update_fields=["public", "active", "reach"])
         return doc
     return _upsert(agent)
 
@@ -140,7 +160,7 @@ def _upsert(agent: Agent) -> AgentDoc:
     """Write ``agent``'s document in one statement (INSERT ... ON CONFLICT DO UPDATE)."""
     fields = _doc_fields(agent, timezone.now())
     deferred = _embed([fields])
-    doc = AgentDoc(agent_id=agent.agent_id, **fields)
+    doc = AgentDoc(agent_id=agent.key, **fields)
     meta = AgentDoc._meta
     # QuerySet._insert is bulk_create's own statement, without its BEGIN/COMMIT around it.
     AgentDoc.objects._insert(  # type: ignore[attr-defined]  # private QuerySet API
@@ -150,7 +170,7 @@ def _upsert(agent: Agent) -> AgentDoc:
         update_fields=[meta.get_field(name) for name in fields],
         unique_fields=[meta.get_field("agent_id")],
     )
-    _written([fields], [agent.agent_id], deferred)
+    _written([fields], [agent.key], deferred)
     return doc
 
 
@@ -159,7 +179,7 @@ def _upsert_many(agents: list[Agent]) -> None:
     now = timezone.now()
     rows = [_doc_fields(agent, now) for agent in agents]
     deferred = _embed(rows)
-    docs = [AgentDoc(agent_id=agent.agent_id, **row)
+    docs = [AgentDoc(agent_id=agent.key, **row)
             for agent, row in zip(agents, rows, strict=True)]
     quote = connection.ops.quote_name
     meta = AgentDoc._meta
@@ -168,7 +188,7 @@ def _upsert_many(agents: list[Agent]) -> None:
     insert_rows(AgentDoc, docs,
                 suffix=f"ON CONFLICT ({quote(meta.get_field('agent_id').column)}) "  # type: ignore[arg-type]  # a concrete field
                        f"DO UPDATE SET {updates}")
-    _written(rows, [agent.agent_id for agent in agents], deferred)
+    _written(rows, [agent.key for agent in agents], deferred)
 
 
 def _upsert_or_each(agents: list[Agent]) -> int:
@@ -186,12 +206,12 @@ def _upsert_or_each(agents: list[Agent]) -> int:
     written = 0
     for agent in agents:
         try:
-            index_agent(agent_id=agent.agent_id, new=True, agent=agent)
+            index_agent(agent_id=agent.key, new=True, agent=agent)
             written += 1
         except DatabaseError as exc:
             if outage.is_database_outage(exc):
                 raise
-            logger.exception("indexing %s failed", agent.agent_id)
+            logger.exception("indexing %s failed", agent.key)
     return written
 
 
@@ -200,7 +220,7 @@ def on_registry_events(events: list[AgentEvent]) -> None:
     handed to the deferred writer (or, when it is full or ``ARD_INDEX_DEFERRED`` is off,
     written here in one upsert); the other events one by one."""
     new = [e for e in events if e.kind == "registered" and e.agent is not None
-           and e.agent.agent_id == e.agent_id]
+           and e.agent.key == e.agent_id]
     if len({e.agent_id for e in new}) != len(new):
         new = []  # one id twice: an upsert cannot write a row twice
     if new and any(_writer.deferred(e.agent_id) for e in new):
@@ -250,10 +270,10 @@ def index_rebuild(*, force: bool = True) -> dict[str, int]:
     qs = Agent.objects.only(*_AGENT_FIELDS).order_by("pk")
     batch: list[AgentDoc] = []
     for agent in qs.iterator(chunk_size=BATCH):
-        ids.add(agent.agent_id)
-        if not force and existing.get(agent.agent_id) == (agent.card_sha256, model):
+        ids.add(agent.key)
+        if not force and existing.get(agent.key) == (agent.card_sha256, model):
             continue
-        batch.append(AgentDoc(agent_id=agent.agent_id, **_doc_fields(agent, now)))
+        batch.append(AgentDoc(agent_id=agent.key, **_doc_fields(agent, now)))
         if len(batch) >= BATCH:
             written += _write(batch)
             batch = []
@@ -326,7 +346,7 @@ class DeferredWriter:
             for agent, size in zip(agents, sizes, strict=True):
                 self._queued += 1
                 self._queue.append((self._queued, agent, size))
-                self._ids[agent.agent_id] += 1
+                self._ids[agent.key] += 1
             self._bytes += sum(sizes)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="ard-index-writer",
@@ -365,15 +385,15 @@ class DeferredWriter:
             finally:
                 with self._cond:
                     for _, agent, size in batch:
-                        self._ids[agent.agent_id] -= 1
-                        if not self._ids[agent.agent_id]:
-                            del self._ids[agent.agent_id]
+                        self._ids[agent.key] -= 1
+                        if not self._ids[agent.key]:
+                            del self._ids[agent.key]
                         self._bytes -= size
                     self._done = batch[-1][0]
                     self._cond.notify_all()
 
     def _write(self, agents: list[Agent]) -> None:
-        latest = list({agent.agent_id: agent for agent in agents}.values())  # the last one wins
+        latest = list({agent.key: agent for agent in agents}.values())  # the last one wins
         for pause in (*self.retry_seconds, None):
             close_old_connections()
             try:

@@ -21,7 +21,9 @@ class AgentDoc(models.Model):
         db_constraint=False,
         related_name="ard_doc",
     )
-    agent_id = models.CharField(max_length=63, unique=True)
+    # The agent's routing key (registry.ids.agent_key: ``tenant.agent_id`` outside the
+    # default tenant).
+    agent_id = models.CharField(max_length=104, unique=True)
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
     skill_names = models.TextField(blank=True)
@@ -38,6 +40,9 @@ class AgentDoc(models.Model):
     # ``active`` is off from the agent's ``expired`` event until it registers again.
     public = models.BooleanField(default=False)
     active = models.BooleanField(default=True)
+    # Which tenants' callers may find it (docs/tenants.md, ``ard.indexer.reach_index``):
+    # ``|*|`` every tenant, else ``|tenant|shared|...|``.
+    reach = models.TextField(default="|default|")
     # The document's text embedded by ``embedding_model`` (float16 bytes, ard.embeddings), written
     # with the document; the node's in-process index (ard.vectors) is loaded from these.
     embedding = models.BinaryField(null=True, blank=True, editable=False)

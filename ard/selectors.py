@@ -27,6 +27,7 @@ from ard.query import (
     parse_time,
 )
 from ard.ranking import get_ranker
+from registry.ids import DEFAULT_TENANT
 from registry.models import Agent
 from registry.permissions import SCOPE_CALL, Actor
 
@@ -34,25 +35,35 @@ CHUNK = 1000
 
 
 def actor_key(actor: Actor | None) -> str:
-    """Which tier a caller is in, as a short string: page tokens and caches are per tier."""
+    """Which tier a caller is in, as a short string: page tokens and caches are per tier (and
+    per tenant, docs/tenants.md: ``...@tenant``; a platform admin's tier is every tenant's)."""
     if actor is None:
         return "public"
-    if actor.is_admin or (actor.has_scope(SCOPE_CALL) and not actor.allowed_agents):
+    if actor.is_platform_admin:
         return "all"
+    at = "" if actor.tenant == DEFAULT_TENANT else f"@{actor.tenant}"
+    if actor.is_admin or (actor.has_scope(SCOPE_CALL) and not actor.allowed_agents):
+        return "tenant" + at
     if actor.has_scope(SCOPE_CALL):
-        ids = ",".join(sorted(actor.allowed_agents))
-        return "some:" + hashlib.sha256(ids.encode()).hexdigest()[:12]
-    return "public"
+        ids = ",".join(sorted(actor.allowed_keys))
+        return "some:" + hashlib.sha256(ids.encode()).hexdigest()[:12] + at
+    return "public" + at
 
 
 def visible_docs(actor: Actor | None) -> QuerySet[AgentDoc]:
-    """Documents of routable agents this caller may see (this table only: no join)."""
+    """Documents of routable agents this caller may see (this table only: no join): within
+    its tenant's reach (docs/tenants.md; anonymous callers are the default tenant's), then
+    its tier."""
     qs = AgentDoc.objects.filter(active=True)
     key = actor_key(actor)
     if key == "all":
         return qs
+    tenant = actor.tenant if actor is not None else DEFAULT_TENANT
+    qs = qs.filter(Q(reach__contains=f"|{tenant}|") | Q(reach__contains="|*|"))
+    if key.startswith("tenant"):
+        return qs
     if key.startswith("some:"):
-        allowed = sorted(actor.allowed_agents)  # type: ignore[union-attr]  # a "some:" key has an actor
+        allowed = sorted(actor.allowed_keys)  # type: ignore[union-attr]  # a "some:" key has an actor
         return qs.filter(Q(public=True) | Q(agent_id__in=allowed))
     return qs.filter(public=True)
 

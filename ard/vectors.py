@@ -18,6 +18,7 @@ Memory: ``4 x dim`` bytes per document for the matrix plus 8 for its id (128 dim
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from datetime import datetime, timedelta
@@ -296,6 +297,7 @@ class EmbedWriter:
         self._queued = 0  # handed over so far
         self._done = 0  # embedded (or given up) so far
         self._thread: threading.Thread | None = None
+        self._stopping = False
         self.written = 0
 
     def submit(self, items: list[tuple[str, str]]) -> bool:
@@ -310,6 +312,7 @@ class EmbedWriter:
                     self._queued += 1
                 self._pending[agent_id] = sha
             if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
                 self._thread = threading.Thread(target=self._run, name="ard-embedder",
                                                 daemon=True)
                 self._thread.start()
@@ -327,12 +330,28 @@ class EmbedWriter:
             return self._cond.wait_for(lambda: self._done >= target,
                                        SETTLE_TIMEOUT_SECONDS if timeout is None else timeout)
 
+    def stop(self, timeout: float = SETTLE_TIMEOUT_SECONDS) -> bool:
+        """Embed what was handed over (waiting at most ``timeout``), then end the thread; False
+        when it was still embedding at the deadline (the repair job embeds the rest). Run at
+        process exit: a daemon thread still inside the model's native code when the interpreter
+        finalizes aborts the whole process (glibc's "FATAL: exception not rethrown")."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
     def _run(self) -> None:
         from django.db import close_old_connections, connection
 
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending)
+                self._cond.wait_for(lambda: self._pending or self._stopping)
+                if not self._pending:
+                    return  # stopping, nothing left
                 batch = dict(list(self._pending.items())[:EMBED_BATCH])
             try:
                 close_old_connections()
@@ -379,6 +398,7 @@ class EmbedWriter:
 
 
 _writer = EmbedWriter()
+atexit.register(_writer.stop)  # after the indexer's own exit hook, which may hand some over
 
 
 def embed_writer() -> EmbedWriter:

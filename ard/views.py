@@ -31,7 +31,8 @@ from django.views.decorators.csrf import csrf_exempt
 from ard import catalog, documents, indexer, query, selectors
 from ard.query import ArdError
 from core import threads
-from registry.permissions import Actor, staff_actor
+from registry.permissions import Actor
+from registry.staff import user_actor
 from registry.token_cache import AuthFailed, shared_token_cache
 
 logger = logging.getLogger(__name__)
@@ -71,9 +72,7 @@ def request_tier(request: HttpRequest) -> Actor | None:
             raise ArdError(401, "UNAUTHENTICATED", "invalid or revoked token")
         return actor
     user = getattr(request, "user", None)
-    if user is not None and user.is_authenticated and user.is_staff:
-        return staff_actor(user.get_username())
-    return None
+    return user_actor(user)
 
 
 def ard_view(methods: tuple[str, ...]) -> Callable:

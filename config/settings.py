@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "channels",
     "registry",
+    "push",
     "gateway",
     "discovery",
     "ard",
@@ -160,6 +161,37 @@ else:
         }
     }
 
+# --- push notifications relayed by the gateway (push/, docs/push.md) -------------------------
+# Relay mode: callers' webhooks kept by the gateway, agents given a gateway URL. On by default
+# in distributed mode; an agent's push_relay (API, admin) overrides it.
+A2A_PUSH_RELAY = env_bool("A2A_PUSH_RELAY", not EMBEDDED)
+# The base URL agents reach this node's /push/ at ("": A2A_PUBLIC_BASE_URL, else the caller's).
+A2A_PUSH_RELAY_BASE_URL = (env_str("A2A_PUSH_RELAY_BASE_URL") or "").rstrip("/")
+A2A_PUSH_MAX_BYTES = env_int("A2A_PUSH_MAX_BYTES", 256 * 1024, minimum=1024)
+A2A_PUSH_RATE_PER_SECOND = env_float("A2A_PUSH_RATE_PER_SECOND", 50.0, minimum=0.01)
+A2A_PUSH_RATE_BURST = env_int("A2A_PUSH_RATE_BURST", 100, minimum=1)
+A2A_PUSH_MAX_ATTEMPTS = env_int("A2A_PUSH_MAX_ATTEMPTS", 8, minimum=1)
+A2A_PUSH_BACKOFF_SECONDS = env_float("A2A_PUSH_BACKOFF_SECONDS", 2.0, minimum=0.001)
+A2A_PUSH_BACKOFF_MAX_SECONDS = env_float("A2A_PUSH_BACKOFF_MAX_SECONDS", 600.0, minimum=0.001)
+A2A_PUSH_TIMEOUT_SECONDS = env_float("A2A_PUSH_TIMEOUT_SECONDS", 10.0, minimum=0.05)
+# How long past an attempt's deadline its claim lasts (the database write after it included):
+# a deliverer that died mid-attempt has its push tried again after deadline + this.
+A2A_PUSH_CLAIM_MARGIN_SECONDS = env_float("A2A_PUSH_CLAIM_MARGIN_SECONDS", 30.0, minimum=1.0)
+A2A_PUSH_MAX_RESPONSE_BYTES = env_int("A2A_PUSH_MAX_RESPONSE_BYTES", 64 * 1024, minimum=0)
+# celery: workers deliver (distributed default); inprocess: the serving node's own threads.
+A2A_PUSH_DELIVERY = env_choice("A2A_PUSH_DELIVERY", "inprocess" if EMBEDDED else "celery",
+                               ("celery", "inprocess"))
+A2A_PUSH_DELIVERY_THREADS = env_int("A2A_PUSH_DELIVERY_THREADS", 4, minimum=1)
+A2A_PUSH_SWEEP_SECONDS = env_float("A2A_PUSH_SWEEP_SECONDS", 2.0, minimum=0.01)
+A2A_PUSH_RETENTION_SECONDS = env_float("A2A_PUSH_RETENTION_SECONDS", 86400.0, minimum=1)
+# Relayed configs with nothing open or dead: purged this long after their last push (or their
+# creation), and A2A_PUSH_RETENTION_SECONDS after their task was seen done.
+A2A_PUSH_CONFIG_RETENTION_SECONDS = env_float("A2A_PUSH_CONFIG_RETENTION_SECONDS", 604800.0,
+                                              minimum=1)
+# PEM private keys (EC P-256 or Ed25519), comma-separated: the first signs, all are published
+# at /.well-known/jwks.json. Empty: an Ed25519 key derived from SECRET_KEY.
+A2A_PUSH_SIGNING_KEY_FILES = env_list("A2A_PUSH_SIGNING_KEY_FILES")
+
 # --- Celery ----------------------------------------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
@@ -178,7 +210,7 @@ ARD_INDEX_REPAIR_SECONDS = env_float("ARD_INDEX_REPAIR_SECONDS", 300.0, minimum=
 # Beat entries every serving node runs itself in distributed mode, under a cluster-wide lock
 # (node.periodic): expiry and node-death recovery need no single beat process. Empty: beat only.
 A2A_NODE_PERIODIC_TASKS = env_list("A2A_NODE_PERIODIC_TASKS",
-                                   ["registry-expire-agents", "ard-index-repair"])
+                                   ["registry-expire-agents", "ard-index-repair", "push-sweep"])
 # Every entry expires within its interval so a backlog never piles up.
 CELERY_BEAT_SCHEDULE = {
     "registry-expire-agents": {
@@ -196,6 +228,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "ard.tasks.index_repair_task",
         "schedule": timedelta(seconds=ARD_INDEX_REPAIR_SECONDS),
         "options": {"expires": ARD_INDEX_REPAIR_SECONDS},
+    },
+    # Celery delivery: enqueues the due pushes (retries, lost messages); inprocess: a no-op
+    # (the node's own sweeper, push.worker, does it).
+    "push-sweep": {
+        "task": "push.tasks.sweep_task",
+        "schedule": timedelta(seconds=A2A_PUSH_SWEEP_SECONDS),
+        "options": {"expires": A2A_PUSH_SWEEP_SECONDS},
     },
 }
 
@@ -306,6 +345,13 @@ OTEL_TRACES_EXPORTER = (env_str("OTEL_TRACES_EXPORTER", "") or "otlp").strip().l
 OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "") or "a2a-registry"
 A2A_RATE_LIMIT_PER_SECOND = env_float("A2A_RATE_LIMIT_PER_SECOND", 0)  # 0: off
 A2A_RATE_LIMIT_BURST = env_int("A2A_RATE_LIMIT_BURST", 0)
+# Tenant rate quotas (docs/tenants.md "Quotas"): the window of max_registrations_per_minute
+# (60: a minute; tests shorten it), and how often a gateway node re-reads the tenants' call and
+# stream quotas in the background (a change in the admin applies within it).
+A2A_TENANT_REGISTRATION_WINDOW_SECONDS = env_float(
+    "A2A_TENANT_REGISTRATION_WINDOW_SECONDS", 60.0, minimum=0.1)
+A2A_TENANT_QUOTAS_REFRESH_SECONDS = env_float("A2A_TENANT_QUOTAS_REFRESH_SECONDS", 5.0,
+                                              minimum=0.1)
 A2A_AUTH_CACHE_SECONDS = env_float("A2A_AUTH_CACHE_SECONDS", 10)
 # Verified tokens keep working this long after their last successful check while the database
 # cannot be reached (revocations are honoured again as soon as it answers).

@@ -13,6 +13,7 @@ from drf_spectacular.views import (
 
 from ard import views as ard_views
 from node import views
+from push import ingress as push_ingress
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -35,6 +36,9 @@ urlpatterns = [
     path("healthz", views.healthz),
     path("readyz", views.readyz),
     path(".well-known/ai-catalog.json", ard_views.ai_catalog),
+    # Push notifications relayed by the gateway (docs/push.md).
+    path("push/<str:relay_id>", push_ingress.push_view, name="push-ingress"),
+    path(".well-known/jwks.json", push_ingress.jwks_view, name="push-jwks"),
     path("ard/v1/", include("ard.urls")),
     path("", include("registry.kubemq_urls")),
 ]

@@ -5,34 +5,12 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin
-from django.utils import timezone
-from django.utils.html import format_html
 
+from console import tenant_admin  # noqa: F401  (registers the Tenants page)
+from console.filters import TextFilter, short_time
 from console.models import CallRecord, RegistryChange
 from console.site import ReadOnlyAdmin
-
-
-class TextFilter(admin.SimpleListFilter):
-    """A filter typed as text (exact match), for columns with too many values to list."""
-
-    template = "console/text_filter.html"
-    field = ""
-
-    def lookups(self, request, model_admin):
-        return ()
-
-    def has_output(self) -> bool:
-        return True
-
-    def queryset(self, request, queryset):
-        value = (self.value() or "").strip()
-        return queryset.filter(**{self.field: value}) if value else queryset
-
-    def choices(self, changelist):
-        # The other active filters, kept as hidden inputs when this one is submitted.
-        params = changelist.get_filters_params()
-        params.pop(self.parameter_name, None)
-        yield {"value": self.value() or "", "params": params}
+from console.tenancy import TenantScopedAdmin
 
 
 class AgentFilter(TextFilter):
@@ -43,16 +21,8 @@ class CallerFilter(TextFilter):
     title, parameter_name, field = "caller", "caller", "caller"
 
 
-def short_time(at):
-    """Month, day and time to the second (the full date-time in its title): the stock
-    "Dec. 2, 2026, 5:17 p.m." takes a column's width and hides the second."""
-    at = timezone.localtime(at)
-    return format_html('<span title="{}">{}</span>', at.isoformat(),
-                       at.strftime("%m-%d %H:%M:%S"))
-
-
 @admin.register(CallRecord)
-class CallRecordAdmin(ReadOnlyAdmin):
+class CallRecordAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     class Media:
         css = {"all": ("console/console.css",)}  # list layout
 
@@ -86,7 +56,7 @@ class CallRecordAdmin(ReadOnlyAdmin):
 
 
 @admin.register(RegistryChange)
-class RegistryChangeAdmin(ReadOnlyAdmin):
+class RegistryChangeAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     class Media:
         css = {"all": ("console/console.css",)}  # list layout
 
@@ -116,5 +86,12 @@ if settings.EMBEDDED:
             admin.site.unregister(_model)
 
 
-# The registry's models in the console: agents (and their card versions), clients, nodes.
-from console import agent_admin, client_admin, node_admin  # noqa: E402, F401
+# The registry's models in the console: agents (and their card versions), clients, nodes; the
+# push deliveries and relayed configs; discovery's rows per tenant.
+from console import (  # noqa: E402, F401
+    agent_admin,
+    client_admin,
+    discovery_admin,
+    node_admin,
+    push_admin,
+)

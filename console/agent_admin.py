@@ -25,7 +25,18 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ORDER_VAR, ChangeList
-from django.db.models import IntegerField, OuterRef, Subquery, Sum
+from django.db.models import (
+    Case,
+    CharField,
+    F,
+    IntegerField,
+    OuterRef,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Concat
 from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -39,16 +50,24 @@ from console.charts import bar_chart
 from console.models import AgentMinute
 from console.selectors import EXPIRING_SECONDS, RECENT_WINDOW_MINUTES, agent_stats
 from console.templatetags.console import ago_html
+from console.tenancy import AgentKeyColumn, TenantScopedAdmin, admin_tenant, console_actor, scope
 from registry import events, selectors, services
+from registry.ids import (
+    DEFAULT_TENANT,
+    TENANT_SEPARATOR,
+    agent_key,
+    gateway_path,
+    split_agent_key,
+)
 from registry.models import Agent, CardVersion, Node
-from registry.permissions import Actor, PermissionDenied, staff_actor
+from registry.permissions import Actor, PermissionDenied
 
 #: The agent list's traffic columns cover this many minutes.
 LIST_WINDOW_MINUTES = RECENT_WINDOW_MINUTES
 
 
 def _actor(request: HttpRequest) -> Actor:
-    return staff_actor(request.user.get_username())
+    return console_actor(request)
 
 
 def _pretty_json(raw: str | None, fallback: Any = None) -> str:
@@ -112,7 +131,7 @@ class AgentChangeForm(forms.ModelForm):
 
     class Meta:
         model = Agent
-        fields = ("ttl_seconds", "max_concurrency", "public")
+        fields = ("ttl_seconds", "max_concurrency", "public", "push_relay")
 
 
 class RegisterByUrlForm(forms.Form):
@@ -218,7 +237,8 @@ class AgentChangeList(ChangeList):
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(AgentKeyColumn, TenantScopedAdmin, admin.ModelAdmin):
+    movable = True
     class Media:
         css = {"all": ("console/console.css",)}  # list layout
 
@@ -226,7 +246,7 @@ class AgentAdmin(admin.ModelAdmin):
     change_form_template = "console/agent_change_form.html"
     # One line per column: other features add theirs here.
     list_display = (
-        "agent_id",
+        "agent_key",
         "name",
         "status_display",
         "seen",
@@ -238,7 +258,7 @@ class AgentAdmin(admin.ModelAdmin):
         "max_concurrency",
         "origin",
     )
-    list_select_related = ("owner",)
+    list_select_related = ("owner", "tenant")
     list_filter = ("status", "source", NodeListFilter, "public")
     search_fields = ("agent_id", "name", "description", "tags_index")
     ordering = ("agent_id",)
@@ -248,14 +268,14 @@ class AgentAdmin(admin.ModelAdmin):
     actions = ("extend_ttl", "deregister")
     inlines = (CardVersionInline,)
     readonly_fields = (
-        "agent_id", "name", "description", "url", "http_json_url", "status_display", "source",
-        "owner_display", "node_id", "registered_at", "seen", "expires", "skill_tags", "card_shape",
-        "card_sha256", "raw_card_link", "card_pretty",
+        "agent_id", "tenant", "visibility", "name", "description", "url", "http_json_url",
+        "status_display", "source", "owner_display", "node_id", "registered_at", "seen",
+        "expires", "skill_tags", "card_shape", "card_sha256", "raw_card_link", "card_pretty",
     )
     fieldsets = (
         (None, {"fields": (
-            "agent_id", "name", "description", "url", "http_json_url", "source",
-            "owner_display", "public",
+            "agent_id", "tenant", "visibility", "name", "description", "url", "http_json_url",
+            "source", "owner_display", "public", "push_relay",
         )}),
         ("Lease", {"fields": (
             "status_display", "ttl_seconds", "max_concurrency", "node_id", "registered_at",
@@ -279,10 +299,14 @@ class AgentAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         since = timezone.now() - timedelta(minutes=LIST_WINDOW_MINUTES)
         window = AgentMinute.objects.filter(
-            agent_id=OuterRef("agent_id"), minute__gte=since.replace(second=0, microsecond=0)
+            agent_id=OuterRef("_key"), minute__gte=since.replace(second=0, microsecond=0)
         ).order_by()
         per_agent = window.values("agent_id")
-        return super().get_queryset(request).annotate(
+        # Statistics are keyed by the routing key (registry.ids.agent_key).
+        key = Case(When(tenant_id=DEFAULT_TENANT, then=F("agent_id")),
+                   default=Concat(F("tenant_id"), Value(TENANT_SEPARATOR), F("agent_id")),
+                   output_field=CharField())
+        return super().get_queryset(request).annotate(_key=key).annotate(
             _requests=Subquery(per_agent.annotate(n=Sum("requests")).values("n"),
                                output_field=IntegerField()),
             _errors=Subquery(
@@ -355,7 +379,7 @@ class AgentAdmin(admin.ModelAdmin):
 
     @admin.display(description="raw card")
     def raw_card_link(self, agent: Agent):
-        url = reverse("agent-card", kwargs={"agent_id": agent.agent_id})
+        url = reverse("agent-card", kwargs={"agent_id": agent.key})
         return format_html('<a href="{}">{}</a>', url, url)
 
     # -- pages --
@@ -382,22 +406,25 @@ class AgentAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(reverse("admin:registry_agent_change", args=[agent.pk]))
 
     def by_id_view(self, request, agent_id: str):
-        agent = get_object_or_404(Agent, agent_id=agent_id)
+        tenant, bare = split_agent_key(agent_id)  # a routing key
+        agent = get_object_or_404(scope(Agent.objects.all(), admin_tenant(request)),
+                                  tenant_id=tenant, agent_id=bare)
         return self._back(agent)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        agent = Agent.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        agent = (scope(Agent.objects.filter(pk=object_id), admin_tenant(request)).first()
+                 if object_id.isdigit() else None)
         context = dict(extra_context or {})
         if agent is not None:
             hours = settings.A2A_STATS_RETENTION_HOURS
             now = timezone.now()
-            recent = agent_stats(agent_id=agent.agent_id,
+            recent = agent_stats(agent_id=agent.key,
                                  since=now - timedelta(minutes=LIST_WINDOW_MINUTES))
             step = 1 if hours <= 2 else (10 if hours <= 24 else 30)
-            window = agent_stats(agent_id=agent.agent_id, since=now - timedelta(hours=hours),
+            window = agent_stats(agent_id=agent.key, since=now - timedelta(hours=hours),
                                  with_series=True, step_minutes=step)
             assert window.series is not None  # asked for with_series=True
-            url = f"{gateway_base(request)}/a2a/{agent.agent_id}/"
+            url = f"{gateway_base(request)}{gateway_path(agent.key)}"
             context.update({
                 "recent": recent, "window": window, "window_hours": hours,
                 "list_window": LIST_WINDOW_MINUTES,
@@ -445,7 +472,7 @@ class AgentAdmin(admin.ModelAdmin):
             return self._back(agent)
         try:
             agent, changed = console_services.agent_refresh_card(
-                actor=_actor(request), agent_id=agent.agent_id)
+                actor=_actor(request), agent_id=agent.key)
         except (services.RegistryError, PermissionDenied) as exc:
             self.message_user(request, f"Card not refreshed: {exc}", messages.ERROR)
         else:
@@ -456,8 +483,8 @@ class AgentAdmin(admin.ModelAdmin):
     def extend_ttl_view(self, request, object_id: str):
         agent = self._agent(request, object_id)
         if request.method == "POST" and self.has_change_permission(request, agent):
-            services.agents_extend_ttl(agent_ids=[agent.agent_id])
-            _audit_extend(request, [agent.agent_id])
+            services.agents_extend_ttl(agent_ids=[agent.key])
+            _audit_extend(request, [agent.key])
             self.message_user(request, f"Extended the lease of {agent.agent_id} by its TTL "
                               f"({agent.ttl_seconds} s).", messages.SUCCESS)
         return self._back(agent)
@@ -468,11 +495,11 @@ class AgentAdmin(admin.ModelAdmin):
         reply = None
         if request.method == "POST" and form.is_valid():
             reply = console_services.agent_test_message(
-                agent_id=agent.agent_id, text=form.cleaned_data["text"])
+                agent_id=agent.key, text=form.cleaned_data["text"])
         context = {
             **self.admin_site.each_context(request), "title": f"Test message to {agent}",
             "opts": self.model._meta, "original": agent, "form": form, "reply": reply,
-            "gateway_url": f"{gateway_base(request)}/a2a/{agent.agent_id}/",
+            "gateway_url": f"{gateway_base(request)}{gateway_path(agent.key)}",
         }
         return TemplateResponse(request, "console/agent_test_message.html", context)
 
@@ -507,23 +534,25 @@ class AgentAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj: Agent, form, change: bool) -> None:
         changed = {name: form.cleaned_data[name] for name in form.changed_data}
-        if not changed:
-            return
+        tenant = changed.pop("tenant", None)  # a superuser's move (console.tenancy)
+        key = agent_key(form.initial.get("tenant", obj.tenant_id), obj.agent_id)  # as it was
         try:
-            updated = services.agent_update(actor=_actor(request), agent_id=obj.agent_id, **changed)
+            if changed:
+                updated = services.agent_update(actor=_actor(request), agent_id=key, **changed)
+                obj.expires_at, obj.last_seen = updated.expires_at, updated.last_seen
+            if tenant is not None:
+                services.agent_move_tenant(actor=_actor(request), agent_id=key, tenant=tenant.pk)
         except (services.RegistryError, PermissionDenied) as exc:
             self.message_user(request, f"{obj.agent_id}: {exc}", messages.ERROR)
-            return
-        obj.expires_at, obj.last_seen = updated.expires_at, updated.last_seen
 
     def delete_model(self, request, obj: Agent) -> None:
         try:
-            services.agent_deregister(actor=_actor(request), agent_id=obj.agent_id)
+            services.agent_deregister(actor=_actor(request), agent_id=obj.key)
         except services.AgentNotFound:
             pass  # already gone: the outcome the user asked for
 
     def delete_queryset(self, request, queryset) -> None:
-        self._deregister_ids(request, list(queryset.values_list("agent_id", flat=True)))
+        self._deregister_ids(request, _keys(queryset))
 
     def _deregister_ids(self, request, agent_ids: list[str]) -> int:
         actor = _actor(request)
@@ -543,7 +572,7 @@ class AgentAdmin(admin.ModelAdmin):
 
     @admin.action(description="Deregister selected agents", permissions=["delete"])
     def deregister(self, request, queryset) -> None:
-        done = self._deregister_ids(request, list(queryset.values_list("agent_id", flat=True)))
+        done = self._deregister_ids(request, _keys(queryset))
         self.message_user(request, f"Deregistered {done} agent(s).", messages.SUCCESS)
 
     @admin.action(
@@ -551,10 +580,16 @@ class AgentAdmin(admin.ModelAdmin):
         permissions=["change"],
     )
     def extend_ttl(self, request, queryset) -> None:
-        ids = list(queryset.values_list("agent_id", flat=True))
+        ids = _keys(queryset)
         count = services.agents_extend_ttl(agent_ids=ids)
         _audit_extend(request, ids)
         self.message_user(request, f"Extended the lease of {count} agent(s).", messages.SUCCESS)
+
+
+def _keys(queryset) -> list[str]:
+    """The routing keys (registry.ids.agent_key) of the agents of ``queryset``."""
+    return [agent_key(tenant, agent_id)
+            for tenant, agent_id in queryset.values_list("tenant_id", "agent_id")]
 
 
 def _audit_extend(request, agent_ids: list[str]) -> None:

@@ -28,6 +28,7 @@ def _row(record: AuditRecord):
         at=datetime.fromtimestamp(record.at, UTC),
         action=record.action,
         actor=record.actor,
+        tenant=record.tenant,
         agent_id=record.agent_id,
         client_id=record.client_id,
         details=record.details,

@@ -16,10 +16,11 @@ from rest_framework_api_key.models import APIKey
 from console import services as console_services
 from console.models import ClientUsage
 from console.templatetags.console import ago_html
+from console.tenancy import TenantScopedAdmin, admin_tenant, console_actor
 from registry import services
-from registry.ids import agent_id_error
+from registry.ids import DEFAULT_TENANT, agent_name_error
 from registry.models import ApiClient
-from registry.permissions import ALL_SCOPES, Actor, staff_actor
+from registry.permissions import ALL_SCOPES, Actor
 
 # The platform's tokens are ApiClient rows; the library's own APIKey model is unused, and
 # listing it next to "API clients" would only mislead an operator.
@@ -28,7 +29,7 @@ if admin.site.is_registered(APIKey):
 
 
 def _actor(request: HttpRequest) -> Actor:
-    return staff_actor(request.user.get_username())
+    return console_actor(request)
 
 
 class AgentIdsField(forms.CharField):
@@ -48,7 +49,7 @@ class AgentIdsField(forms.CharField):
 
     def validate(self, value: list[str]) -> None:
         for agent_id in value:
-            error = agent_id_error(agent_id)
+            error = agent_name_error(agent_id)
             if error:
                 raise forms.ValidationError(error)
 
@@ -85,15 +86,15 @@ class ApiClientForm(forms.ModelForm):
 
 
 @admin.register(ApiClient)
-class ApiClientAdmin(admin.ModelAdmin):
+class ApiClientAdmin(TenantScopedAdmin, admin.ModelAdmin):
     """API clients. A new client's token is shown once, in a message after saving."""
 
     form = ApiClientForm
     list_display = (
-        "client_id", "name", "scopes_display", "allowed_agents_display", "prefix", "created",
-        "last_used", "expiry_date", "_has_expired", "revoked", "agent_count",
+        "client_id", "tenant", "name", "scopes_display", "allowed_agents_display", "prefix",
+        "created", "last_used", "expiry_date", "_has_expired", "revoked", "agent_count",
     )
-    list_filter = ("revoked", "created")
+    list_filter = ("revoked", "created", "tenant")
     search_fields = ("client_id", "name", "prefix")
     ordering = ("client_id",)
     actions = ("rotate", "revoke")
@@ -105,21 +106,27 @@ class ApiClientAdmin(admin.ModelAdmin):
             _agent_count=Count("agents"), _last_used=Subquery(last_used))
 
     def get_readonly_fields(self, request, obj=None):
+        # A client belongs to one tenant for its life: its tenant is chosen (by a platform
+        # admin) when it is created; a tenant admin's clients are its tenant's.
         if obj is None:
-            return ("prefix",)
+            return ("prefix",) if admin_tenant(request) is None else ("prefix", "tenant")
         if obj.revoked:
-            return ("client_id", "prefix", "created", "name", "scopes", "allowed_agents",
-                    "expiry_date", "revoked")
-        return ("client_id", "prefix", "created")
+            return ("client_id", "tenant", "prefix", "created", "name", "scopes",
+                    "allowed_agents", "expiry_date", "revoked")
+        return ("client_id", "tenant", "prefix", "created")
 
     def get_fields(self, request, obj=None):
         if obj is None:
-            return ("name", "client_id", "scopes", "allowed_agents", "expiry_date")
-        return ("client_id", "name", "prefix", "created", "scopes", "allowed_agents",
+            return ("name", "client_id", "tenant", "scopes", "allowed_agents", "expiry_date")
+        return ("client_id", "tenant", "name", "prefix", "created", "scopes", "allowed_agents",
                 "expiry_date", "revoked")
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change=change, **kwargs)
+        if obj is None and "tenant" in form.base_fields:  # a platform admin's choice
+            form.base_fields["tenant"].required = False
+            form.base_fields["tenant"].help_text = (
+                f"The tenant the client belongs to for its life. Empty: {DEFAULT_TENANT}.")
         if obj is None and "client_id" in form.base_fields:
             form.base_fields["client_id"].required = False
             form.base_fields["client_id"].help_text = (
@@ -160,9 +167,12 @@ class ApiClientAdmin(admin.ModelAdmin):
                 services.api_client_update(client_id=obj.client_id, actor=_actor(request),
                                            **changed)
             return
+        chosen = data.get("tenant")  # a platform admin's choice (a Tenant), else empty
+        tenant = admin_tenant(request) or (chosen.slug if chosen else DEFAULT_TENANT)
         created, token = services.api_client_create(
             name=data["name"], scopes=data["scopes"], allowed_agents=data["allowed_agents"],
             client_id=data.get("client_id") or None, actor=_actor(request),
+            tenant=tenant,
         )
         if data.get("expiry_date"):
             created = services.api_client_update(

@@ -106,11 +106,13 @@ def take_batch() -> dict:
 
 def _call_row(call: tuple, node_id: str):
     from console.models import CallRecord
+    from registry.ids import split_agent_key
 
     at, caller, agent_id, method, outcome, executed, status, seconds, req, resp, *count = call
     return CallRecord(
         at=_ts(at),
         caller=caller,
+        tenant=split_agent_key(agent_id)[0][:40],
         agent_id=agent_id,
         method=method[:100],
         outcome=outcome,

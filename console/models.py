@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from django.db import models
 
+from registry.ids import DEFAULT_TENANT
+
 
 class AgentMinute(models.Model):
     """One agent's gateway traffic on one node during one minute."""
 
-    agent_id = models.CharField(max_length=63)
+    agent_id = models.CharField(max_length=104, help_text="The routing key (tenant.agent_id "
+                                "outside the default tenant).")
     minute = models.DateTimeField(help_text="Start of the minute (UTC).")
     node_id = models.CharField(max_length=200)
     requests = models.PositiveIntegerField(default=0)
@@ -59,7 +62,11 @@ class CallRecord(models.Model):
 
     at = models.DateTimeField(db_index=True)
     caller = models.CharField(max_length=200, db_index=True)
-    agent_id = models.CharField(max_length=63, db_index=True)
+    # The agent's routing key (``registry.ids.agent_key``: ``tenant.agent_id`` outside the
+    # default tenant) and its tenant. A slug, not a foreign key: audit rows outlive tenants,
+    # and a refused call names whatever tenant its path named.
+    tenant = models.CharField(max_length=40, default=DEFAULT_TENANT, db_index=True)
+    agent_id = models.CharField(max_length=104, db_index=True)
     method = models.CharField(max_length=100)
     outcome = models.CharField(max_length=32, db_index=True)
     executed = models.BooleanField()
@@ -89,7 +96,9 @@ class RegistryChange(models.Model):
     at = models.DateTimeField(db_index=True)
     action = models.CharField(max_length=40, db_index=True)
     actor = models.CharField(max_length=200, db_index=True)
-    agent_id = models.CharField(max_length=63, blank=True, db_index=True)
+    # The tenant the change happened in (a slug: audit rows outlive tenants).
+    tenant = models.CharField(max_length=40, default=DEFAULT_TENANT, db_index=True)
+    agent_id = models.CharField(max_length=104, blank=True, db_index=True)
     client_id = models.CharField(max_length=100, blank=True, db_index=True)
     details = models.JSONField(default=dict, blank=True)
 

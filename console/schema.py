@@ -198,8 +198,28 @@ def _gateway_paths() -> dict[str, Any]:
         "/a2a/{agent_id}/stream": {"get": stream},
         "/a2a/{agent_id}/stream/{stream_id}": {"get": resume},
         "/a2a/{agent_id}/.well-known/agent-card.json": {"get": card},
+        # docs/tenants.md: another tenant's agents, every route above under this base.
+        "/a2a/t/{tenant}/{agent_id}": {"post": _in_tenant(post)},
+        "/a2a/t/{tenant}/{agent_id}/.well-known/agent-card.json": {"get": _in_tenant(card)},
         **_rest_paths(security),
     }
+
+
+_TENANT = {
+    "name": "tenant",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{1,39}$"},
+    "description": "The agent's tenant (docs/tenants.md); /a2a/{agent_id} is the default "
+                   "tenant's.",
+}
+
+
+def _in_tenant(operation: dict[str, Any]) -> dict[str, Any]:
+    """``operation`` for an agent of another tenant (``/a2a/t/{tenant}/{agent_id}...``)."""
+    return {**operation, "operationId": operation["operationId"] + "_in_tenant",
+            "parameters": [_TENANT, *operation["parameters"]],
+            "summary": operation["summary"] + " (an agent of another tenant)"}
 
 
 #: The A2A HTTP+JSON binding's routes (gateway.rest): (path after the agent base, method,

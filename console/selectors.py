@@ -14,7 +14,9 @@ from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from console.models import AgentMinute, CallRecord
+from console.tenancy import key_q, scope
 from gateway.histogram import BUCKETS, merge, percentile_ms
+from push.models import PushDelivery
 from registry.models import Agent, Node
 
 EXPIRING_SECONDS = 30
@@ -89,13 +91,17 @@ def series(
     until: datetime | None = None,
     agent_id: str | None = None,
     step_minutes: int = 1,
+    tenant: str | None = None,
 ) -> Series:
-    """Requests and errors per ``step_minutes`` from ``since`` to now, all nodes summed."""
+    """Requests and errors per ``step_minutes`` from ``since`` to now, all nodes summed (of
+    ``tenant``'s agents only, if given)."""
     until = minute_floor(until or timezone.now())
     start = minute_floor(since)
     qs = AgentMinute.objects.filter(minute__gte=start, minute__lte=until)
     if agent_id is not None:
         qs = qs.filter(agent_id=agent_id)
+    if tenant is not None:
+        qs = qs.filter(key_q(tenant))
     rows = qs.values("minute").annotate(
         r=Sum("requests"), e1=Sum("errors_executed"), e2=Sum("errors_not_executed"),
         ea=Sum("errors_agent"),
@@ -144,11 +150,13 @@ def agent_stats(
     return out
 
 
-def top_agents(*, since: datetime, by: str, limit: int = 5) -> list[dict]:
+def top_agents(*, since: datetime, by: str, limit: int = 5,
+               tenant: str | None = None) -> list[dict]:
     """Agents with the most requests (``by="requests"``) or errors (``by="errors"``: the
     gateway's and the agent's own; ``agent_errors`` the latter)."""
     qs = (
-        AgentMinute.objects.filter(minute__gte=minute_floor(since))
+        scope(AgentMinute.objects.filter(minute__gte=minute_floor(since)), tenant,
+              key_field="agent_id")
         .values("agent_id")
         .annotate(
             requests=Sum("requests"),
@@ -176,14 +184,15 @@ def node_dead_after() -> timedelta:
     return timedelta(seconds=max(60.0, 6 * settings.A2A_NODE_HEARTBEAT_SECONDS))
 
 
-def dashboard(*, window_minutes: int = 15) -> dict:
-    """Everything the admin index shows."""
+def dashboard(*, window_minutes: int = 15, tenant: str | None = None) -> dict:
+    """Everything the admin index shows; for a tenant admin (``tenant``), its tenant's agents,
+    traffic and pushes, without the platform's nodes and discovery (console.tenancy)."""
     from discovery.loop import cycle_health
     from discovery.models import Alert, CycleRun
 
     now = timezone.now()
     since = now - timedelta(minutes=window_minutes)
-    agents = Agent.objects.aggregate(
+    agents = scope(Agent.objects.all(), tenant).aggregate(
         active=Count(
             "pk",
             filter=Q(
@@ -208,15 +217,16 @@ def dashboard(*, window_minutes: int = 15) -> dict:
             "last_heartbeat": n.last_heartbeat,
             "alive": now - n.last_heartbeat <= dead_after,
         }
-        for n in Node.objects.order_by("node_id")[:50]
+        for n in (Node.objects.order_by("node_id")[:50] if tenant is None else ())
     ]
-    traffic = series(since=since)
-    cycle = CycleRun.objects.order_by("-started_at").first()
-    totals = AgentMinute.objects.filter(minute__gte=minute_floor(since)).aggregate(
-        last=Max("last_call_at")
-    )
+    traffic = series(since=since, tenant=tenant)
+    cycle = CycleRun.objects.order_by("-started_at").first() if tenant is None else None
+    totals = scope(AgentMinute.objects.filter(minute__gte=minute_floor(since)), tenant,
+                   key_field="agent_id").aggregate(last=Max("last_call_at"))
+    alerts = Alert.objects.filter(acknowledged=False) if tenant is None else Alert.objects.none()
     return {
         "now": now,
+        "platform": tenant is None,  # the nodes and discovery are shown to platform admins
         "window_minutes": window_minutes,
         "agents": agents,
         "nodes": nodes,
@@ -228,13 +238,25 @@ def dashboard(*, window_minutes: int = 15) -> dict:
         if traffic.total_requests
         else 0.0,
         "last_call_at": totals["last"],
-        "top_traffic": top_agents(since=since, by="requests"),
-        "top_errors": top_agents(since=since, by="errors"),
-        "alerts_open": Alert.objects.filter(acknowledged=False).count(),
-        "alerts": list(Alert.objects.filter(acknowledged=False)[:5]),
+        "top_traffic": top_agents(since=since, by="requests", tenant=tenant),
+        "top_errors": top_agents(since=since, by="errors", tenant=tenant),
+        "alerts_open": alerts.count(),
+        "alerts": list(alerts[:5]),
         "cycle": cycle,
         "cycle_health": cycle_health(cycle) if cycle is not None else None,
+        "push": push_counts(tenant),
     }
+
+
+def push_counts(tenant: str | None = None) -> dict[str, int]:
+    """Pushes dead-lettered (``dead``) and waiting for delivery (``pending`` and ``failed``),
+    cluster-wide (or of ``tenant``'s agents): one query."""
+    state = PushDelivery.State
+    return scope(PushDelivery.objects.all(), tenant).aggregate(
+        dead=Count("pk", filter=Q(state=state.DEAD)),
+        pending=Count("pk", filter=Q(state__in=(state.PENDING, state.FAILED))),
+        failed=Count("pk", filter=Q(state=state.FAILED)),
+    )
 
 
 #: The window of the agent list's figures and of the API's ``calls`` field.

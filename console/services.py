@@ -13,6 +13,7 @@ from asgiref.sync import async_to_sync
 from django.db import transaction
 
 from registry import events, services
+from registry.ids import DEFAULT_TENANT, split_agent_key
 from registry.models import Agent, ApiClient
 from registry.permissions import SCOPE_CALL, Actor
 
@@ -54,8 +55,10 @@ def client_revoke(*, client_id: str, actor: Actor | None = None) -> ApiClient:
 
 def agent_refresh_card(*, actor: Actor, agent_id: str) -> tuple[Agent, bool]:
     """Fetch the agent's card again from its URL, validated as a registration; answers the
-    agent and whether the card changed. The lease, cap, source and node are kept."""
-    agent = Agent.objects.filter(agent_id=agent_id).first()
+    agent and whether the card changed. The lease, cap, source and node are kept.
+    ``agent_id``: its routing key (registry.ids.agent_key)."""
+    tenant, bare = split_agent_key(agent_id)
+    agent = Agent.objects.filter(tenant_id=tenant, agent_id=bare).first()
     if agent is None:
         raise services.AgentNotFound(agent_id)
     before = agent.card_sha256
@@ -80,15 +83,18 @@ class TestReply:
     seconds: float
 
 
-def _console_token() -> str:
-    """A fresh token of the console's own caller (created on first use; rotated each time, so
-    no usable token is ever kept anywhere)."""
-    if not ApiClient.objects.filter(client_id=CONSOLE_CLIENT_ID).exists():
+def _console_token(tenant: str) -> str:
+    """A fresh token of the console's own caller in ``tenant`` (one client per tenant, created
+    on first use, so a test message reaches the agent as a caller of its own tenant; rotated
+    each time, so no usable token is ever kept anywhere)."""
+    client_id = CONSOLE_CLIENT_ID if tenant == DEFAULT_TENANT else f"{CONSOLE_CLIENT_ID}-{tenant}"
+    if not ApiClient.objects.filter(client_id=client_id).exists():
         _, token = services.api_client_create(
-            name="admin console (test messages)", scopes=[SCOPE_CALL], client_id=CONSOLE_CLIENT_ID
+            name="admin console (test messages)", scopes=[SCOPE_CALL], client_id=client_id,
+            tenant=tenant,
         )
         return token
-    return client_rotate(client_id=CONSOLE_CLIENT_ID, audit=False)
+    return client_rotate(client_id=client_id, audit=False)
 
 
 async def _call_gateway(agent_id: str, body: bytes, token: str) -> tuple[int, dict, bytes]:
@@ -110,7 +116,7 @@ async def _call_gateway(agent_id: str, body: bytes, token: str) -> tuple[int, di
 def agent_test_message(*, agent_id: str, text: str) -> TestReply:
     """Send ``text`` as an A2A ``message/send`` through the gateway path (auth, routing,
     virtual subscriber, agent) and answer what a caller would get back."""
-    token = _console_token()
+    token = _console_token(split_agent_key(agent_id)[0])
     body = orjson.dumps(
         {
             "jsonrpc": "2.0",

@@ -8,6 +8,8 @@ query counts stay flat as rows grow."""
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from django.contrib import admin, messages
 from django.db.models import Count
 from django.http import HttpResponseRedirect
@@ -30,6 +32,7 @@ from discovery.models import (
     Snapshot,
     SourceFeed,
 )
+from registry.ids import DEFAULT_TENANT
 
 
 class SystemRowsAdmin(admin.ModelAdmin):
@@ -200,28 +203,34 @@ class SnapshotAdmin(admin.ModelAdmin):
 
     @admin.action(description="Compare the two selected snapshots")
     def compare(self, request, queryset):
-        versions = sorted(queryset.values_list("version", flat=True))
-        if len(versions) != 2:
-            self.message_user(request, "Select exactly two snapshots to compare.",
+        rows = sorted(queryset.values_list("version", "tenant_id"))
+        if len(rows) != 2 or rows[0][1] != rows[1][1]:
+            self.message_user(request, "Select exactly two snapshots of one tenant to compare.",
                               messages.WARNING)
             return None
-        return HttpResponseRedirect(
-            f"{reverse('admin:discovery_snapshot_diff')}?a={versions[0]}&b={versions[1]}")
+        query = urlencode({"tenant": rows[0][1], "a": rows[0][0], "b": rows[1][0]})
+        return HttpResponseRedirect(f"{reverse('admin:discovery_snapshot_diff')}?{query}")
+
+    def diff_tenant(self, request) -> str:
+        """Whose snapshots the diff page compares (versions count per tenant)."""
+        return request.GET.get("tenant") or DEFAULT_TENANT
 
     def diff_view(self, request):
-        versions = list(Snapshot.objects.order_by("-version").values_list("version", flat=True)[
+        tenant = self.diff_tenant(request)
+        tenant_snapshots = Snapshot.objects.filter(tenant_id=tenant)
+        versions = list(tenant_snapshots.order_by("-version").values_list("version", flat=True)[
             :200])
         try:
             a = int(request.GET.get("a") or (versions[1] if len(versions) > 1 else 0))
             b = int(request.GET.get("b") or (versions[0] if versions else 0))
         except ValueError:
             a = b = 0
-        old = Snapshot.objects.filter(version=a).first()
-        new = Snapshot.objects.filter(version=b).first()
+        old = tenant_snapshots.filter(version=a).first()
+        new = tenant_snapshots.filter(version=b).first()
         context = {
             **self.admin_site.each_context(request),
             "title": "Compare snapshots", "opts": self.model._meta, "versions": versions,
-            "old": old, "new": new,
+            "old": old, "new": new, "tenant": tenant,
             "diff": snapshot_diff(old, new) if old and new else None,
             "error": None if (old and new) or not versions
             else "Choose two existing snapshot versions.",

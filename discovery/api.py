@@ -1,5 +1,10 @@
 """/api/v1 views of discovery: snapshots and session pins. Thin adapters over
-:mod:`discovery.sessions`, :mod:`discovery.snapshots` and :mod:`discovery.tree_factory`."""
+:mod:`discovery.sessions`, :mod:`discovery.snapshots` and :mod:`discovery.tree_factory`.
+
+Each caller is answered with its tenant's snapshots and sessions (docs/tenants.md); another
+tenant's snapshot or session is answered as one that does not exist. A platform admin reads
+the default tenant's, another tenant's with ``?tenant=<slug>``, and a snapshot by digest of
+any tenant."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from rest_framework.views import APIView
 from discovery import sessions, snapshots, tree_factory
 from discovery.models import SessionPin, Snapshot
 from registry.auth import request_actor
+from registry.ids import tenant_error
 from registry.permissions import SCOPE_CALL
 
 
@@ -31,6 +37,21 @@ class MayCall(permissions.BasePermission):
         return actor.has_scope(SCOPE_CALL)
 
 
+def _tenant(request) -> str:
+    """The tenant whose snapshots and sessions the caller reads: its own; a platform admin's
+    ``?tenant=`` (default: the default tenant)."""
+    actor = request_actor(request)
+    if actor is None:
+        raise exceptions.NotAuthenticated()
+    wanted = request.query_params.get("tenant")
+    if wanted is None or not actor.is_platform_admin:
+        return actor.tenant
+    error = tenant_error(wanted)
+    if error:
+        raise exceptions.ValidationError({"tenant": [error]})
+    return wanted
+
+
 class SnapshotAgentOutput(serializers.Serializer):
     local_name = serializers.CharField()
     description = serializers.CharField()
@@ -39,6 +60,7 @@ class SnapshotAgentOutput(serializers.Serializer):
 
 
 class SnapshotOutput(serializers.Serializer):
+    tenant = serializers.CharField()
     version = serializers.IntegerField()
     digest = serializers.CharField()
     created_at = serializers.DateTimeField()
@@ -57,6 +79,7 @@ class SessionAgentOutput(serializers.Serializer):
 
 
 class SessionOutput(serializers.Serializer):
+    tenant = serializers.CharField()
     session_id = serializers.CharField()
     digest = serializers.CharField()
     version = serializers.IntegerField()
@@ -65,7 +88,7 @@ class SessionOutput(serializers.Serializer):
 
 def _snapshot_body(snapshot: Snapshot) -> dict:
     return SnapshotOutput({
-        "version": snapshot.version, "digest": snapshot.digest,
+        "tenant": snapshot.tenant_id, "version": snapshot.version, "digest": snapshot.digest,
         "created_at": snapshot.created_at, "agents": snapshot.agents,
     }).data
 
@@ -73,7 +96,8 @@ def _snapshot_body(snapshot: Snapshot) -> dict:
 def _session_body(pin: SessionPin, request) -> dict:
     tree = tree_factory.tree_for(pin.snapshot, base_url=tree_factory.public_base_url(request))
     return SessionOutput({
-        "session_id": pin.session_id, "digest": tree.digest, "version": tree.version,
+        "tenant": pin.tenant_id, "session_id": pin.session_id, "digest": tree.digest,
+        "version": tree.version,
         "agents": [
             {"local_name": a.local_name, "description": a.description,
              "gateway_url": a.gateway_url, "card": a.card}
@@ -96,7 +120,7 @@ def _session_call(fn, **kwargs):
 class SnapshotCurrentView(APIView):
     @extend_schema(responses=SnapshotOutput)
     def get(self, request):
-        snapshot = snapshots.snapshot_current()
+        snapshot = snapshots.snapshot_current(_tenant(request))
         if snapshot is None:
             raise exceptions.NotFound("no discovery snapshot has been published yet")
         return Response(_snapshot_body(snapshot))
@@ -105,7 +129,11 @@ class SnapshotCurrentView(APIView):
 class SnapshotDetailView(APIView):
     @extend_schema(responses=SnapshotOutput)
     def get(self, request, digest: str):
-        snapshot = snapshots.snapshot_get(digest=digest)
+        actor = request_actor(request)
+        anyone = actor is not None and actor.is_platform_admin \
+            and "tenant" not in request.query_params
+        snapshot = snapshots.snapshot_get(digest=digest,
+                                          tenant=None if anyone else _tenant(request))
         if snapshot is None:
             raise exceptions.NotFound(f"snapshot not found: {digest}")
         return Response(_snapshot_body(snapshot))
@@ -121,7 +149,7 @@ class SessionListView(APIView):
         actor = request_actor(request)
         pin, created = _session_call(
             sessions.session_pin, session_id=data.validated_data["session_id"],
-            client_id=actor.client_id if actor else "",
+            client_id=actor.client_id if actor else "", tenant=_tenant(request),
         )
         return Response(_session_body(pin, request),
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -132,10 +160,10 @@ class SessionDetailView(APIView):
 
     @extend_schema(responses=SessionOutput)
     def get(self, request, session_id: str):
-        pin = _session_call(sessions.session_get, session_id=session_id)
+        pin = _session_call(sessions.session_get, session_id=session_id, tenant=_tenant(request))
         return Response(_session_body(pin, request))
 
     @extend_schema(responses={204: None})
     def delete(self, request, session_id: str):
-        _session_call(sessions.session_unpin, session_id=session_id)
+        _session_call(sessions.session_unpin, session_id=session_id, tenant=_tenant(request))
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -23,6 +23,7 @@ size caps) is :mod:`discovery.card_http`; the table's reads and writes, :mod:`di
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 import threading
 import time
@@ -129,6 +130,10 @@ class CardCache:
         self.locks = locks if locks is not None else default_locks()
         self._index: dict[str, CardEntry] = {}
         self._seen: dict[str, tuple] = {}
+        #: When each entry was last stored, in :attr:`_stores` ticks: a row read from the
+        #: table before a newer store of its URL must not replace it (:meth:`_reload`).
+        self._stored_at: dict[str, int] = {}
+        self._stores = itertools.count(1)
         self._mutex = threading.Lock()
         self._inflight: dict[str, Future] = {}
         self.parse_count = 0
@@ -159,13 +164,21 @@ class CardCache:
         with self._mutex:
             self._index.clear()
             self._seen.clear()
+            self._stored_at.clear()
 
     def _store(self, entry: CardEntry) -> None:
         self._index[entry.card_url] = entry
         self._seen[entry.card_url] = card_store.seen_key(entry)
+        self._stored_at[entry.card_url] = next(self._stores)
 
     def _reload(self, urls: Iterable[str]) -> None:
+        """Load ``urls``' rows into the index, except those another thread of this process
+        stored anew while they were read: that thread's entry is the newer (a row read just
+        before a refresh was written would make the URL look due again, and fetched twice)."""
+        started = next(self._stores)
         for entry in card_store.load(list(urls)):
+            if self._stored_at.get(entry.card_url, 0) > started:
+                continue
             old = self._index.get(entry.card_url)
             if entry.no_store and old is not None and old.has_card and not entry.has_card:
                 entry = replace(entry, card=old.card, raw=old.raw)  # kept in memory only

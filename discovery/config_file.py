@@ -1,7 +1,7 @@
 """The ``DISCOVERY_CONFIG`` file (JSON or YAML): read at start and at each cycle, synced into the
 same models the admin edits. Rows the file created carry ``origin="file"``; a row that leaves
 the file is deleted, admin rows are left alone (a file entry with an admin row's key takes it
-over: the version-controlled file wins).
+over: the version-controlled file wins). Its entries are the default tenant's (docs/tenants.md).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from discovery.models import (
     SourceFeed,
 )
 from discovery.names import local_name_error
+from registry.ids import DEFAULT_TENANT
 
 logger = logging.getLogger(__name__)
 
@@ -226,13 +227,14 @@ def _sync(config: dict[str, Any], sha256: str) -> None:
     agents = {e["local_name"]: (kind, e) for kind in ("static", "probe") for e in config[kind]}
     for name, (kind, entry) in agents.items():
         ConfiguredAgent.objects.update_or_create(
-            local_name=name,
+            tenant_id=DEFAULT_TENANT, local_name=name,
             defaults={
                 "kind": kind, "url": entry["url"], "description": entry["description"],
                 "critical": entry["critical"], "enabled": True, "origin": file,
             },
         )
-    ConfiguredAgent.objects.filter(origin=file).exclude(local_name__in=list(agents)).delete()
+    ConfiguredAgent.objects.filter(origin=file, tenant_id=DEFAULT_TENANT).exclude(
+        local_name__in=list(agents)).delete()
 
     feeds: list[tuple[str, str, str, str, dict]] = []
     registry = config["registry"]
@@ -252,11 +254,12 @@ def _sync(config: dict[str, Any], sha256: str) -> None:
     keep: list[int] = []
     for kind, url, selector, namespace, options in feeds:
         feed, _ = SourceFeed.objects.update_or_create(
-            kind=kind, url=url, label_selector=selector, namespace=namespace,
+            tenant_id=DEFAULT_TENANT, kind=kind, url=url, label_selector=selector,
+            namespace=namespace,
             defaults={"options": options, "enabled": True, "origin": file},
         )
         keep.append(feed.pk)
-    SourceFeed.objects.filter(origin=file).exclude(pk__in=keep).delete()
+    SourceFeed.objects.filter(origin=file, tenant_id=DEFAULT_TENANT).exclude(pk__in=keep).delete()
 
     tags = {e["tag"]: e for e in config["needs"] if e["tag"]}
     texts = {e["text"]: e for e in config["needs"] if e["text"]}
@@ -270,11 +273,12 @@ def _sync(config: dict[str, Any], sha256: str) -> None:
             tag, _ = CapabilityTag.objects.get_or_create(
                 name=key, defaults={"meaning": entry["description"], "origin": file}
             )
-            Need.objects.update_or_create(tag=tag, defaults=defaults)
+            Need.objects.update_or_create(tenant_id=DEFAULT_TENANT, tag=tag, defaults=defaults)
         else:
-            Need.objects.update_or_create(text=key, defaults=defaults)
+            Need.objects.update_or_create(tenant_id=DEFAULT_TENANT, text=key, defaults=defaults)
     stale = [
-        n.pk for n in Need.objects.filter(origin=file).select_related("tag")
+        n.pk for n in Need.objects.filter(origin=file, tenant_id=DEFAULT_TENANT)
+        .select_related("tag")
         if (n.tag.name not in tags if n.tag is not None else n.text not in texts)
     ]
     Need.objects.filter(pk__in=stale).delete()

@@ -1,6 +1,10 @@
 """The discovery control loop: one cycle runs sources -> resolver -> card cache -> health ->
 matcher -> cap -> registry upsert -> snapshot, in the background. The request path only ever
 reads the published snapshot.
+
+One cycle serves every tenant with discovery rows (docs/tenants.md), one after the other: each
+tenant's sources and needs, its agents upserted into it, its own snapshot. The allowlist, the
+policy, the card cache and endpoint health are the platform's, shared by every tenant.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from discovery.sources import EndpointRecord, collect_records
 from registry import services as registry_services
 from registry import signatures
 from registry.cards import card_endpoint
+from registry.ids import DEFAULT_TENANT, agent_key
 from registry.models import Agent, CardVersion
 from registry.permissions import SYSTEM
 
@@ -56,12 +61,15 @@ SOURCE_ERROR_LINE = "source error: "
 FETCH_ERROR_LINE = "fetch error: "
 NOT_CONFIGURED = "discovery is not configured (no DISCOVERY_CONFIG, no source rows): idle"
 SKIPPED = "another discovery cycle is running: skipped"
+#: Before each tenant's section of a cycle that served another tenant than the default only.
+TENANT_LINE = "tenant: "
 
 
 @dataclass
 class CycleReport:
     """What one cycle did; ``summary()`` is what ``discover --once`` prints."""
 
+    tenant: str = DEFAULT_TENANT
     configured: bool = True
     skipped: bool = False
     config_error: str | None = None
@@ -83,6 +91,9 @@ class CycleReport:
     version: int | None = None
     digest: str | None = None
     seconds: float = 0.0
+    #: The other tenants' reports of the same cycle (this one is the default tenant's when it
+    #: had discovery rows, else the first tenant's).
+    others: list[CycleReport] = field(default_factory=list)
 
     @property
     def fetched(self) -> int:
@@ -96,11 +107,29 @@ class CycleReport:
     def failed(self) -> int:
         return self.outcomes[Outcome.FAILED]
 
+    @property
+    def tenants(self) -> list[CycleReport]:
+        """Every tenant's report of the cycle, this one first."""
+        return [self, *self.others]
+
     def summary(self) -> str:
+        """What ``discover --once`` prints: the default tenant's lines when it is the only
+        tenant served, else a section per tenant, each under a ``tenant: <slug>`` line."""
         if not self.configured:
             return NOT_CONFIGURED
         if self.skipped:
             return SKIPPED
+        if self.others or self.tenant != DEFAULT_TENANT:
+            lines = [f"{CONFIG_ERROR_LINE}{self.config_error}"] if self.config_error else []
+            for report in self.tenants:
+                lines += [f"{TENANT_LINE}{report.tenant}", *report._lines()]
+        else:
+            lines = [f"{CONFIG_ERROR_LINE}{self.config_error}"] if self.config_error else []
+            lines += self._lines()
+        lines.append(f"took {self.seconds:.2f}s")
+        return "\n".join(lines)
+
+    def _lines(self) -> list[str]:
         lines = [
             f"endpoints: {self.proposed} proposed, {self.admitted} admitted, "
             f"{self.refused} refused, {self.duplicates} duplicates, {self.collisions} collisions",
@@ -115,12 +144,9 @@ class CycleReport:
              else f"snapshot unchanged: v{self.version} {self.digest}" if self.version
              else "no snapshot"),
         ]
-        if self.config_error:
-            lines.insert(0, f"{CONFIG_ERROR_LINE}{self.config_error}")
         lines += [f"{SOURCE_ERROR_LINE}{e}" for e in self.source_errors]
         lines += [f"{FETCH_ERROR_LINE}{e}" for e in self.errors[:20]]
-        lines.append(f"took {self.seconds:.2f}s")
-        return "\n".join(lines)
+        return lines
 
 
 def cycle_health(run: CycleRun) -> tuple[str, str, str]:
@@ -145,6 +171,17 @@ def discovery_is_configured() -> bool:
     """A configuration file is named, or source rows exist (cheap: two EXISTS queries)."""
     return bool(settings.DISCOVERY_CONFIG) or ConfiguredAgent.objects.exists() \
         or SourceFeed.objects.exists()
+
+
+def discovery_tenants() -> list[str]:
+    """The tenants a cycle serves: those with configured agents or source feeds, and the
+    default tenant when a configuration file is named (its entries are the default tenant's);
+    the default first, then by slug."""
+    found = set(ConfiguredAgent.objects.order_by().values_list("tenant_id", flat=True).distinct())
+    found |= set(SourceFeed.objects.order_by().values_list("tenant_id", flat=True).distinct())
+    if settings.DISCOVERY_CONFIG:
+        found.add(DEFAULT_TENANT)
+    return sorted(found, key=lambda t: (t != DEFAULT_TENANT, t))
 
 
 _local_cycle = threading.Lock()
@@ -221,11 +258,13 @@ class _Signed:
     valid: bool
 
 
-def _last_valid_versions(agent_ids: list[str]) -> dict[str, CardVersion]:
-    """The newest card version with a valid signature of each agent (one query per 500)."""
+def _last_valid_versions(agent_ids: list[str], tenant: str) -> dict[str, CardVersion]:
+    """The newest card version with a valid signature of each of ``tenant``'s agents (one query
+    per 500)."""
     out: dict[str, CardVersion] = {}
     for i in range(0, len(agent_ids), 500):
-        rows = (CardVersion.objects.filter(agent__agent_id__in=agent_ids[i:i + 500],
+        rows = (CardVersion.objects.filter(agent__tenant_id=tenant,
+                                           agent__agent_id__in=agent_ids[i:i + 500],
                                            signature_status=signatures.VALID)
                 .select_related("agent").only("agent__agent_id", "sha256", "card_raw")
                 .order_by("agent__agent_id", "-created_at", "-id"))
@@ -234,7 +273,8 @@ def _last_valid_versions(agent_ids: list[str]) -> dict[str, CardVersion]:
     return out
 
 
-def _signature_gate(entries: dict[int, tuple[EndpointRecord, CardEntry]]) -> dict[int, _Signed]:
+def _signature_gate(entries: dict[int, tuple[EndpointRecord, CardEntry]], tenant: str
+                    ) -> dict[int, _Signed]:
     """Apply ``A2A_CARD_SIGNATURES`` to the cycle's cards (docs/signatures.md).
 
     A card whose signature is not valid while the agent has an earlier valid version keeps
@@ -251,7 +291,7 @@ def _signature_gate(entries: dict[int, tuple[EndpointRecord, CardEntry]]) -> dic
         for key, (_, entry) in entries.items()
     }
     failing = sorted({entries[k][0].target_agent_id for k, v in verdicts.items() if not v.valid})
-    last_valid = _last_valid_versions(failing) if failing else {}
+    last_valid = _last_valid_versions(failing, tenant) if failing else {}
     for key, (record, entry) in entries.items():
         verdict = verdicts[key]
         if verdict.valid:
@@ -273,13 +313,15 @@ def _signature_gate(entries: dict[int, tuple[EndpointRecord, CardEntry]]) -> dic
     return out
 
 
-def _upsert_agents(kept: list[SelectedAgent], ttl: int) -> list[SelectedAgent]:
-    """Make the selected agents routable: upsert discovered ones into the registry. An id held
-    by an agent from another source is a collision: that agent is left out."""
+def _upsert_agents(kept: list[SelectedAgent], ttl: int, tenant: str) -> list[SelectedAgent]:
+    """Make the selected agents routable: upsert discovered ones into ``tenant``'s registry
+    (routing key ``tenant.agent_id``). An id held by an agent from another source is a
+    collision: that agent is left out."""
     derived = [a for a in kept if a.source != "registry"]
     rows = {
         a.agent_id: a
-        for a in Agent.objects.filter(agent_id__in=[s.agent_id for s in derived])
+        for a in Agent.objects.filter(tenant_id=tenant,
+                                      agent_id__in=[s.agent_id for s in derived])
         .only("agent_id", "source", "card_sha256", "status", "expires_at", "url")
     }
     out = [a for a in kept if a.source == "registry"]
@@ -287,8 +329,9 @@ def _upsert_agents(kept: list[SelectedAgent], ttl: int) -> list[SelectedAgent]:
         row = rows.get(agent.agent_id)
         if row is not None and row.source != Agent.Source.DISCOVERY:
             alerts.alert_raise(
-                kind=Alert.Kind.NAME_COLLISION, subject=agent.agent_id,
-                message=f"{agent.local_name}: agent id {agent.agent_id} is registered by "
+                kind=Alert.Kind.NAME_COLLISION, subject=agent_key(tenant, agent.agent_id),
+                message=f"{agent.local_name}: agent id {agent_key(tenant, agent.agent_id)} is "
+                        f"registered by "
                         f"another source ({row.source}); left out",
                 details={"local_name": agent.local_name, "card_url": agent.card_url},
             )
@@ -298,7 +341,8 @@ def _upsert_agents(kept: list[SelectedAgent], ttl: int) -> list[SelectedAgent]:
                 or row.url != endpoint:
             try:
                 registry_services.agent_register(
-                    actor=SYSTEM, agent_id=agent.agent_id, url=endpoint, card=agent.raw,
+                    actor=SYSTEM, agent_id=agent_key(tenant, agent.agent_id), url=endpoint,
+                    card=agent.raw,
                     ttl_seconds=ttl, source=Agent.Source.DISCOVERY,
                 )
             except registry_services.RegistryError as exc:
@@ -312,24 +356,25 @@ def _upsert_agents(kept: list[SelectedAgent], ttl: int) -> list[SelectedAgent]:
     return out
 
 
-def _keep_routable(ttl: int) -> None:
-    """Renew leases of discovered agents any retained snapshot references; re-register those
-    whose lease lapsed (from the card bytes the snapshot retained)."""
+def _keep_routable(ttl: int, tenant: str) -> None:
+    """Renew leases of ``tenant``'s discovered agents its retained snapshots reference;
+    re-register those whose lease lapsed (from the card bytes the snapshot retained)."""
     from discovery.models import CardBlob
 
-    ids = snapshot_agent_ids_retained()
+    ids = snapshot_agent_ids_retained(tenant)
     registry_services.agents_renew_leases(
-        agent_ids=list(ids), ttl_seconds=ttl, source=Agent.Source.DISCOVERY
+        agent_ids=list(ids), ttl_seconds=ttl, source=Agent.Source.DISCOVERY, tenant=tenant
     )
-    routable = set(Agent.objects.routable().filter(agent_id__in=list(ids))
+    routable = set(Agent.objects.routable()
+                   .filter(tenant_id=tenant, agent_id__in=list(ids))
                    .values_list("agent_id", flat=True))
     lapsed = {
-        row["agent_id"]: row for snap in snapshots_retained() for row in snap.agents
+        row["agent_id"]: row for snap in snapshots_retained(tenant) for row in snap.agents
         if row["agent_id"] not in routable and row.get("source") != "registry"
     }
     if not lapsed:
         return
-    taken = set(Agent.objects.filter(agent_id__in=list(lapsed))
+    taken = set(Agent.objects.filter(tenant_id=tenant, agent_id__in=list(lapsed))
                 .exclude(source=Agent.Source.DISCOVERY).values_list("agent_id", flat=True))
     blobs = {b.sha256: b for b in CardBlob.objects.filter(
         sha256__in=[r["card_sha256"] for r in lapsed.values()])}
@@ -339,7 +384,8 @@ def _keep_routable(ttl: int) -> None:
             continue
         try:
             registry_services.agent_register(
-                actor=SYSTEM, agent_id=agent_id, url=card_endpoint(blob.card), card=bytes(blob.raw),
+                actor=SYSTEM, agent_id=agent_key(tenant, agent_id), url=card_endpoint(blob.card),
+                card=bytes(blob.raw),
                 ttl_seconds=ttl, source=Agent.Source.DISCOVERY,
             )
         except registry_services.RegistryError as exc:
@@ -369,7 +415,14 @@ def run_cycle(
         if not mine:
             report.skipped = True
             return report
-        _cycle(report, cache or default_cache(), progress, on_total)
+        for i, tenant in enumerate(discovery_tenants()):
+            mine_report = report if i == 0 else CycleReport(tenant=tenant)
+            mine_report.tenant = tenant
+            if i:
+                report.others.append(mine_report)
+            _cycle(mine_report, cache or default_cache(), progress, on_total, tenant)
+        sessions_expire()
+        snapshots_evict()
     report.seconds = time.monotonic() - started
     metrics.CYCLE_SECONDS.observe(report.seconds)
     _record_cycle(report)
@@ -386,10 +439,12 @@ def _record_cycle(report: CycleReport) -> None:
 
     from django.utils import timezone
 
+    every = report.tenants
     CycleRun.objects.create(
         started_at=timezone.now() - timedelta(seconds=report.seconds), seconds=report.seconds,
-        fetched=report.fetched, not_modified=report.not_modified, failed=report.failed,
-        selected=report.selected, published=report.published, version=report.version,
+        fetched=sum(r.fetched for r in every), not_modified=sum(r.not_modified for r in every),
+        failed=sum(r.failed for r in every), selected=sum(r.selected for r in every),
+        published=any(r.published for r in every), version=report.version,
         digest=report.digest or "", summary=report.summary(),
     )
     stale = CycleRun.objects.order_by("-started_at", "-id").values_list("pk", flat=True)[
@@ -399,9 +454,10 @@ def _record_cycle(report: CycleReport) -> None:
 
 
 def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
-           on_total: Callable[[int], None] | None) -> None:
+           on_total: Callable[[int], None] | None, tenant: str) -> None:
+    """One tenant's part of a cycle."""
     policy, _ = DiscoveryPolicy.objects.get_or_create(pk=1)
-    records, report.source_errors = collect_records()
+    records, report.source_errors = collect_records(tenant)
     report.proposed = len(records)
     admission = Admission(allowlist_entries())
     resolved = resolve(records, admission=admission)
@@ -444,9 +500,9 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
     if recovering:
         cache.mark_due(recovering)
     report.degraded = len(degraded & set(names))
-    metrics.DEGRADED_ENDPOINTS.set(report.degraded)
+    metrics.DEGRADED_ENDPOINTS.set(len(degraded))  # health is shared: every tenant's
 
-    needs = needs_active()
+    needs = needs_active(tenant)
     hook = policy_hook()
     candidates: list[SelectedAgent] = []
     usable: dict[int, tuple[EndpointRecord, CardEntry]] = {}
@@ -456,7 +512,7 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
         if entry is None or not entry.has_card or record.card_url in degraded:
             continue
         usable[i] = (record, entry)
-    gated = _signature_gate(usable)
+    gated = _signature_gate(usable, tenant)
     gate_on = signatures.policy() != "off"
     cards: dict[int, tuple[EndpointRecord, CardEntry, bool]] = {}
     for i, (record, entry) in usable.items():
@@ -513,10 +569,8 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
                      "left_out": sorted(a.local_name for a in left_out)},
         )
     ttl = settings.DISCOVERY_AGENT_TTL_SECONDS
-    kept = _upsert_agents(kept, ttl)
+    kept = _upsert_agents(kept, ttl, tenant)
     report.selected = len(kept)
-    snapshot, report.published = snapshot_publish(agents=kept)
+    snapshot, report.published = snapshot_publish(agents=kept, tenant=tenant)
     report.version, report.digest = snapshot.version, snapshot.digest
-    _keep_routable(ttl)
-    sessions_expire()
-    snapshots_evict()
+    _keep_routable(ttl, tenant)

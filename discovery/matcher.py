@@ -30,6 +30,7 @@ from django.utils.module_loading import import_string
 
 from discovery.models import Need
 from registry import selectors as registry_selectors
+from registry.ids import DEFAULT_TENANT
 
 if TYPE_CHECKING:
     from discovery.sources import EndpointRecord
@@ -59,8 +60,8 @@ def _norm(modes: Iterable[Any]) -> set[str]:
     return {MODE_ALIASES.get(m, m) for m in modes if isinstance(m, str)}
 
 
-def needs_active() -> list[NeedSpec]:
-    """The enabled needs: by tag (by tag name), then by text."""
+def needs_active(tenant: str = DEFAULT_TENANT) -> list[NeedSpec]:
+    """``tenant``'s enabled needs: by tag (by tag name), then by text."""
     return [
         NeedSpec(
             tag=n.tag.name if n.tag is not None else "", text=n.text,
@@ -68,7 +69,7 @@ def needs_active() -> list[NeedSpec]:
             output_modes=frozenset(_norm(n.output_modes)), description=n.description,
             require_signed=n.require_signed,
         )
-        for n in Need.objects.filter(enabled=True).select_related("tag")
+        for n in Need.objects.filter(tenant_id=tenant, enabled=True).select_related("tag")
         .order_by(F("tag__name").asc(nulls_last=True), "text")
     ]
 

@@ -14,8 +14,14 @@ CARD_PARSES = Counter(
     "a2a_discovery_card_parses_total", "Agent cards parsed (only when their bytes changed)."
 )
 ALERTS = Counter("a2a_discovery_alerts_total", "Discovery alerts raised, by kind.", ["kind"])
-SNAPSHOT_VERSION = Gauge("a2a_discovery_snapshot_version", "Version of the current snapshot.")
-SNAPSHOT_AGENTS = Gauge("a2a_discovery_snapshot_agents", "Agents in the current snapshot.")
+SNAPSHOT_VERSION = Gauge("a2a_discovery_snapshot_version",
+                         "Version of the default tenant's current snapshot.")
+SNAPSHOT_AGENTS = Gauge("a2a_discovery_snapshot_agents",
+                        "Agents in the default tenant's current snapshot.")
+TENANT_SNAPSHOT_VERSION = Gauge("a2a_discovery_tenant_snapshot_version",
+                                "Version of each tenant's current snapshot.", ["tenant"])
+TENANT_SNAPSHOT_AGENTS = Gauge("a2a_discovery_tenant_snapshot_agents",
+                               "Agents in each tenant's current snapshot.", ["tenant"])
 SNAPSHOTS_PUBLISHED = Counter("a2a_discovery_snapshots_published_total", "Snapshots published.")
 DEGRADED_ENDPOINTS = Gauge("a2a_discovery_degraded_endpoints", "Endpoints currently degraded.")
 PINNED_SESSIONS = Gauge("a2a_discovery_pinned_sessions", "Sessions pinned to a snapshot.")

@@ -14,6 +14,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from discovery.names import local_name_error
+from registry.ids import DEFAULT_TENANT
+from registry.models import tenant_field
 
 
 class Origin(models.TextChoices):
@@ -48,9 +50,10 @@ class ConfiguredAgent(models.Model):
         STATIC = "static", "static"
         PROBE = "probe", "domain probe"
 
+    tenant = tenant_field("configured_agents")
     kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.STATIC)
     local_name = models.CharField(
-        max_length=63, unique=True,
+        max_length=63,
         help_text="Identifier used in trees (never the card's name); agent id: lowercase, _ → -.",
     )
     url = models.URLField(max_length=2048, help_text="Base URL; the card is read at its "
@@ -63,6 +66,10 @@ class ConfiguredAgent(models.Model):
     class Meta:
         ordering = ["local_name"]
         verbose_name = "configured agent"
+        constraints = [  # a local name is unique within its tenant's tree
+            models.UniqueConstraint(fields=["tenant", "local_name"],
+                                    name="configured_agent_tenant_name"),
+        ]
 
     def __str__(self) -> str:
         return self.local_name
@@ -83,6 +90,7 @@ class SourceFeed(models.Model):
         KUBERNETES = "kubernetes", "Kubernetes services"
         CATALOG = "catalog", "ARD ai-catalog.json"
 
+    tenant = tenant_field("source_feeds")
     kind = models.CharField(max_length=16, choices=Kind.choices)
     url = models.URLField(
         max_length=2048, blank=True,
@@ -98,7 +106,8 @@ class SourceFeed(models.Model):
         ordering = ["kind", "url"]
         constraints = [
             models.UniqueConstraint(
-                fields=["kind", "url", "label_selector", "namespace"], name="source_feed_unique"
+                fields=["tenant", "kind", "url", "label_selector", "namespace"],
+                name="source_feed_tenant_unique",
             ),
             models.CheckConstraint(
                 condition=~Q(kind="registry_remote") | ~Q(url=""),
@@ -135,8 +144,9 @@ class Need(models.Model):
     (matched exactly against the skills' tags), or a description in words (``text``: matched by
     ARD's ranker, the cards scoring at least ``DISCOVERY_NEED_TEXT_MIN_SCORE``). One of the two."""
 
-    tag = models.OneToOneField(
-        CapabilityTag, on_delete=models.CASCADE, related_name="need", null=True, blank=True
+    tenant = tenant_field("needs")
+    tag = models.ForeignKey(  # one need per tag and tenant (the constraint below)
+        CapabilityTag, on_delete=models.CASCADE, related_name="needs", null=True, blank=True
     )
     text = models.CharField(
         max_length=NEED_TEXT_MAX, blank=True, default="",
@@ -163,7 +173,11 @@ class Need(models.Model):
                 name="need_tag_or_text",
             ),
             models.UniqueConstraint(
-                fields=["text"], condition=~Q(text=""), name="need_text_unique"
+                fields=["tenant", "text"], condition=~Q(text=""), name="need_tenant_text_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "tag"], condition=Q(tag__isnull=False),
+                name="need_tenant_tag_unique",
             ),
         ]
 
@@ -261,15 +275,17 @@ class CardBlob(models.Model):
 
 
 class SnapshotQuerySet(models.QuerySet["Snapshot"]):
-    def current(self) -> Snapshot | None:
-        return self.order_by("-version").first()
+    def current(self, tenant: str = DEFAULT_TENANT) -> Snapshot | None:
+        return self.filter(tenant_id=tenant).order_by("-version").first()
 
 
 class Snapshot(models.Model):
-    """An immutable, versioned list of selected agents. Rows are never updated, only evicted
-    (deleted) once no session pins them and a newer one is current."""
+    """An immutable, versioned list of a tenant's selected agents (versions count per tenant).
+    Rows are never updated, only evicted (deleted) once no session pins them and a newer one of
+    their tenant is current."""
 
-    version = models.PositiveBigIntegerField(unique=True)
+    tenant = tenant_field("snapshots")
+    version = models.PositiveBigIntegerField()
     digest = models.CharField(max_length=64, db_index=True)
     created_at = models.DateTimeField(default=timezone.now)
     agents = models.JSONField(
@@ -283,16 +299,21 @@ class Snapshot(models.Model):
 
     class Meta:
         ordering = ["-version"]
-        constraints = [models.CheckConstraint(condition=Q(version__gte=1), name="snapshot_v_pos")]
+        constraints = [
+            models.CheckConstraint(condition=Q(version__gte=1), name="snapshot_v_pos"),
+            models.UniqueConstraint(fields=["tenant", "version"], name="snapshot_tenant_version"),
+        ]
 
     def __str__(self) -> str:
         return f"v{self.version} {self.digest[:12]}"
 
 
 class SessionPin(models.Model):
-    """A session pinned to the snapshot current when it started."""
+    """A session pinned to its tenant's snapshot current when it started. Session ids are
+    chosen by callers: unique within a tenant."""
 
-    session_id = models.CharField(max_length=200, unique=True)
+    tenant = tenant_field("session_pins")
+    session_id = models.CharField(max_length=200)
     snapshot = models.ForeignKey(Snapshot, on_delete=models.PROTECT, related_name="pins")
     client_id = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -300,6 +321,9 @@ class SessionPin(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "session_id"], name="session_pin_tenant_id"),
+        ]
 
     def __str__(self) -> str:
         return self.session_id

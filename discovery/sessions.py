@@ -1,6 +1,10 @@
 """Session pinning: a session keeps the snapshot (digest) current when it started until it ends
 (DELETE) or idles out, so its history never refers to an agent that vanished. New sessions get
 the current snapshot. Unpinned old snapshots are evicted.
+
+A session belongs to its caller's tenant (docs/tenants.md): it pins that tenant's snapshots, and
+its id names it within that tenant only (another tenant's session of the same id is another
+session, and one of another tenant is answered as one that does not exist).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from django.utils import timezone
 from discovery import metrics
 from discovery.models import SessionPin
 from discovery.snapshots import snapshot_current, snapshots_evict
+from registry.ids import DEFAULT_TENANT
 
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}\Z")
 
@@ -46,22 +51,29 @@ def _check(session_id: object) -> str:
     return session_id
 
 
-def session_pin(*, session_id: str, client_id: str = "") -> tuple[SessionPin, bool]:
-    """Pin ``session_id`` to the current snapshot; an existing pin is returned unchanged."""
+def _pins(tenant: str):
+    return SessionPin.objects.select_related("snapshot").filter(tenant_id=tenant)
+
+
+def session_pin(*, session_id: str, client_id: str = "", tenant: str = DEFAULT_TENANT
+                ) -> tuple[SessionPin, bool]:
+    """Pin ``tenant``'s session ``session_id`` to its tenant's current snapshot; an existing
+    pin is returned unchanged."""
     _check(session_id)
-    existing = SessionPin.objects.select_related("snapshot").filter(session_id=session_id).first()
+    existing = _pins(tenant).filter(session_id=session_id).first()
     if existing is not None:
         return _touch(existing), False
-    current = snapshot_current()
+    current = snapshot_current(tenant)
     if current is None:
         raise NoSnapshot("no discovery snapshot has been published yet")
     try:
         with transaction.atomic():
             pin = SessionPin.objects.create(
-                session_id=session_id, snapshot=current, client_id=client_id[:200]
+                tenant_id=tenant, session_id=session_id, snapshot=current,
+                client_id=client_id[:200],
             )
     except IntegrityError:  # a concurrent pin of the same id won
-        return SessionPin.objects.select_related("snapshot").get(session_id=session_id), False
+        return _pins(tenant).get(session_id=session_id), False
     pin.snapshot = current
     metrics.PINNED_SESSIONS.inc()
     return pin, True
@@ -75,19 +87,19 @@ def _touch(pin: SessionPin) -> SessionPin:
     return pin
 
 
-def session_get(*, session_id: str) -> SessionPin:
-    """The session's pin (its idle clock restarts); raises :class:`SessionNotFound`."""
+def session_get(*, session_id: str, tenant: str = DEFAULT_TENANT) -> SessionPin:
+    """``tenant``'s session's pin (its idle clock restarts); raises :class:`SessionNotFound`."""
     _check(session_id)
-    pin = SessionPin.objects.select_related("snapshot").filter(session_id=session_id).first()
+    pin = _pins(tenant).filter(session_id=session_id).first()
     if pin is None:
         raise SessionNotFound(session_id)
     return _touch(pin)
 
 
-def session_unpin(*, session_id: str) -> None:
-    """End a session's pin and evict snapshots nobody pins any more."""
+def session_unpin(*, session_id: str, tenant: str = DEFAULT_TENANT) -> None:
+    """End ``tenant``'s session's pin and evict snapshots nobody pins any more."""
     _check(session_id)
-    deleted, _ = SessionPin.objects.filter(session_id=session_id).delete()
+    deleted, _ = SessionPin.objects.filter(tenant_id=tenant, session_id=session_id).delete()
     if not deleted:
         raise SessionNotFound(session_id)
     metrics.PINNED_SESSIONS.dec()

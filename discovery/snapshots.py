@@ -1,8 +1,9 @@
 """Snapshots: immutable, versioned lists of selected agents and their cards.
 
 The digest is the sha256 over the selected agents sorted by local name, as
-``local_name NUL card_sha256 LF`` lines: it identifies an agent tree. A snapshot is published
-(a new row, version + 1) only when the digest differs from the current one. Snapshots are
+``local_name NUL card_sha256 LF`` lines: it identifies an agent tree. Each tenant has its own
+snapshots (docs/tenants.md): one is published (a new row, the tenant's version + 1) only when the
+digest differs from the tenant's current one. Snapshots are
 retained while a session pins them and evicted (reference-counted) after, together with card
 bytes no retained snapshot uses; the current snapshot is always retained.
 """
@@ -16,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Max
+from django.db.models import Count, Max, OuterRef, Subquery
 
 from discovery import metrics
 from discovery.models import CardBlob, SessionPin, Snapshot
+from registry.ids import DEFAULT_TENANT
 
 logger = logging.getLogger(__name__)
 
@@ -68,13 +70,19 @@ def select_capped(candidates: list[SelectedAgent], *, max_agents: int
     return ranked[:max_agents], ranked[max_agents:]
 
 
-def snapshot_current() -> Snapshot | None:
-    return Snapshot.objects.current()
+def snapshot_current(tenant: str = DEFAULT_TENANT) -> Snapshot | None:
+    """``tenant``'s current snapshot."""
+    return Snapshot.objects.current(tenant)
 
 
-def snapshot_get(*, digest: str) -> Snapshot | None:
-    """The latest retained snapshot with ``digest``."""
-    return Snapshot.objects.filter(digest=digest).order_by("-version").first()
+def snapshot_get(*, digest: str, tenant: str | None = DEFAULT_TENANT) -> Snapshot | None:
+    """``tenant``'s latest retained snapshot with ``digest`` (None: any tenant's, the default
+    tenant's first: a platform admin's look-up)."""
+    rows = Snapshot.objects.filter(digest=digest)
+    if tenant is not None:
+        return rows.filter(tenant_id=tenant).order_by("-version").first()
+    return min(rows, key=lambda s: (s.tenant_id != DEFAULT_TENANT, s.tenant_id, -s.version),
+               default=None)
 
 
 def _store_blobs(agents: list[SelectedAgent]) -> None:
@@ -90,61 +98,77 @@ def _store_blobs(agents: list[SelectedAgent]) -> None:
     )
 
 
-def snapshot_publish(*, agents: list[SelectedAgent]) -> tuple[Snapshot, bool]:
-    """Publish a snapshot of ``agents`` unless the current one has the same digest.
+def snapshot_publish(*, agents: list[SelectedAgent], tenant: str = DEFAULT_TENANT
+                     ) -> tuple[Snapshot, bool]:
+    """Publish ``tenant``'s snapshot of ``agents`` unless its current one has the same digest.
 
-    Returns ``(snapshot, published)``. Versions are monotonic: concurrent publishers retry on
-    the unique version.
+    Returns ``(snapshot, published)``. Versions are monotonic per tenant: concurrent publishers
+    retry on the unique (tenant, version).
     """
     ordered = sorted(agents, key=lambda a: a.local_name)
     digest = snapshot_digest((a.local_name, a.card_sha256) for a in ordered)
     for _ in range(5):
-        current = snapshot_current()
+        current = snapshot_current(tenant)
         if current is not None and current.digest == digest:
             return current, False
         try:
             with transaction.atomic():
                 _store_blobs(ordered)
-                version = (Snapshot.objects.aggregate(v=Max("version"))["v"] or 0) + 1
+                version = (Snapshot.objects.filter(tenant_id=tenant)
+                           .aggregate(v=Max("version"))["v"] or 0) + 1
                 snapshot = Snapshot.objects.create(
-                    version=version, digest=digest, agents=[a.as_row() for a in ordered],
+                    tenant_id=tenant, version=version, digest=digest,
+                    agents=[a.as_row() for a in ordered],
                     agent_count=len(ordered),
                 )
         except IntegrityError:
             continue
         metrics.SNAPSHOTS_PUBLISHED.inc()
-        metrics.SNAPSHOT_VERSION.set(snapshot.version)
-        metrics.SNAPSHOT_AGENTS.set(snapshot.agent_count)
-        logger.info("discovery snapshot v%d published: %s (%d agents)",
-                    snapshot.version, digest[:12], len(ordered))
+        metrics.TENANT_SNAPSHOT_VERSION.labels(tenant=tenant).set(snapshot.version)
+        metrics.TENANT_SNAPSHOT_AGENTS.labels(tenant=tenant).set(snapshot.agent_count)
+        if tenant == DEFAULT_TENANT:  # the unlabelled gauges, as before tenants existed
+            metrics.SNAPSHOT_VERSION.set(snapshot.version)
+            metrics.SNAPSHOT_AGENTS.set(snapshot.agent_count)
+        logger.info("discovery snapshot v%d of tenant %s published: %s (%d agents)",
+                    snapshot.version, tenant, digest[:12], len(ordered))
         return snapshot, True
     raise RuntimeError("could not publish a snapshot: version conflicts")
 
 
-def snapshots_retained() -> list[Snapshot]:
-    """The current snapshot and every snapshot a session pins."""
-    current = snapshot_current()
-    pinned = Snapshot.objects.filter(pins__isnull=False).distinct()
+def _currents_qs():
+    """Every tenant's current snapshot (one query)."""
+    top = Snapshot.objects.filter(tenant_id=OuterRef("tenant_id")).order_by("-version")
+    return Snapshot.objects.filter(version=Subquery(top.values("version")[:1]))
+
+
+def snapshots_current() -> list[Snapshot]:
+    """Every tenant's current snapshot."""
+    return list(_currents_qs())
+
+
+def snapshots_retained(tenant: str = DEFAULT_TENANT) -> list[Snapshot]:
+    """``tenant``'s current snapshot and every snapshot of its that a session pins."""
+    current = snapshot_current(tenant)
+    pinned = Snapshot.objects.filter(tenant_id=tenant, pins__isnull=False).distinct()
     rows = {s.pk: s for s in pinned}
     if current is not None:
         rows[current.pk] = current
     return list(rows.values())
 
 
-def snapshot_agent_ids_retained() -> set[str]:
-    """Agent ids any retained snapshot references (their leases are kept)."""
-    return {a["agent_id"] for s in snapshots_retained() for a in s.agents}
+def snapshot_agent_ids_retained(tenant: str = DEFAULT_TENANT) -> set[str]:
+    """Agent ids (bare, ``tenant``'s) its retained snapshots reference (their leases are
+    kept)."""
+    return {a["agent_id"] for s in snapshots_retained(tenant) for a in s.agents}
 
 
 def snapshots_evict() -> list[str]:
-    """Delete snapshots no session pins (except the current one) and card bytes no retained
-    snapshot uses. Returns the evicted digests."""
+    """Delete snapshots no session pins (except each tenant's current one) and card bytes no
+    retained snapshot uses. Returns the evicted digests."""
     from discovery import tree_factory
 
-    current = snapshot_current()
-    victims = Snapshot.objects.annotate(n=Count("pins")).filter(n=0)
-    if current is not None:
-        victims = victims.exclude(pk=current.pk)
+    victims = Snapshot.objects.annotate(n=Count("pins")).filter(n=0).exclude(
+        pk__in=_currents_qs().values("pk"))
     evicted = list(victims.values_list("pk", "digest"))
     if not evicted:
         return []

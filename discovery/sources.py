@@ -31,6 +31,7 @@ from discovery.records import (  # noqa: F401  (re-exported: the sources' record
     card_url_for,
 )
 from outbound.clients import httpx_client
+from registry.ids import DEFAULT_TENANT
 from registry.models import Agent
 
 logger = logging.getLogger(__name__)
@@ -41,21 +42,24 @@ DEFAULT_URL_ANNOTATION = "a2a.dev/base-url"
 REMOTE_REGISTRY_MAX_PAGES = 100
 
 
-def configured_records() -> list[EndpointRecord]:
-    """Static and probe rows (enabled), as records with reviewed names and descriptions."""
+def configured_records(tenant: str = DEFAULT_TENANT) -> list[EndpointRecord]:
+    """``tenant``'s static and probe rows (enabled), as records with reviewed names and
+    descriptions."""
     return [
         EndpointRecord(
             local_name=row.local_name, base_url=row.url, source=row.kind, configured=True,
             description=row.description, critical=row.critical,
         )
-        for row in ConfiguredAgent.objects.filter(enabled=True).order_by("local_name")
+        for row in ConfiguredAgent.objects.filter(tenant_id=tenant, enabled=True)
+        .order_by("local_name")
     ]
 
 
-def local_registry_records() -> list[EndpointRecord]:
-    """Routable agents of this registry (not those discovery itself put there)."""
+def local_registry_records(tenant: str = DEFAULT_TENANT) -> list[EndpointRecord]:
+    """``tenant``'s routable agents of this registry (not those discovery itself put there)."""
     rows = (
-        Agent.objects.routable().exclude(source=Agent.Source.DISCOVERY)
+        Agent.objects.routable().filter(tenant_id=tenant)
+        .exclude(source=Agent.Source.DISCOVERY)
         .only("agent_id", "url", "card_raw", "card_sha256").order_by("agent_id")
     )
     return [
@@ -208,7 +212,7 @@ def feed_records(feed: SourceFeed) -> list[EndpointRecord]:
     if feed.kind == SourceFeed.Kind.CATALOG:
         return catalog_records(url=feed.url, options=feed.options or {}).records
     if feed.kind == SourceFeed.Kind.LOCAL_REGISTRY:
-        return local_registry_records()
+        return local_registry_records(str(feed.tenant_id))
     if feed.kind == SourceFeed.Kind.REMOTE_REGISTRY:
         token_env = (feed.options or {}).get("token_env")
         return remote_registry_records(
@@ -220,11 +224,12 @@ def feed_records(feed: SourceFeed) -> list[EndpointRecord]:
     )
 
 
-def collect_records() -> tuple[list[EndpointRecord], list[str]]:
-    """Every enabled source's records, configured ones first; and the errors of failed sources."""
-    records = configured_records()
+def collect_records(tenant: str = DEFAULT_TENANT) -> tuple[list[EndpointRecord], list[str]]:
+    """Every enabled source's records of ``tenant``, configured ones first; and the errors of
+    failed sources."""
+    records = configured_records(tenant)
     errors: list[str] = []
-    for feed in SourceFeed.objects.filter(enabled=True).order_by("pk"):
+    for feed in SourceFeed.objects.filter(tenant_id=tenant, enabled=True).order_by("pk"):
         try:
             records.extend(feed_records(feed))
         except SourceError as exc:

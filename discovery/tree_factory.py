@@ -2,7 +2,8 @@
 
 Everything comes from the snapshot and the card bytes it retained: reviewed local names and
 descriptions, and the cached card with every endpoint URL rewritten to the gateway
-(``<base>/a2a/{agent_id}/``), so a tree calls through the gateway's auth, limits and metrics
+(``<base>/a2a/{agent_id}/``; ``<base>/a2a/t/{tenant}/{agent_id}/`` for a snapshot of another
+tenant than the default), so a tree calls through the gateway's auth, limits and metrics
 and building it makes no network call. :mod:`discovery.adk` turns a tree into google-adk
 ``RemoteA2aAgent`` objects when that package is installed.
 """
@@ -18,6 +19,7 @@ from django.conf import settings
 
 from discovery.models import CardBlob, Snapshot
 from registry.bindings import rewrite_card_endpoints
+from registry.ids import DEFAULT_TENANT, agent_key, gateway_path
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class AgentTree:
     agents: tuple[RemoteAgentSpec, ...]
 
 
-_trees: dict[tuple[str, str], AgentTree] = {}
+_trees: dict[tuple[str, str, str], AgentTree] = {}  # (digest, tenant, base URL) -> tree
 _lock = threading.Lock()
 stats = {"builds": 0}
 
@@ -50,8 +52,8 @@ def public_base_url(request: Any = None) -> str:
     return ""
 
 
-def gateway_url(base_url: str, agent_id: str) -> str:
-    return f"{base_url.rstrip('/')}/a2a/{agent_id}/"
+def gateway_url(base_url: str, agent_id: str, tenant: str = DEFAULT_TENANT) -> str:
+    return f"{base_url.rstrip('/')}{gateway_path(agent_key(tenant, agent_id))}"
 
 
 def _build(snapshot: Snapshot, base_url: str) -> AgentTree:
@@ -59,7 +61,7 @@ def _build(snapshot: Snapshot, base_url: str) -> AgentTree:
     cards = dict(CardBlob.objects.filter(sha256__in=shas).values_list("sha256", "card"))
     agents = []
     for row in snapshot.agents:
-        url = gateway_url(base_url, row["agent_id"])
+        url = gateway_url(base_url, row["agent_id"], str(snapshot.tenant_id))
         card = cards.get(row["card_sha256"]) or {}
         agents.append(RemoteAgentSpec(
             local_name=row["local_name"], description=row["description"],
@@ -72,7 +74,7 @@ def _build(snapshot: Snapshot, base_url: str) -> AgentTree:
 
 def tree_for(snapshot: Snapshot, *, base_url: str) -> AgentTree:
     """The tree of ``snapshot`` (built on first use per digest and base URL, then cached)."""
-    key = (snapshot.digest, base_url)
+    key = (snapshot.digest, str(snapshot.tenant_id), base_url)
     tree = _trees.get(key)
     if tree is None:
         with _lock:

@@ -46,7 +46,7 @@ async def metrics_refusal(scope: dict[str, Any]) -> str | None:
         actor = await shared_token_cache().actor(authorization)
     except AuthFailed as exc:
         return str(exc)
-    if actor is not None and actor.is_admin and not actor.is_anonymous:
+    if actor is not None and actor.is_platform_admin and not actor.is_anonymous:
         return None
     return NEEDS_TOKEN
 

@@ -21,12 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import errors, push, recorder
 from gateway.bodies import BodyTooLarge, Disconnected, Receive, Send, read_body
-from gateway.cards import EXTENDED_CARD_ANONYMOUS, EXTENDED_CARD_METHODS, CardRewrite, gateway_url
+from gateway.cards import (
+    EXTENDED_CARD_ANONYMOUS,
+    EXTENDED_CARD_METHODS,
+    CardRewrite,
+    gateway_base_url,
+    gateway_url,
+)
+from gateway.envelope import STREAMING_METHODS
 from gateway.exchange import REST, discard, send_error
 from gateway.headers import AUTHORIZATION_TAG, RequestHeaders
+from gateway.tenant_quotas import NO_STREAM, StreamSlot
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.events import AgentRoute
-from registry.ids import AGENT_ID_RE
+from registry.ids import AGENT_KEY_RE, split_agent_key
 from registry.permissions import ANONYMOUS_ID, Actor
 from registry.token_cache import AuthFailed, AuthUnavailable, TokenCache
 
@@ -68,7 +76,8 @@ async def read_call_body(node: GatewayNode, scope: dict[str, Any], receive: Rece
     # Authenticate before reading a large (or chunked) body: an unknown caller never gets to
     # upload one. A small body is read first so a refusal can carry the caller's id.
     if (headers.content_length is None or headers.content_length > AUTH_FIRST_ABOVE_BYTES) \
-            and not await _authenticated(node, scope, _gateway_credential(node, agent_id, headers),
+            and not await _authenticated(node, scope,
+                                         (await _caller_view(node, agent_id, headers))[0],
                                          send, agent_id, rpc_id):
         return None
     # One receive() holds the whole of a small body: read it here, without a reader coroutine.
@@ -118,6 +127,10 @@ async def admit_call(node: GatewayNode, scope: dict[str, Any], send: Send,
         if not node.limiter.allow(actor.client_id):
             await rate_limited(scope, send, rpc_id, agent_id, actor.client_id, method)
             return None
+        why = node.quotas.refuse_call(route.tenant)
+        if why is not None:
+            await quota_refused(scope, send, rpc_id, agent_id, actor.client_id, method, why)
+            return None
         return actor.client_id, route
     return await admit_to_agent(node, scope, send, headers, rpc_id, agent_id, method)
 
@@ -137,10 +150,10 @@ def fresh_caller(node: GatewayNode, route: AgentRoute | None, headers: RequestHe
     passthrough), a client verified within the token cache's lifetime, allowed to call it --
     its actor; else None, and the caller takes :func:`admit_to_agent` (same checks, same
     answers). The rate limit is the caller's to charge, once either way."""
-    if route is None or route.credential_passthrough or AGENT_ID_RE.match(agent_id) is None:
+    if route is None or route.credential_passthrough or AGENT_KEY_RE.match(agent_id) is None:
         return None
     actor = node.tokens.fresh_client(headers.authorization)
-    if actor is not None and actor.may_call(agent_id):
+    if actor is not None and actor.may_call(agent_id, route):
         return actor
     return None
 
@@ -150,18 +163,15 @@ async def admit_to_agent(node: GatewayNode, scope: dict[str, Any], send: Send,
                          method: str = "") -> tuple[str, AgentRoute] | None:
     """Check the agent id, the caller and the route: ``(caller id, route)``, or None once the
     refusal has been answered (and audited: :func:`gateway.recorder.refuse`)."""
-    if not AGENT_ID_RE.match(agent_id):
+    if not AGENT_KEY_RE.match(agent_id):
         await send_error(send, errors.INVALID_REQUEST, rpc_id, None, "invalid agent id")
         return None
-    route = node.table.get(agent_id)
-    authorization = headers.authorization
-    if route is not None and route.credential_passthrough:
+    authorization, route = await _caller_view(node, agent_id, headers)
+    if route is not None and route.credential_passthrough and headers.authorization is not None:
         # Credential passthrough: Authorization belongs to the agent and travels unchanged;
         # the caller authenticates to the gateway with X-Gateway-Authorization.
-        authorization = headers.gateway_authorization
-        if headers.authorization is not None:
-            headers.tags[AUTHORIZATION_TAG] = headers.authorization
-    caller = await _admit(node, scope, send, authorization, rpc_id, agent_id, method)
+        headers.tags[AUTHORIZATION_TAG] = headers.authorization
+    caller = await _admit(node, scope, send, authorization, rpc_id, agent_id, method, route)
     if caller is None:
         return None
     if route is None:
@@ -171,18 +181,39 @@ async def admit_to_agent(node: GatewayNode, scope: dict[str, Any], send: Send,
         await send_error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id,
                      errors.expired_detail(expired) if expired is not None else "")
         return None
+    why = node.quotas.refuse_call(route.tenant)
+    if why is not None:
+        await quota_refused(scope, send, rpc_id, agent_id, caller, method, why)
+        return None
     return caller, route
 
 
-def _gateway_credential(node: GatewayNode, agent_id: str,
-                        headers: RequestHeaders) -> str | None:
-    """The credential the caller authenticates to the gateway with: ``Authorization``, or
-    ``X-Gateway-Authorization`` for an agent with credential passthrough (whose
-    ``Authorization`` is the agent's)."""
+async def _caller_view(node: GatewayNode, agent_id: str,
+                       headers: RequestHeaders) -> tuple[str | None, AgentRoute | None]:
+    """The credential the caller authenticates to the gateway with, and the agent's route as
+    this caller may know it.
+
+    The credential is ``Authorization``, and ``X-Gateway-Authorization`` for an agent with
+    credential passthrough (whose ``Authorization`` is the agent's). An unknown agent, and
+    another tenant's agent out of the reach of the caller the headers name, get one answer
+    (docs/tenants.md): the caller named by ``X-Gateway-Authorization`` when sent, else by
+    ``Authorization``, told that no such agent exists -- so no header a caller sends tells it
+    that the agent exists. Agents in reach are answered as they always were."""
     route = node.table.get(agent_id)
-    if route is not None and route.credential_passthrough:
-        return headers.gateway_authorization
-    return headers.authorization
+    own, gateway = headers.authorization, headers.gateway_authorization
+    named = gateway if gateway is not None else own
+    if route is None:
+        return named, None
+    if named is not None:
+        try:
+            actor = await node.tokens.actor(named)
+        except AuthFailed:
+            if route.credential_passthrough and gateway is None:
+                return own, None  # refused as the same header to an unknown agent is
+        else:
+            if actor is not None and not actor.reaches(route):
+                return named, None
+    return (gateway if route.credential_passthrough else own), route
 
 
 async def _authenticated(node: GatewayNode, scope: dict[str, Any], authorization: str | None,
@@ -216,8 +247,34 @@ async def rate_limited(scope: dict[str, Any], send: Send, rpc_id: Any, agent_id:
                  extra=[(b"retry-after", b"1")])
 
 
+async def quota_refused(scope: dict[str, Any], send: Send, rpc_id: Any, agent_id: str,
+                        caller: str, method: str, why: str) -> None:
+    """Answer (and audit) a call refused by its agent's tenant's quota
+    (gateway.tenant_quotas): the per-client rate limit's answer, 429 with ``Retry-After``,
+    ``why`` naming the quota; the agent was not called."""
+    refused(scope, agent_id, caller, method, errors.RATE_LIMITED)
+    await send_error(send, errors.RATE_LIMITED, rpc_id, agent_id, why,
+                     extra=[(b"retry-after", b"1")])
+
+
+async def stream_slot(node: GatewayNode, scope: dict[str, Any], send: Send, rpc_id: Any,
+                      agent_id: str, caller: str, route: AgentRoute,
+                      method: str) -> StreamSlot | None:
+    """The slot of an admitted call among its tenant's open streams (:data:`NO_STREAM` for
+    a call that is not a stream), or None once the refusal (``max_concurrent_streams``) was
+    answered. The entry gives the slot back when the stream ends, in a ``finally``."""
+    if method not in STREAMING_METHODS:
+        return NO_STREAM
+    slot = node.quotas.open_stream(route.tenant)
+    if isinstance(slot, str):
+        await quota_refused(scope, send, rpc_id, agent_id, caller, method, slot)
+        return None
+    return slot
+
+
 async def _admit(node: GatewayNode, scope: dict[str, Any], send: Send, authorization: str | None,
-                 rpc_id: Any, agent_id: str, method: str = "") -> str | None:
+                 rpc_id: Any, agent_id: str, method: str = "",
+                 route: AgentRoute | None = None) -> str | None:
     """Rate-limit by address (calls refused earlier), authenticate, authorize and rate-limit
     by caller: the caller's client id, or None once the refusal has been answered."""
     limiter = node.limiter
@@ -241,7 +298,14 @@ async def _admit(node: GatewayNode, scope: dict[str, Any], send: Send, authoriza
         await send_error(send, errors.UNAUTHENTICATED, rpc_id, agent_id, detail,
                      extra=[(b"www-authenticate", b'Bearer realm="a2a"')])
         return None
-    if not actor.may_call(agent_id):
+    if not (actor.reaches(route) if route is not None
+            else actor.in_tenant(split_agent_key(agent_id)[0])):
+        # Another tenant's agent out of this caller's reach: answered as an unknown agent
+        # (docs/tenants.md), the same body, so a refusal never confirms that it exists.
+        refused(scope, agent_id, actor.client_id, method, errors.AGENT_NOT_FOUND)
+        await send_error(send, errors.AGENT_NOT_FOUND, rpc_id, agent_id, "")
+        return None
+    if not actor.may_call(agent_id, route):
         refused(scope, agent_id, actor.client_id, method, errors.FORBIDDEN)
         await send_error(send, errors.FORBIDDEN, rpc_id, agent_id,
                      f"this client may not call {agent_id}")
@@ -257,15 +321,39 @@ async def _admit(node: GatewayNode, scope: dict[str, Any], send: Send, authoriza
 
 
 async def refused_webhook(scope: dict[str, Any], agent_id: str, caller: str, method: str,
-                          params: Any, *, rest: bool = False) -> str | None:
+                          params: Any, *, rest: bool = False,
+                          relay_base: str | None = None) -> str | None:
     """Why a push-notification webhook ``params`` of ``method`` carries is refused
-    (:mod:`gateway.push`; the refusal audited), or None: the one check of every binding."""
+    (:mod:`gateway.push`; the refusal audited), or None: the one check of every binding. With
+    ``relay_base`` (relay mode: :func:`relay_base`), the accepted configs are then kept and
+    rewritten in place to point at the gateway (:func:`gateway.push.relay`)."""
     if method not in push.METHODS:
         return None
     why = await push.check(method, params, rest=rest)
+    if why is None and relay_base is not None and push.carries(method, params, rest=rest):
+        why = await push.relay(method, params, agent_id=agent_id, caller=caller,
+                               base_url=relay_base, rest=rest)
     if why is not None:
         refused(scope, agent_id, caller, method, errors.WEBHOOK_REFUSED)
     return why
+
+
+def relay_base(node: GatewayNode, route: AgentRoute, scope: dict[str, Any] | None,
+               headers: RequestHeaders | None) -> str | None:
+    """None when the webhooks of calls to ``route``'s agent go to it unchanged; else the base
+    URL the agent reaches this node's push relay at: ``A2A_PUSH_RELAY_BASE_URL``, else
+    ``A2A_PUBLIC_BASE_URL``, else the one the caller reached (``""`` for a gRPC caller, who
+    names no HTTP host: then the relay refuses, naming the setting)."""
+    settings = node.settings
+    if not push.relays(route, settings.A2A_PUSH_RELAY):
+        return None
+    if settings.A2A_PUSH_RELAY_BASE_URL:
+        return settings.A2A_PUSH_RELAY_BASE_URL
+    if scope is None or headers is None:
+        return settings.A2A_PUBLIC_BASE_URL
+    return gateway_base_url(scope, headers.host, headers.forwarded_proto,
+                            headers.forwarded_host)
+
 
 async def extended_card(scope: dict[str, Any], send: Send, headers: RequestHeaders, rpc_id: Any,
                         agent_id: str, caller: str, method: str, *,

@@ -32,12 +32,13 @@ from google.protobuf.json_format import MessageToDict
 
 from core import lifecycle as node_config
 from gateway import errors, metrics
-from gateway.bodies import Receive, Send
+from gateway.bodies import Receive, Send, WholeAnswer
 from gateway.headers import RequestHeaders, scan_request_headers
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.bindings import rewrite_card_endpoints
-from registry.ids import AGENT_ID_RE
-from registry.selectors import agent_get
+from registry.ids import AGENT_KEY_RE, DEFAULT_TENANT, gateway_path, split_agent_key
+from registry.permissions import PUBLIC
+from registry.selectors import agent_get_by_key
 from registry.token_cache import AuthFailed
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ _rendered: dict[tuple[str, str, int | None], tuple[bytes, bytes]] = {}
 
 
 def _card_of(agent_id: str) -> tuple[str, dict[str, Any]] | None:
-    agent = agent_get(agent_id=agent_id)
+    agent = agent_get_by_key(key=agent_id)
     if agent is None or not agent.is_routable:
         return None
     # From the stored bytes, not the JSON column: PostgreSQL's jsonb reorders keys, and
@@ -149,11 +150,16 @@ def _etag_matches(header: str, etag: bytes) -> bool:
 async def serve_card(node: GatewayNode, scope: dict[str, Any], receive: Receive, send: Send,
                      agent_id: str) -> None:
     headers = scan_request_headers(scope["headers"])
-    if not AGENT_ID_RE.match(agent_id):
+    if not AGENT_KEY_RE.match(agent_id):
         await _json(send, 404, errors.error_body(errors.INVALID_REQUEST, agent_id=None,
                                                  detail="invalid agent id"), scope)
         return
-    if settings.A2A_CARDS_REQUIRE_TOKEN:
+    route = node.table.get(agent_id)
+    tenant = split_agent_key(agent_id)[0]
+    # docs/tenants.md: another tenant's card is served only to callers within its reach,
+    # unless the agent is published to every tenant.
+    tenanted = tenant != DEFAULT_TENANT and (route is None or route.visibility != PUBLIC)
+    if settings.A2A_CARDS_REQUIRE_TOKEN or tenanted:
         try:
             actor = await node.tokens.actor(headers.authorization)
         except AuthFailed as exc:
@@ -164,12 +170,16 @@ async def serve_card(node: GatewayNode, scope: dict[str, Any], receive: Receive,
             await _json(send, 401, errors.error_body(errors.UNAUTHENTICATED, agent_id=agent_id,
                                                      detail=detail), scope)
             return
-        if not actor.may_call(agent_id):
+        if not (actor.reaches(route) if route is not None else actor.in_tenant(tenant)):
+            metrics.count_card("not_found")
+            await _json(send, 404, errors.error_body(errors.AGENT_NOT_FOUND, agent_id=agent_id),
+                        scope)
+            return
+        if not actor.may_call(agent_id, route):
             await _json(send, 403, errors.error_body(
                 errors.FORBIDDEN, agent_id=agent_id, detail=f"this client may not call {agent_id}"
             ), scope)
             return
-    route = node.table.get(agent_id)
     card = _cards.get(route.card_sha256) if route is not None else None
     sha = route.card_sha256 if route is not None else ""
     if route is None or card is None:
@@ -185,7 +195,7 @@ async def serve_card(node: GatewayNode, scope: dict[str, Any], receive: Receive,
         _cards[sha] = card
     base = gateway_base_url(scope, headers.host, headers.forwarded_proto,
                             headers.forwarded_host)
-    body, etag = render(card, sha, f"{base}/a2a/{agent_id}/")
+    body, etag = render(card, sha, f"{base}{gateway_path(agent_id)}")
     cache_control = (b"private, max-age=300" if settings.A2A_CARDS_REQUIRE_TOKEN
                      else b"public, max-age=300")
     if_none_match = next((v for k, v in scope["headers"] if k == b"if-none-match"), None)
@@ -224,7 +234,7 @@ def gateway_url(scope: dict[str, Any], headers: RequestHeaders, agent_id: str) -
     """The agent's gateway base (``.../a2a/{agent_id}/``) as the caller reached it: where a
     card answered to that caller points."""
     base = gateway_base_url(scope, headers.host, headers.forwarded_proto, headers.forwarded_host)
-    return f"{base}/a2a/{agent_id}/"
+    return f"{base}{gateway_path(agent_id)}"
 
 
 def rewrite_card(card: Any, url: str) -> Any:
@@ -249,44 +259,25 @@ def grpc_gateway_url(agent_id: str) -> str:
         host = address[0] if address and address[0] not in ("", "0.0.0.0", "::", "[::]") \
             else "localhost"
         base = f"http://[{host}]" if ":" in host else f"http://{host}"
-    return f"{base}/a2a/{agent_id}/"
+    return f"{base}{gateway_path(agent_id)}"
 
 
-class CardRewrite:
+class CardRewrite(WholeAnswer):
     """The caller's ``send`` for an extended-card call forwarded unchanged (JSON-RPC, or
     HTTP+JSON to the agent's own interface): the agent's answer is held whole (it is a card,
     within the response cap) and its card -- a JSON-RPC response's ``result``, or the HTTP+JSON
     body -- rewritten like the public card before it reaches the caller. Errors, the gateway's
     or the agent's, pass unchanged."""
 
-    __slots__ = ("send", "url", "rest", "start", "chunks")
+    __slots__ = ("url", "rest")
 
     def __init__(self, send: Send, url: str, *, rest: bool) -> None:
-        self.send = send
+        super().__init__(send)
         self.url = url
         self.rest = rest
-        self.start: dict[str, Any] | None = None
-        self.chunks: list[bytes] = []
 
-    async def __call__(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            self.start = message
-            return
-        if self.start is None:
-            await self.send(message)
-            return
-        self.chunks.append(message.get("body", b""))
-        if message.get("more_body"):
-            return
-        start, self.start = self.start, None
-        body = b"".join(self.chunks)
-        self.chunks = []
-        if start["status"] == 200:
-            body = self._rewritten(body)
-        headers = [(k, v) for k, v in start.get("headers") or () if k != b"content-length"]
-        headers.append((b"content-length", b"%d" % len(body)))
-        await self.send({**start, "headers": headers})
-        await self.send({"type": "http.response.body", "body": body})
+    async def rewritten(self, body: bytes) -> bytes:
+        return self._rewritten(body)
 
     def _rewritten(self, body: bytes) -> bytes:
         try:

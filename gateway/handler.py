@@ -53,6 +53,8 @@ from gateway.admission import (
     extended_card,
     read_call_body,
     refused_webhook,
+    relay_base,
+    stream_slot,
 )
 from gateway.bodies import Receive, Send
 from gateway.cards import EXTENDED_CARD_METHODS, serve_card
@@ -76,6 +78,7 @@ from gateway.limits import request_timeout
 from gateway.relays import new_request_id, relay_stream, request_numbers
 from gateway.rest_handler import handle_rest, resumed_rest_stream
 from gateway.resume import parse_last_event_id, stream_form
+from registry.ids import TENANT_PATH_MARK, TENANT_SEPARATOR, agent_key, tenant_error
 
 if TYPE_CHECKING:
     from gateway.runtime import GatewayNode
@@ -85,6 +88,28 @@ if TYPE_CHECKING:
 CONTENT_TYPE_NOT_JSON = "Content-Type must be application/json"
 JSONRPC_NOT_2_0 = 'jsonrpc must be "2.0"'
 _CARD_PATHS = (".well-known/agent-card.json", ".well-known/agent.json")
+#: Where a non-default tenant's agents are addressed (registry.ids.gateway_path).
+TENANT_PREFIX = f"/a2a/{TENANT_PATH_MARK}/"
+
+
+def tenant_scope(scope: dict[str, Any]) -> dict[str, Any] | None:
+    """``/a2a/t/{tenant}/{agent_id}/...`` as the gateway's own form of it,
+    ``/a2a/{tenant}.{agent_id}/...`` (the routing key in the agent id's place; the raw path
+    rewritten alike, so the HTTP+JSON binding forwards the caller's encoding): a copy of
+    ``scope``, or None when the tenant is not a valid tenant slug."""
+    rest = scope["path"][len(TENANT_PREFIX):]
+    tenant, _, rest = rest.partition("/")
+    agent_id, sep, tail = rest.partition("/")
+    if tenant_error(tenant) is not None or TENANT_SEPARATOR in agent_id:
+        return None
+    key = agent_key(tenant, agent_id)
+    qualified = {**scope, "path": f"/a2a/{key}{sep}{tail}"}
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes):
+        prefix = f"{TENANT_PREFIX}{tenant}/{agent_id}".encode()
+        qualified["raw_path"] = (b"/a2a/" + key.encode() + raw[len(prefix):]
+                                 if raw.startswith(prefix) else None)
+    return qualified
 
 
 # --- entry point -----------------------------------------------------------------------------
@@ -97,7 +122,18 @@ def a2a_app(node: GatewayNode, scope: dict[str, Any], receive: Receive,
     A plain function returning the handler's coroutine: one coroutine level fewer on every
     suspension of the hot path.
     """
-    agent_id, _, tail = scope["path"][5:].partition("/")  # after "/a2a/"
+    path = scope["path"]
+    if path.startswith(TENANT_PREFIX):
+        qualified = tenant_scope(scope)
+        if qualified is not None:
+            scope = qualified
+            agent_id, _, tail = scope["path"][5:].partition("/")
+        else:  # no valid tenant: its routes answer as for an invalid agent id
+            agent_id, tail = "", path[len(TENANT_PREFIX):].partition("/")[2].partition("/")[2]
+    else:
+        agent_id, _, tail = path[5:].partition("/")  # after "/a2a/"
+        if TENANT_SEPARATOR in agent_id:
+            agent_id = ""  # a qualified id is addressed as /a2a/t/{tenant}/{agent_id} only
     method = scope["method"]
     if tail == "":
         if method == "POST":
@@ -174,31 +210,43 @@ async def handle_rpc(node: GatewayNode, scope: dict[str, Any], receive: Receive,
     if admitted is None:
         return
     caller, route = admitted
-    if method in push.METHODS and (len(body) <= LAZY_ABOVE_BYTES or push.MARKER in body):
-        whole = payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body)
-        refused = await refused_webhook(scope, agent_id, caller, method, whole.get("params"))
-        if refused is not None:
-            await send_error(send, errors.WEBHOOK_REFUSED, rpc_id, agent_id, refused)
-            return
-    if method in EXTENDED_CARD_METHODS:
-        rewrite = await extended_card(scope, send, headers, rpc_id, agent_id, caller, method)
-        if rewrite is None:
-            return
-        send = rewrite
-    # HOOK (gRPC-only agent): its endpoint is its gRPC address; the admitted call is
-    # translated to its gRPC server instead of taking the subscriber's HTTP way
-    # (gateway.grpc_binding.outbound_translate).
-    if outbound_translate.is_grpc_target(route.endpoint):
-        await outbound_translate.answer_jsonrpc(
-            send, receive, route=route, caller=caller, tags=headers.tags,
-            timeout=request_timeout(payload, settings), started=started,
-            request_bytes=len(body),
-            payload=payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body))
+    slot = await stream_slot(node, scope, send, rpc_id, agent_id, caller, route, method)
+    if slot is None:
         return
-    await forward_call(node, route, send, receive, rpc_id, caller, headers.tags, method, body,
-                       request_timeout(payload, settings),
-                       streaming=method in env.STREAMING_METHODS, started=started,
-                       payload=payload, profile=settings.A2A_ERROR_PROFILE)
+    try:
+        if method in push.METHODS and push.may_carry(method, body):
+            whole = payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body)
+            base = relay_base(node, route, scope, headers)
+            refused = await refused_webhook(scope, agent_id, caller, method, whole.get("params"),
+                                            relay_base=base)
+            if refused is not None:
+                await send_error(send, errors.WEBHOOK_REFUSED, rpc_id, agent_id, refused)
+                return
+            if base is not None and push.carries(method, whole.get("params")):
+                payload, body = whole, orjson.dumps(whole)  # the configs point at the relay
+        if method in push.CONFIG_ANSWERS:
+            send = push.ConfigAnswer(send, agent_id, caller)
+        if method in EXTENDED_CARD_METHODS:
+            rewrite = await extended_card(scope, send, headers, rpc_id, agent_id, caller, method)
+            if rewrite is None:
+                return
+            send = rewrite
+        # HOOK (gRPC-only agent): its endpoint is its gRPC address; the admitted call is
+        # translated to its gRPC server instead of taking the subscriber's HTTP way
+        # (gateway.grpc_binding.outbound_translate).
+        if outbound_translate.is_grpc_target(route.endpoint):
+            await outbound_translate.answer_jsonrpc(
+                send, receive, route=route, caller=caller, tags=headers.tags,
+                timeout=request_timeout(payload, settings), started=started,
+                request_bytes=len(body),
+                payload=payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body))
+            return
+        await forward_call(node, route, send, receive, rpc_id, caller, headers.tags, method, body,
+                           request_timeout(payload, settings),
+                           streaming=method in env.STREAMING_METHODS, started=started,
+                           payload=payload, profile=settings.A2A_ERROR_PROFILE)
+    finally:
+        slot.release()
 
 
 # --- GET /a2a/{agent_id}/stream ----------------------------------------------------------------
@@ -215,6 +263,9 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive: R
     if admitted is None:
         return
     caller, route = admitted
+    slot = await stream_slot(node, scope, send, None, agent_id, caller, route, "message/stream")
+    if slot is None:
+        return
     rpc_id = f"stream-{next(request_numbers)}"
     body = orjson.dumps({"jsonrpc": "2.0", "id": rpc_id, "method": "message/stream",
                          "params": {}})
@@ -222,10 +273,13 @@ async def handle_get_stream(node: GatewayNode, scope: dict[str, Any], receive: R
     tags["a2a_hdr_content-type"] = "application/json"
     tags.setdefault("a2a_hdr_accept", "text/event-stream")
     settings = node.settings
-    await forward_call(node, route, send, receive, rpc_id, caller, tags, "message/stream", body,
-                       float(settings.A2A_DEFAULT_TIMEOUT_SECONDS), streaming=True,
-                       started=started, payload=None, profile=settings.A2A_ERROR_PROFILE,
-                       request_bytes=0)
+    try:
+        await forward_call(node, route, send, receive, rpc_id, caller, tags, "message/stream",
+                           body, float(settings.A2A_DEFAULT_TIMEOUT_SECONDS), streaming=True,
+                           started=started, payload=None, profile=settings.A2A_ERROR_PROFILE,
+                           request_bytes=0)
+    finally:
+        slot.release()
 
 
 # --- GET /a2a/{agent_id}/stream/{stream_id}: resume (docs/streams.md) -------------------------
@@ -256,6 +310,11 @@ async def handle_resume(node: GatewayNode, scope: dict[str, Any], receive: Recei
                          "expected /a2a/{agent_id}/stream/{stream_id} and a Last-Event-ID of "
                          "that stream")
         return
+    # A resumed stream is an open stream of its tenant again (the dropped one gave its back).
+    slot = await stream_slot(node, scope, send, form_id, agent_id, caller, route,
+                             "tasks/resubscribe")
+    if slot is None:
+        return
     translation = None
     if rest_form:
         form_id, send, translation = resumed_rest_stream(send, stream_id)
@@ -277,6 +336,8 @@ async def handle_resume(node: GatewayNode, scope: dict[str, Any], receive: Recei
     except asyncio.CancelledError:
         if not await answer_stopping(exchange):
             raise
+    finally:
+        slot.release()
     if translation is not None:
         await translation.finish()
     metrics.observe_latency(agent_id, exchange.outcome, time.perf_counter() - started)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.handler import a2a_app
+from registry.ids import gateway_path
 
 if TYPE_CHECKING:
     from gateway.runtime import GatewayNode
@@ -95,7 +96,7 @@ async def call(node: GatewayNode, agent_id: str, body: bytes, *,
             if chunk:
                 await sink.body(chunk)
 
-    path = f"/a2a/{agent_id}"
+    path = gateway_path(agent_id).rstrip("/")  # agent_id: the routing key
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},

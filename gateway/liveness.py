@@ -3,7 +3,7 @@
 Every serving node (distributed mode) refreshes ``a2a:node:{cluster}:alive:{node_id}`` every
 ``A2A_NODE_LIVENESS_REFRESH_SECONDS`` with a TTL of ``A2A_NODE_LIVENESS_TTL_SECONDS`` (value:
 this process's token and its state, ``up`` or ``stopping``) and adds its id to the set
-``a2a:node:{cluster}:known``. ``{cluster}`` names the registry database (:func:`cluster_of`):
+``a2a:node:{cluster}:known``. ``{cluster}`` names the registry database (``core.cluster``):
 nodes sharing a Redis but not a database are separate clusters and never adopt each other's
 agents. On the same beat it reads every known node's key: a peer whose key it saw
 before and that is now gone (killed, frozen, cut off from Redis for longer than the TTL), or
@@ -18,12 +18,11 @@ node heartbeat (``A2A_NODE_HEARTBEAT_SECONDS``) is kept for the admin and the ex
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from core import threads
@@ -37,10 +36,6 @@ KEY_PREFIX = "a2a:node:{cluster}:alive:"
 KNOWN_SET = "a2a:node:{cluster}:known"
 
 
-def cluster_of(database: Mapping[str, object]) -> str:
-    """A short name for the registry database a node serves (Django's database settings)."""
-    where = "|".join(str(database.get(k) or "") for k in ("ENGINE", "HOST", "PORT", "NAME"))
-    return hashlib.sha1(where.encode()).hexdigest()[:12]
 #: What ends a call in flight on a node found dead (pushed into the call's reply buffer,
 #: gateway.relays).
 OWNER_LOST: dict[str, str] = {"k": "owner_lost"}

@@ -13,7 +13,9 @@ Exposed: ``kubemq_a2a_requests_total{agent_id,method}`` (A2A 0.3 and 1.0 method 
 HTTP error status, relayed unchanged -- or the gateway's error kind),
 ``kubemq_a2a_busy_rejections_total{agent_id}``, ``kubemq_a2a_in_flight{agent_id}``,
 ``kubemq_a2a_card_requests_total{result}``, the fast registration path's group commits,
-``kubemq_a2a_registration_batches_total`` and ``kubemq_a2a_registration_batch_items_total``.
+``kubemq_a2a_registration_batches_total`` and ``kubemq_a2a_registration_batch_items_total``,
+and ``kubemq_a2a_tenant_quota_refused_total{tenant,quota}`` (requests a tenant's quota refused,
+``quota`` the Tenant field; counted by :func:`registry.quotas.count_refused`).
 Other apps register collectors of their own in the same registry (the search index's writer:
 :mod:`ard.metrics`); ``GET /metrics`` serves them all.
 """
@@ -35,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from gateway import access
 from gateway.bodies import Receive, Send
+from registry.quotas import refused_counts
 
 #: Method names counted as themselves: A2A 0.3, A2A 1.0, and KubeMQ's tasks/send.
 KNOWN_METHODS = frozenset({
@@ -135,6 +138,8 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily("kubemq_a2a_card_requests", "", labels=["result"])
         yield CounterMetricFamily("kubemq_a2a_registration_batches", "")
         yield CounterMetricFamily("kubemq_a2a_registration_batch_items", "")
+        yield CounterMetricFamily("kubemq_a2a_tenant_quota_refused", "",
+                                  labels=["tenant", "quota"])
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -193,6 +198,14 @@ class GatewayCollector(Collector):
         yield CounterMetricFamily(
             "kubemq_a2a_registration_batch_items", "Registrations in those batches.",
             value=items)
+
+        quota = CounterMetricFamily(
+            "kubemq_a2a_tenant_quota_refused",
+            "Requests refused by a tenant's quota (quota: the tenant's field).",
+            labels=["tenant", "quota"])
+        for (tenant, name), count in sorted(refused_counts().items()):
+            quota.add_metric([tenant, name], count)
+        yield quota
 
 
 def _bound(value: float) -> str:

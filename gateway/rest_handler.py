@@ -25,6 +25,8 @@ from gateway.admission import (
     read_call_body,
     refused,
     refused_webhook,
+    relay_base,
+    stream_slot,
 )
 from gateway.bodies import Receive, Send
 from gateway.cards import EXTENDED_CARD_METHODS, CardRewrite, rewrite_card
@@ -79,44 +81,59 @@ async def handle_rest(node: GatewayNode, scope: dict[str, Any], receive: Receive
     if admitted is None:
         return
     caller, route = admitted
-    if method in EXTENDED_CARD_METHODS:
-        rewrite = await extended_card(scope, send, headers, REST, agent_id, caller, method,
-                                      rest_body=bool(route.http_json_endpoint))
-        if rewrite is None:
+    slot = await stream_slot(node, scope, send, REST, agent_id, caller, route,
+                             method)
+    if slot is None:
+        return
+    try:
+        if method in push.CONFIG_ANSWERS:
+            send = push.ConfigAnswer(send, agent_id, caller)
+        if method in EXTENDED_CARD_METHODS:
+            rewrite = await extended_card(scope, send, headers, REST, agent_id, caller, method,
+                                          rest_body=bool(route.http_json_endpoint))
+            if rewrite is None:
+                return
+            send = rewrite
+        # HOOK (gRPC-only agent): translated to its gRPC server, as in handler.handle_rpc.
+        if outbound_translate.is_grpc_target(route.endpoint):
+            await outbound_translate.answer_rest(
+                send, receive, route=route, caller=caller, tags=headers.tags, tail=tail,
+                method=method, query=scope.get("query_string") or b"", body=body, started=started,
+                timeout=request_timeout({"params": payload} if payload else {}, node.settings),
+                check_webhook=lambda name, params: refused_webhook(
+                    scope, agent_id, caller, name, params,
+                    relay_base=relay_base(node, route, scope, headers)))
             return
-        send = rewrite
-    # HOOK (gRPC-only agent): translated to its gRPC server, as in handler.handle_rpc.
-    if outbound_translate.is_grpc_target(route.endpoint):
-        await outbound_translate.answer_rest(
-            send, receive, route=route, caller=caller, tags=headers.tags, tail=tail,
-            method=method, query=scope.get("query_string") or b"", body=body, started=started,
-            timeout=request_timeout({"params": payload} if payload else {}, node.settings),
-            check_webhook=lambda name, params: refused_webhook(scope, agent_id, caller, name,
-                                                               params))
-        return
-    if not route.http_json_endpoint:  # translated to the agent's JSON-RPC
-        await _translated_rest(node, scope, receive, send, route, caller, headers, tail,
-                               method, body, payload, started)
-        return
-    path = rest.forwarded_path(scope, agent_id, tail)
-    if path is None:
-        await send_error(send, errors.INVALID_REQUEST, REST, agent_id,
-                         "the path or query holds characters an HTTP request line cannot carry")
-        return
-    if payload and method in push.METHODS and (len(body) <= LAZY_ABOVE_BYTES
-                                               or push.MARKER in body):
-        whole = payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body)
-        why = await refused_webhook(scope, agent_id, caller, method, whole, rest=True)
-        if why is not None:
-            await send_error(send, errors.WEBHOOK_REFUSED, REST, agent_id, why)
+        if not route.http_json_endpoint:  # translated to the agent's JSON-RPC
+            await _translated_rest(node, scope, receive, send, route, caller, headers, tail,
+                                   method, body, payload, started)
             return
-    # The body read as JSON-RPC's params: its timeout, and what tracing reads the ids from.
-    params = {"params": payload} if payload else None
-    timeout = request_timeout(params or {}, settings)
-    await forward_call(node, route, send, receive, REST, caller, headers.tags, method, body,
-                       timeout, streaming=method in rest.STREAMING, started=started,
-                       payload=params, binding="HTTP+JSON", profile=settings.A2A_ERROR_PROFILE,
-                       extra_tags={env.TAG_HTTP_METHOD: scope["method"], env.TAG_HTTP_PATH: path})
+        path = rest.forwarded_path(scope, agent_id, tail)
+        if path is None:
+            await send_error(send, errors.INVALID_REQUEST, REST, agent_id,
+                             "the path or query holds characters an HTTP request line cannot carry")
+            return
+        if payload and method in push.METHODS and push.may_carry(method, body):
+            whole = payload if len(body) <= LAZY_ABOVE_BYTES else orjson.loads(body)
+            base = relay_base(node, route, scope, headers)
+            why = await refused_webhook(scope, agent_id, caller, method, whole, rest=True,
+                                        relay_base=base)
+            if why is not None:
+                await send_error(send, errors.WEBHOOK_REFUSED, REST, agent_id, why)
+                return
+            if base is not None and push.carries(method, whole, rest=True):
+                payload, body = whole, orjson.dumps(whole)  # the configs point at the relay
+        # The body read as JSON-RPC's params: its timeout, and what tracing reads the ids from.
+        params = {"params": payload} if payload else None
+        timeout = request_timeout(params or {}, settings)
+        await forward_call(node, route, send, receive, REST, caller, headers.tags, method, body,
+                           timeout, streaming=method in rest.STREAMING, started=started,
+                           payload=params, binding="HTTP+JSON",
+                           profile=settings.A2A_ERROR_PROFILE,
+                           extra_tags={env.TAG_HTTP_METHOD: scope["method"],
+                                       env.TAG_HTTP_PATH: path})
+    finally:
+        slot.release()
 
 
 async def _translated_rest(node: GatewayNode, scope: dict[str, Any], receive: Receive,
@@ -151,7 +168,8 @@ async def _translated_rest(node: GatewayNode, scope: dict[str, Any], receive: Re
     except TranslationError as exc:
         await send_error(send, errors.INVALID_REQUEST, REST, agent_id, str(exc))
         return
-    why = await refused_webhook(scope, agent_id, caller, rpc_method, params)
+    base = relay_base(node, route, scope, headers) if rpc_method in push.METHODS else None
+    why = await refused_webhook(scope, agent_id, caller, rpc_method, params, relay_base=base)
     if why is not None:
         await send_error(send, errors.WEBHOOK_REFUSED, REST, agent_id, why)
         return

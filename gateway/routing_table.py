@@ -47,8 +47,9 @@ class RoutingTable:
         self._watchers: list[Watcher] = []
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
-        """Call ``watcher`` with the agent ids whose route appeared, changed (routing fields or
-        card) or went away, after each change; returns the function that stops it."""
+        """Call ``watcher`` with the agent ids whose route appeared, changed (routing fields,
+        card, or who may reach it) or went away, after each change; returns the function that
+        stops it."""
         self._watchers.append(watcher)
 
         def unwatch() -> None:
@@ -94,7 +95,7 @@ class RoutingTable:
             current = self._routes.get(event.agent_id)
             if (previous is None) != (current is None) or (
                     previous is not None and current is not None
-                    and not _same_routing(previous, current)):
+                    and not _same_routing(previous, current, reach=True)):
                 self._changed({event.agent_id})
         return previous
 
@@ -124,7 +125,7 @@ class RoutingTable:
         if self._watchers:
             changed = {agent_id for agent_id, route in fresh.items()
                        if (before := old.get(agent_id)) is None
-                       or not _same_routing(before, route)}
+                       or not _same_routing(before, route, reach=True)}
             changed.update(agent_id for agent_id in old if agent_id not in fresh)
             if changed:
                 self._changed(changed)
@@ -137,6 +138,7 @@ class RoutingTable:
         touched = self._touched
         table = self._routes
         changed: set[str] = set()
+        reach: set[str] = set()  # only who may reach it changed: news to watchers only
         for route in routes:
             agent_id = route.agent_id
             if agent_id in touched:
@@ -145,6 +147,8 @@ class RoutingTable:
             table[agent_id] = route
             if previous is None or not _same_routing(previous, route):
                 changed.add(agent_id)
+            elif not _same_routing(previous, route, reach=True):
+                reach.add(agent_id)
         now = time.time()
         for agent_id in gone:
             if agent_id in touched:
@@ -155,14 +159,18 @@ class RoutingTable:
                 if previous.expires_at <= now:  # a lapsed lease whose event was lost
                     self._remember_expired(agent_id, previous.expires_at)
         self._touched = set()
-        if changed and self._watchers:
-            self._changed(changed)
+        if (changed or reach) and self._watchers:
+            self._changed(changed | reach)
         return changed
 
 
-def _same_routing(a: AgentRoute, b: AgentRoute) -> bool:
+def _same_routing(a: AgentRoute, b: AgentRoute, *, reach: bool = False) -> bool:
     """Whether two routes route alike: ``expires_at`` aside (heartbeats move it, routing does
-    not read it), so re-reading a row a heartbeat renewed changes no subscriber."""
+    not read it), so re-reading a row a heartbeat renewed changes no subscriber. ``reach``:
+    and the same tenants may reach them (visibility, ``shared_with``: news to the watchers,
+    e.g. MCP's change notifications, not to the subscribers)."""
+    if reach and (a.visibility != b.visibility or a.shared_with != b.shared_with):
+        return False
     return (
         a.endpoint == b.endpoint
         and a.node_id == b.node_id
@@ -170,4 +178,5 @@ def _same_routing(a: AgentRoute, b: AgentRoute) -> bool:
         and a.owner_client_id == b.owner_client_id
         and a.card_sha256 == b.card_sha256
         and a.credential_passthrough == b.credential_passthrough
+        and a.push_relay == b.push_relay
     )

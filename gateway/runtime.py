@@ -29,17 +29,19 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings as django_settings
 from django.utils import timezone
 
+from core.cluster import cluster_of
 from gateway import conf, local_events, metrics
 from gateway.conf import NodeSettings
 from gateway.inbox import Inbox
 from gateway.limits import RateLimiter
-from gateway.liveness import BROKER_LOST, OWNER_LOST, Liveness, cluster_of
+from gateway.liveness import BROKER_LOST, OWNER_LOST, Liveness
 from gateway.redis_layer import RedisDirectChannelLayer
 from gateway.replicator import Replicator
 from gateway.routing_table import RoutingTable
 from gateway.subscriber_manager import SubscriberManager
+from gateway.tenant_quotas import TenantQuotas
 from outbound import http1 as outbound
-from registry import events, selectors, services
+from registry import events, quotas, selectors, services
 from registry.events import AgentRoute
 from registry.ids import DISCOVERY_GROUP
 from registry.token_cache import TokenCache, shared_token_cache
@@ -120,6 +122,7 @@ class GatewayNode:
         )
         self.tokens = self._tokens or shared_token_cache()
         self.limiter = RateLimiter(settings)
+        self.quotas = TenantQuotas()
         self.table = RoutingTable(settings)
         self.liveness = self._liveness()
         # On a broadcasting layer a move between two live nodes is a handover (both receive on
@@ -157,6 +160,7 @@ class GatewayNode:
         if self.liveness is not None:
             await asyncio.to_thread(self.liveness.start)
         await self.resync()
+        await self._refresh_quotas()
         self._running = True
         self.manager.start()
         self.inbox.start()
@@ -168,6 +172,8 @@ class GatewayNode:
                                               self._resync_job), name="gateway-resync"),
             self.loop.create_task(self._every(settings.A2A_NODE_HEARTBEAT_SECONDS, self._beat,
                                               now=True), name="gateway-heartbeat"),
+            self.loop.create_task(self._every(settings.A2A_TENANT_QUOTAS_REFRESH_SECONDS,
+                                              self._refresh_quotas), name="gateway-quotas"),
         ]
         if settings.A2A_GC_FREEZE:
             # Everything loaded so far lives as long as the process: keep it out of the
@@ -415,6 +421,18 @@ class GatewayNode:
                 await self.inbox.rejoin_groups()
             except Exception as exc:
                 logger.warning("rejoining the discovery group failed: %s", exc)
+
+    async def _refresh_quotas(self) -> None:
+        """Read the tenants' quotas again (worker thread) and count the live nodes sharing
+        them (gateway.tenant_quotas); a failed read keeps the quotas known."""
+        try:
+            limits = await database_sync_to_async(quotas.tenant_limits,
+                                                  thread_sensitive=False)()
+        except Exception as exc:
+            logger.warning("tenant quotas refresh failed: %s: %s", type(exc).__name__, exc)
+            return
+        liveness = self.liveness
+        self.quotas.update(limits, len(liveness.live_nodes()) if liveness is not None else 1)
 
     async def _beat(self) -> None:
         try:

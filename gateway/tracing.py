@@ -143,6 +143,29 @@ class CallTrace:
         span.end()
 
 
+def _entry_attributes(agent_id: str, binding: str, method: str, request_bytes: int,
+                      node_id: str, caller: str,
+                      payload: dict[str, Any] | None) -> dict[str, Any]:
+    """An entry span's attributes (every binding's: a JSON-RPC call is also
+    ``rpc.system=jsonrpc``), with the task and context ids the request names."""
+    task_id, context_id = _ids(payload.get("params") if payload else None)
+    attributes: dict[str, Any] = {
+        "a2a.agent_id": agent_id,
+        "a2a.binding": binding,
+        "rpc.method": method,
+        "a2a.request_bytes": request_bytes,
+        "a2a.node": node_id,
+        "a2a.caller_id": caller,
+    }
+    if binding == "JSONRPC":
+        attributes["rpc.system"] = "jsonrpc"
+    if task_id:
+        attributes["a2a.task_id"] = task_id
+    if context_id:
+        attributes["a2a.context_id"] = context_id
+    return attributes
+
+
 def start_call(
     send: Any,
     *,
@@ -159,21 +182,8 @@ def start_call(
     ``binding``: the A2A protocol binding of the call (``a2a.binding``; a JSON-RPC call is
     also ``rpc.system=jsonrpc``)."""
     parent = _context_of(tags.get(_HDR_TRACEPARENT), tags.get(_HDR_TRACESTATE))
-    task_id, context_id = _ids(payload.get("params") if payload else None)
-    attributes = {
-        "a2a.agent_id": agent_id,
-        "a2a.binding": binding,
-        "rpc.method": method,
-        "a2a.request_bytes": request_bytes,
-        "a2a.node": node_id,
-        "a2a.caller_id": caller,
-    }
-    if binding == "JSONRPC":
-        attributes["rpc.system"] = "jsonrpc"
-    if task_id:
-        attributes["a2a.task_id"] = task_id
-    if context_id:
-        attributes["a2a.context_id"] = context_id
+    attributes = _entry_attributes(agent_id, binding, method, request_bytes, node_id, caller,
+                                   payload)
     span = _tracer.start_span(
         f"a2a {method}", context=parent, kind=_kinds.SERVER, attributes=attributes
     )
@@ -282,3 +292,92 @@ def subscriber_sink(
     )
     _inject(span, tags, envelope=False)
     return _TracedSink(span, sink)
+
+
+# --- calls this node makes to an agent's gRPC server itself ------------------------------------
+
+
+class DirectCallTrace:
+    """The spans of a call the node taking it makes to the agent's gRPC server itself (gRPC
+    pass-through, or a call translated to a gRPC-only agent): the entry span (SERVER, the
+    caller's trace continued) and its child (CLIENT, the agent's call) on the same node, as a
+    local fast-path call has them. ``traceparent``/``tracestate``: the client span's context,
+    what the agent receives."""
+
+    __slots__ = ("entry", "client", "traceparent", "tracestate", "ended")
+
+    def __init__(self, entry: Any, client: Any, traceparent: str, tracestate: str) -> None:
+        self.entry = entry
+        self.client = client
+        self.traceparent = traceparent
+        self.tracestate = tracestate
+        self.ended = False
+
+    def agent_metadata(self, metadata: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``metadata`` (the agent's, under the header rules) with the client span's context
+        instead of the caller's ``traceparent``/``tracestate``."""
+        out = [(k, v) for k, v in metadata if k not in ("traceparent", "tracestate")]
+        if self.traceparent:
+            out.append(("traceparent", self.traceparent))
+        if self.tracestate:
+            out.append(("tracestate", self.tracestate))
+        return out
+
+    def end(self, outcome: str, *, executed: bool, status: int, response_bytes: int) -> None:
+        """End both spans with the call's outcome (``status``: the HTTP status of the
+        outcome, the binding's table; ``executed``: whether a byte reached the agent)."""
+        if self.ended:
+            return
+        self.ended = True
+        attributes: dict[str, Any] = {"a2a.executed": executed,
+                                      "a2a.response_bytes": response_bytes}
+        if status:
+            attributes["http.response.status_code"] = status
+        # A caller that left: ``client_disconnect`` on the entry span, ``cancelled`` on the
+        # agent call's (as the subscriber's span says it).
+        left = outcome == "client_disconnect"
+        for span, named in ((self.client, "cancelled" if left else outcome),
+                            (self.entry, outcome)):
+            span.set_attributes({**attributes, "a2a.outcome": named})
+            if not left and outcome not in ("ok", "agent_error"):
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_status(Status(StatusCode.ERROR, outcome))
+            span.end()
+
+
+def start_direct_call(*, agent_id: str, method: str, binding: str, traceparent: str | None,
+                      tracestate: str | None, payload: dict[str, Any] | None,
+                      request_bytes: int, caller: str, node_id: str,
+                      endpoint: str) -> DirectCallTrace:
+    """Open the spans of a call this node makes to the agent's gRPC server itself: the entry
+    span continuing the caller's ``traceparent`` (``binding``: the caller's), and the agent
+    call's span under it (``a2a.binding=GRPC``, ``rpc.system=grpc``), whose context the agent
+    gets (:meth:`DirectCallTrace.agent_metadata`)."""
+    parent = _context_of(traceparent, tracestate)
+    attributes = _entry_attributes(agent_id, binding, method, request_bytes, node_id, caller,
+                                   payload)
+    entry = _tracer.start_span(f"a2a {method}", context=parent, kind=_kinds.SERVER,
+                               attributes=attributes)
+    from opentelemetry import trace
+
+    client_attributes: dict[str, Any] = {
+        "a2a.agent_id": agent_id,
+        "a2a.binding": "GRPC",
+        "rpc.system": "grpc",
+        "rpc.method": method,
+        "a2a.node": node_id,
+        "a2a.local": True,
+        "server.address": endpoint,
+        "a2a.request_bytes": request_bytes,
+    }
+    for name in ("a2a.task_id", "a2a.context_id"):  # the request's ids, as the entry's
+        if name in attributes:
+            client_attributes[name] = attributes[name]
+    client = _tracer.start_span(f"a2a.agent {method}",
+                                context=trace.set_span_in_context(entry),
+                                kind=_kinds.CLIENT, attributes=client_attributes)
+    tags: dict[str, str] = {}
+    _inject(client, tags, envelope=False)
+    return DirectCallTrace(entry, client, tags.get(_HDR_TRACEPARENT, ""),
+                           tags.get(_HDR_TRACESTATE, ""))

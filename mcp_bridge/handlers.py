@@ -23,7 +23,7 @@ from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from core import outage
 from gateway import inprocess, runtime
 from mcp_bridge import calls, notify, pins, tools
-from registry.ids import AGENT_ID_RE
+from registry.ids import AGENT_KEY_RE
 from registry.permissions import Actor
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ def _caller(ctx: Any) -> tuple[Actor, str | None]:
 async def _pinned(ctx: Any, actor: Actor) -> pins.Pinned | None:
     """The discovery snapshot the request's URL pins (``?session=`` / ``?snapshot=``)."""
     try:
-        return await pins.pinned(ctx.request.scope.get("query_string") or b"", actor.client_id)
+        return await pins.pinned(ctx.request.scope.get("query_string") or b"", actor.client_id,
+                                 actor.tenant)
     except pins.PinError as exc:
         _probe_if_down()
         raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
@@ -124,8 +125,8 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
             return calls.error_result("get_task needs agent_id and task_id (strings)")
         name = agent_id
     pinned = await _pinned(ctx, actor)
-    route = node.table.get(name) if AGENT_ID_RE.match(name) else None
-    if route is None or route.credential_passthrough or not actor.may_call(name) \
+    route = node.table.get(name) if AGENT_KEY_RE.match(name) else None
+    if route is None or route.credential_passthrough or not actor.may_call(name, route) \
             or (pinned is not None and name not in pinned.descriptions):
         # The same answer for an agent that does not exist and one this caller may not see.
         if params.name == tools.GET_TASK:

@@ -16,7 +16,10 @@ Every node applies every registry change to its routing table (events from any n
 the safety net): the node holding a stream watches its own table (:meth:`RoutingTable.watch`)
 and tells the stream when an agent its caller may see -- callable by the token, in the pinned
 snapshot if the session is pinned -- appeared, went away (deregistered, expired) or changed its
-card. Notifications are level triggers ("list again"): a stream that has one pending does not
+card or its reach (visibility, ``shared_with``). The notifier keeps what each tool showed and
+who could see it (:class:`Shown`), so an agent published to other tenants that goes away or is
+unpublished is told to every listener who could see it before, not only to its tenant's.
+Notifications are level triggers ("list again"): a stream that has one pending does not
 queue another, so a burst of changes is one notification and a slow reader holds no backlog.
 
 Bounds: streams per node (``A2A_MCP_MAX_STREAMS``) and per client
@@ -113,8 +116,11 @@ class Listener:
     ended: str | None = None  # why the stream ends (revoked, draining, node stopping)
     unwatch: Callable[[], None] = lambda: None
 
-    def sees(self, agent_id: str) -> bool:
-        return self.actor.may_call(agent_id) and (self.pinned is None or agent_id in self.pinned)
+    def sees(self, agent_id: str, route: Any = None) -> bool:
+        """``route``: the agent's route, or what the notifier kept of it (:class:`Shown`);
+        None: only its tenant's callers and platform admins see it."""
+        return self.actor.may_call(agent_id, route) and (
+            self.pinned is None or agent_id in self.pinned)
 
     def notify(self) -> None:
         self.changed = True
@@ -125,9 +131,22 @@ class Listener:
         self.wake.set()
 
 
-def _key(route: Any) -> tuple[str, bool] | None:
-    """What of a route a tool shows: its card version, and whether it is listed at all."""
-    return None if route is None else (route.card_sha256, route.credential_passthrough)
+@dataclass(frozen=True)
+class Shown:
+    """What of a route a tool shows (its card version, whether credentials pass through) and
+    who may see it (registry.permissions.Reachable: tenant, visibility, shared_with)."""
+
+    card_sha256: str
+    credential_passthrough: bool
+    tenant: str
+    visibility: str
+    shared_with: tuple[str, ...]
+
+
+def _key(route: Any) -> Shown | None:
+    return None if route is None else Shown(
+        route.card_sha256, route.credential_passthrough, route.tenant, route.visibility,
+        tuple(route.shared_with))
 
 
 class Notifier:
@@ -139,7 +158,7 @@ class Notifier:
         self._per_client: Counter[str] = Counter()
         self._node: Any = None
         self._unwatch: Callable[[], None] | None = None
-        self._keys: dict[str, tuple[str, bool]] = {}
+        self._keys: dict[str, Shown] = {}  # agent (routing key) -> what its tool showed
         self._drain_watch: asyncio.Task | None = None
 
     def open(self, node: Any, actor: Actor, authorization: str | None,
@@ -195,14 +214,15 @@ class Notifier:
         self._unwatch, self._node, self._keys = None, None, {}
 
     def _on_change(self, agent_ids: set[str]) -> None:
-        """The routing table changed (node's loop): wake the streams that see a changed tool.
+        """The routing table changed (node's loop): wake the streams that see a changed tool,
+        now or before the change (an agent gone or unpublished is news to whoever saw it).
         Route changes a tool does not show (an agent moving between nodes) are ignored."""
         table = self._node.table
-        changed = []
+        changed: list[tuple[str, Shown | None, Shown | None]] = []
         for agent_id in agent_ids:
-            key = _key(table.get(agent_id))
-            if self._keys.get(agent_id) != key:
-                changed.append(agent_id)
+            key, before = _key(table.get(agent_id)), self._keys.get(agent_id)
+            if before != key:
+                changed.append((agent_id, before, key))
                 if key is None:
                     self._keys.pop(agent_id, None)
                 else:
@@ -210,7 +230,10 @@ class Notifier:
         if not changed:
             return
         for listener in self.listeners:
-            if not listener.changed and any(listener.sees(agent_id) for agent_id in changed):
+            if not listener.changed and any(
+                    (now is not None and listener.sees(agent_id, now))
+                    or (before is not None and listener.sees(agent_id, before))
+                    for agent_id, before, now in changed):
                 listener.notify()
 
     async def _watch_drain(self) -> None:

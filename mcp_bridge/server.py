@@ -363,7 +363,8 @@ async def _stream(scope, receive, send, node, actor: Actor, authorization: str |
     pinned_ids: frozenset[str] | None = None
     if session.pin is not None:
         try:
-            pinned = await pins.pinned(urlencode([session.pin]).encode(), actor.client_id)
+            pinned = await pins.pinned(urlencode([session.pin]).encode(), actor.client_id,
+                                       actor.tenant)
         except pins.PinError as exc:
             await _rpc_error(send, 400, types.INVALID_PARAMS, str(exc))
             return

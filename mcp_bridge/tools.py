@@ -42,9 +42,10 @@ from django.db import DatabaseError, close_old_connections
 
 from ard.selectors import agents_ranked
 from core import outage, threads
-from discovery.snapshots import snapshot_current
+from discovery.snapshots import snapshots_current
 from registry.cards import SHAPE_A2A_10, card_shape
 from registry.events import AgentRoute
+from registry.ids import agent_key
 from registry.permissions import Actor
 from registry.selectors import agent_cards
 
@@ -234,20 +235,22 @@ _reviewed: dict[str, str] | None = None
 
 
 def _reviewed_descriptions() -> dict[str, str] | None:
-    """``agent_id -> description`` of the current discovery snapshot (operator-reviewed); the
-    last ones read when the database cannot be read now, None when none were ever read."""
+    """``routing key -> description`` of every tenant's current discovery snapshot
+    (operator-reviewed); the last ones read when the database cannot be read now, None when
+    none were ever read."""
     global _reviewed
     if outage.breaker.is_open:
         return _reviewed
     try:
-        snapshot = snapshot_current()
+        current = snapshots_current()
     except DatabaseError as exc:
         logger.warning("reviewed tool descriptions not read: the database is unavailable")
         if outage.is_database_outage(exc):
             outage.breaker.trip(exc)
         return _reviewed
-    _reviewed = {} if snapshot is None else {
-        row["agent_id"]: row["description"] for row in snapshot.agents
+    _reviewed = {
+        agent_key(str(snapshot.tenant_id), row["agent_id"]): row["description"]
+        for snapshot in current for row in snapshot.agents
         if isinstance(row, dict) and row.get("agent_id") and row.get("description")}
     return _reviewed
 
@@ -267,7 +270,7 @@ def callable_routes(table_routes: list[AgentRoute], actor: Actor) -> list[AgentR
     are left out: their callers send the agent's own credential in ``Authorization``, which an
     MCP client uses for the registry's token."""
     return sorted((r for r in table_routes
-                   if not r.credential_passthrough and actor.may_call(r.agent_id)),
+                   if not r.credential_passthrough and actor.may_call(r.agent_id, r)),
                   key=lambda r: r.agent_id)
 
 

@@ -110,6 +110,10 @@ async def _answer(kind: str, authorization: str | None, receive: Receive, send: 
             )
         else:
             status, payload = await _registered(_Item(kind, actor, body), extra)
+            if status == 429 and isinstance(payload.get("retry_after"), int):
+                # A tenant's rate quota (the handlers' Response headers stay behind in the
+                # worker thread; their body carries the wait).
+                extra.append((b"retry-after", str(payload["retry_after"]).encode()))
     await send_json(send, status, payload, extra)
 
 

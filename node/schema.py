@@ -4,9 +4,10 @@ Views declare their success bodies; the error answers are the same across the AP
 shape, ``{"error": "...", ...}``), so they are added here in one place, operation by operation,
 from what the operation takes: 400 (it takes parameters or a body), 401/403 (it needs a token),
 404 (its path names something), 405 (KubeMQ's action segment), 409/404 where one
-operation answers them, 413 (it takes a body), 503 (the
-database is unreachable: ``core.outage``). Security follows the settings: with anonymous
-access on, or for cards while ``A2A_CARDS_REQUIRE_TOKEN`` is off, the token is optional.
+operation answers them, 429 (registrations: a tenant's registrations per minute), 413 (it
+takes a body), 503 (the database is unreachable: ``core.outage``). Security follows the
+settings: with anonymous access on, or for cards while ``A2A_CARDS_REQUIRE_TOKEN`` is off, the
+token is optional.
 Schemathesis (tests/fuzz) holds the API to this document.
 """
 
@@ -35,13 +36,17 @@ _DESCRIPTIONS = {
     "406": "the Accept header names no media type the API answers in (JSON)",
     "413": "request body too large",
     "415": "the body's Content-Type is not one the API reads (JSON)",
+    "429": "a tenant quota on registrations per minute (docs/tenants.md): retry after "
+           "Retry-After seconds",
     "503": "database unavailable: retry after Retry-After seconds",
 }
 _PUBLIC_CARD_OPERATIONS = {"kubemq_platform_card"}
 _KUBEMQ_ACTION = "kubemq_agents_action"
 # Answers particular to one operation: pinning before discovery published a snapshot (409),
 # reading the current snapshot before there is one (404).
-_EXTRA = {("post", "/api/v1/sessions/"): ["409"], ("get", "/api/v1/snapshots/current/"): ["404"]}
+# A registration past its tenant's registrations per minute (429).
+_EXTRA = {("post", "/api/v1/sessions/"): ["409"], ("get", "/api/v1/snapshots/current/"): ["404"],
+          ("post", "/api/v1/agents/"): ["429"]}
 _METHODS = {"get", "post", "put", "patch", "delete"}
 
 
@@ -50,7 +55,7 @@ def _error(code: str) -> dict:
         "description": _DESCRIPTIONS[code],
         "content": {"application/json": {"schema": _ERROR_REF}},
     }
-    if code == "503":
+    if code in ("503", "429"):
         response["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
     return response
 
@@ -75,7 +80,7 @@ def document_errors(result: dict, generator, request, public) -> dict:
             if operation.get("requestBody"):
                 codes.append("415")
             if operation.get("operationId") == _KUBEMQ_ACTION:
-                codes.append("405")
+                codes += ["405", "429"]  # the action "register": a tenant's registration rate
             codes += _EXTRA.get((method, path), [])
             for code in codes:
                 responses.setdefault(code, _error(code))

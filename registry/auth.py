@@ -19,7 +19,8 @@ from rest_framework import authentication, exceptions, permissions
 
 from core import outage
 from registry import identity
-from registry.permissions import Actor, anonymous_actor, staff_actor
+from registry.permissions import Actor, anonymous_actor
+from registry.staff import user_actor
 from registry.token_cache import (
     PLATFORM_TOKEN_RE,
     AuthFailed,
@@ -81,8 +82,9 @@ def request_actor(request) -> Actor | None:
     user = getattr(request, "user", None)
     if isinstance(user, Actor):
         return user
-    if user is not None and getattr(user, "is_authenticated", False) and user.is_staff:
-        return staff_actor(user.get_username())
+    staff = user_actor(user)
+    if staff is not None:
+        return staff
     return anonymous_actor()
 
 

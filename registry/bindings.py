@@ -222,19 +222,21 @@ def _served(entries: list[Any], served: dict[str, dict[str, str]], *, binding_ke
 def gateway_grpc_interface(gateway_url: str) -> dict[str, str] | None:
     """The gateway's gRPC interface for the agent of ``gateway_url`` (``.../a2a/{agent_id}/``):
     ``host:port`` of this node's gRPC listener (``A2A_GRPC_PUBLIC_ADDRESS``, else the gateway
-    URL's host with the listener's port) and ``tenant`` the agent id, as A2A 1.0 intends for
+    URL's host with the listener's port) and ``tenant`` the agent id (``{tenant}.{agent_id}``
+    outside the default tenant: docs/tenants.md), as A2A 1.0 intends for
     hosts serving several agents; None while no listener runs."""
     from urllib.parse import urlsplit
 
     from django.conf import settings
 
     from core import lifecycle as node
+    from registry.ids import key_of_gateway_path
 
     port = node.grpc_port()
     if port is None:
         return None
     parts = urlsplit(gateway_url)
-    agent_id = parts.path.rstrip("/").rsplit("/", 1)[-1]
+    agent_id = key_of_gateway_path(parts.path)  # a qualified id in another tenant
     address = settings.A2A_GRPC_PUBLIC_ADDRESS
     if not address:
         host = parts.hostname or "localhost"

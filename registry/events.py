@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from django.db import transaction
 
+from registry.ids import DEFAULT_TENANT
+
 logger = logging.getLogger(__name__)
 
 EventKind = Literal["registered", "updated", "deregistered", "expired"]
@@ -33,6 +35,12 @@ class AgentRoute:
     card_sha256: str
     credential_passthrough: bool = False  # the caller's Authorization goes to the agent
     http_json_endpoint: str = ""  # the agent's HTTP+JSON interface ("": it offers none)
+    # docs/tenants.md: ``agent_id`` is the routing key (``tenant.agent_id`` outside the
+    # default tenant); which other tenants' callers may reach it.
+    tenant: str = DEFAULT_TENANT
+    visibility: str = "private"  # private, public or shared (with ``shared_with``)
+    shared_with: tuple[str, ...] = ()
+    push_relay: bool | None = None  # callers' webhooks relayed (None: A2A_PUSH_RELAY)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -59,7 +67,7 @@ class AgentEvent:
         route = data.get("route")
         return cls(
             kind=data["kind"], agent_id=data["agent_id"],
-            route=AgentRoute(**route) if route else None,
+            route=_route(route) if route else None,
         )
 
 
@@ -133,11 +141,13 @@ def publish_many(events: list[AgentEvent]) -> None:
 class AuditRecord:
     """A registry change and its actor: ``agent.registered``, ``agent.card_changed``,
     ``agent.updated``, ``agent.deregistered``, ``client.created``, ``client.rotated``,
-    ``client.revoked``."""
+    ``client.revoked``. ``agent_id`` is the agent's routing key (``registry.ids.agent_key``);
+    ``tenant`` the tenant the change happened in."""
 
     action: str
     actor: str
     agent_id: str = ""
+    tenant: str = DEFAULT_TENANT
     client_id: str = ""
     details: dict = field(default_factory=dict)
     at: float = field(default_factory=time.time)
@@ -165,3 +175,11 @@ def audit(record: AuditRecord) -> None:
                 logger.exception("registry audit subscriber %r failed", fn)
 
     transaction.on_commit(deliver)
+
+
+def _route(data: dict) -> AgentRoute:
+    """An :class:`AgentRoute` from its :meth:`AgentRoute.as_dict` (JSON gives lists)."""
+    shared = data.get("shared_with")
+    if shared is not None and not isinstance(shared, tuple):
+        data = {**data, "shared_with": tuple(shared)}
+    return AgentRoute(**data)

@@ -54,6 +54,7 @@ from core import threads
 from outbound import clients
 from outbound import policy as outbound_policy
 from registry import netcheck
+from registry.ids import DEFAULT_TENANT, tenant_error
 from registry.permissions import ALL_SCOPES, SCOPE_ADMIN, SCOPE_REGISTER, Actor
 from registry.signatures import ALGORITHMS, MAX_JWKS_BYTES, parse_jwks
 
@@ -64,7 +65,7 @@ _KEY_TYPES = {"RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP"}
 #: Default mapping of the scopes claim's values to the platform's scopes.
 DEFAULT_SCOPE_MAP = {"a2a.call": ["call"], "a2a.register": ["register"], "a2a.admin": ["admin"]}
 _CONFIG_KEYS = {"issuer", "audience", "name", "jwks_uri", "jwks_file", "algorithms", "claims",
-                "scope_map", "default_scopes"}
+                "scope_map", "default_scopes", "tenant"}
 _CLAIM_KEYS = {"subject", "scopes", "allowed_agents", "tenant"}
 #: Client ids of JWT callers start with this (``jwt:<issuer name>:<subject>``).
 CLIENT_PREFIX = "jwt:"
@@ -98,6 +99,8 @@ class Issuer:
     default_scopes: tuple[str, ...]
     allowed_agents_claim: str
     tenant_claim: str
+    #: The tenant of this issuer's tokens that carry no tenant claim (docs/tenants.md).
+    tenant: str = DEFAULT_TENANT
 
     @property
     def discovery_url(self) -> str:
@@ -160,13 +163,16 @@ def _issuer(index: int, entry: Any) -> Issuer:
         if scope not in ALL_SCOPES:
             raise _fail(index, f"unknown platform scope {scope!r} (scopes: {ALL_SCOPES})")
     name = entry.get("name") or urlsplit(issuer).hostname or issuer
+    tenant = entry.get("tenant", DEFAULT_TENANT)
+    if tenant_error(tenant):
+        raise _fail(index, f'"tenant": {tenant_error(tenant)}')
     return Issuer(
         issuer=issuer, audiences=audiences, name=str(name), jwks_uri=jwks_uri or "",
         jwks_file=jwks_file or "", algorithms=algorithms,
         subject_claim=claims.get("subject", "sub"), scopes_claim=claims.get("scopes", "scope"),
         scope_map=tuple(mapped.items()), default_scopes=defaults,
         allowed_agents_claim=claims.get("allowed_agents", ""),
-        tenant_claim=claims.get("tenant", ""),
+        tenant_claim=claims.get("tenant", ""), tenant=tenant,
     )
 
 
@@ -522,11 +528,18 @@ def _actor(issuer: Issuer, claims: dict[str, Any]) -> Actor:
         # no API client owns.
         scopes -= {SCOPE_REGISTER}
     tenant = _claim(claims, issuer.tenant_claim) if issuer.tenant_claim else None
+    if tenant is None or tenant == "":
+        tenant = issuer.tenant  # no claim: the issuer's tenant (docs/tenants.md)
+    elif tenant_error(tenant):
+        shown = tenant[:80] if isinstance(tenant, str) else type(tenant).__name__
+        raise TokenRefused(f"token refused: claim {issuer.tenant_claim!r} (tenant) names no "
+                           f"valid tenant ({shown!r})")
+    # Whether the tenant exists is checked by the token cache (a database read, cached).
     return Actor(
         client_id=f"{CLIENT_PREFIX}{issuer.name}:{subject[:200]}",
         scopes=scopes,
         allowed_agents=allowed,
-        tenant=tenant if isinstance(tenant, str) else "",
+        tenant=tenant,
         external=True,
     )
 

@@ -42,9 +42,10 @@ from registry.auth import (
     IsAuthenticatedOrAnonymousAllowed,
     request_actor,
 )
-from registry.ids import agent_id_error
+from registry.ids import DEFAULT_TENANT, agent_name_error
 from registry.models import Agent
 from registry.permissions import PermissionDenied
+from registry.quotas import QuotaRateExceeded
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +77,12 @@ def enriched_card(agent: Agent, request=None) -> dict[str, Any]:
     else:
         base = visibility.base_url(request)
         card = visibility.caller_card(agent, base)
-        url = visibility.gateway_url(base, agent.agent_id)
+        url = visibility.gateway_url(base, agent.key)
     out: dict[str, Any] = {"agent_id": agent.agent_id}
     out.update(card)
     out["agent_id"] = agent.agent_id
+    if agent.tenant_id != DEFAULT_TENANT:
+        out["tenant"] = agent.tenant_id  # docs/tenants.md: named where not the default
     if not isinstance(out.get("url"), str) or not out.get("url"):
         out["url"] = url
     out["registered_at"] = kubemq_time(agent.registered_at)
@@ -99,6 +102,10 @@ def kubemq_exception_handler(exc, context):
         return _error(404, NOT_FOUND)
     if isinstance(exc, services.InvalidInput):
         return _error(400, str(exc))
+    if isinstance(exc, QuotaRateExceeded):  # a PermissionDenied with a 429 of its own
+        response = _error(429, str(exc), retry_after=exc.retry_after)
+        response["Retry-After"] = str(exc.retry_after)
+        return response
     if isinstance(exc, PermissionDenied):
         return _error(403, str(exc))
     response = api_exception_handler(exc, context)
@@ -166,7 +173,7 @@ def _contains_nul(value: Any) -> bool:
 def _valid_id(agent_id: Any) -> str:
     if agent_id is None or agent_id == "":
         raise _KubeMQError(400, "agent_id is required")
-    error = agent_id_error(agent_id)
+    error = agent_name_error(agent_id)
     if error:
         raise _KubeMQError(400, error)
     return agent_id
@@ -189,9 +196,10 @@ def _optional_bool(data: dict[str, Any], name: str) -> bool | None:
     return value
 
 
-def _routable_agent(agent_id: str) -> Agent:
-    """The agent as KubeMQ sees it: registered and within its lease, else not found."""
-    agent = selectors.agent_get(agent_id=agent_id)
+def _routable_agent(actor, agent_id: str) -> Agent:
+    """The agent as KubeMQ sees it: registered, within its lease and visible to ``actor``,
+    else not found (another tenant's out of reach alike: docs/tenants.md)."""
+    agent = visibility.visible_agent(actor, agent_id)
     if agent is None or not agent.is_routable:
         raise services.AgentNotFound(agent_id)
     return agent
@@ -285,9 +293,7 @@ class AgentItemView(KubeMQView):
 
     @extend_schema(operation_id="kubemq_agent_get", responses={200: OpenApiTypes.OBJECT})
     def get(self, request, segment: str):
-        agent = _routable_agent(_valid_id(segment))
-        if not visibility.may_see(request_actor(request), agent):
-            raise services.AgentNotFound(agent.agent_id)
+        agent = _routable_agent(request_actor(request), _valid_id(segment))
         return Response(enriched_card(agent, request))
 
     @extend_schema(operation_id="kubemq_agent_deregister", responses={200: OpenApiTypes.OBJECT})

@@ -1,4 +1,4 @@
-"""Registry models: agents, their card history, API clients and nodes."""
+"""Registry models: tenants, agents, their card history, API clients and nodes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,48 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 from rest_framework_api_key.models import AbstractAPIKey
+
+from registry.ids import DEFAULT_TENANT, agent_key
+
+
+class Tenant(models.Model):
+    """An isolated namespace of agents, clients and records (docs/tenants.md). Its slug is
+    its key: rows refer to it by the slug itself, so a tenant's routing key needs no join."""
+
+    slug = models.SlugField(max_length=40, primary_key=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+    # Quotas (registry.quotas; empty: no limit of the tenant's own).
+    max_agents = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Agents the tenant may have (empty: no limit).")
+    max_card_bytes = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The largest card its agents may register (empty: A2A's own cap only).")
+    max_registrations_per_minute = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Registrations and re-registrations per minute, every surface (empty: no "
+                  "limit).")
+    max_calls_per_second = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Gateway calls per second to its agents, every binding (empty: no limit).")
+    max_concurrent_streams = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Streams open at once to its agents (empty: no limit).")
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+def tenant_field(related_name: str) -> models.ForeignKey:
+    """The tenant a row belongs to (default: the default tenant). PROTECT: a tenant with rows
+    cannot be deleted by accident."""
+    return models.ForeignKey(
+        "registry.Tenant", on_delete=models.PROTECT, default=DEFAULT_TENANT,
+        related_name=related_name, db_index=True,
+    )
 
 
 class AgentQuerySet(models.QuerySet):
@@ -33,7 +75,13 @@ class Agent(models.Model):
         ADMIN = "admin", "admin"
         DISCOVERY = "discovery", "discovery"
 
-    agent_id = models.CharField(max_length=63, unique=True)
+    class Visibility(models.TextChoices):
+        PRIVATE = "private", "private: its tenant only"
+        PUBLIC = "public", "public: every tenant"
+        SHARED = "shared", "shared: its tenant and the tenants named"
+
+    tenant = tenant_field("agents")
+    agent_id = models.CharField(max_length=63, db_index=True)
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
     url = models.URLField(max_length=2048, help_text="The endpoint the gateway POSTs to.")
@@ -68,6 +116,11 @@ class Agent(models.Model):
         help_text="The caller's Authorization reaches the agent unchanged (agents with their own "
         "securitySchemes); callers authenticate to the gateway with X-Gateway-Authorization.",
     )
+    push_relay = models.BooleanField(
+        null=True, blank=True,
+        help_text="Callers' push-notification webhooks relayed by the gateway (docs/push.md); "
+        "empty: the node's A2A_PUSH_RELAY.",
+    )
     owner = models.ForeignKey(
         "registry.ApiClient", null=True, blank=True, on_delete=models.SET_NULL,
         related_name="agents",
@@ -81,6 +134,14 @@ class Agent(models.Model):
     public = models.BooleanField(
         default=False, help_text="Listed to anonymous callers of ARD discovery."
     )
+    # Which tenants' callers may see and call it besides its own (docs/tenants.md).
+    visibility = models.CharField(
+        max_length=8, choices=Visibility.choices, default=Visibility.PRIVATE,
+    )
+    shared_with = models.ManyToManyField(
+        Tenant, blank=True, related_name="shared_agents",
+        help_text="With visibility 'shared': the other tenants that may see and call it.",
+    )
 
     objects = AgentQuerySet.as_manager()
 
@@ -93,6 +154,7 @@ class Agent(models.Model):
             models.Index(fields=["node_id"], name="agent_node_id_idx"),
         ]
         constraints = [
+            models.UniqueConstraint(fields=["tenant", "agent_id"], name="agent_unique_in_tenant"),
             models.CheckConstraint(condition=Q(ttl_seconds__gte=1), name="agent_ttl_positive"),
             models.CheckConstraint(
                 condition=Q(max_concurrency__gte=1), name="agent_concurrency_positive"
@@ -100,7 +162,12 @@ class Agent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.agent_id
+        return self.key
+
+    @property
+    def key(self) -> str:
+        """The routing key (``registry.ids.agent_key``): unique across tenants."""
+        return agent_key(str(self.tenant_id), self.agent_id)
 
     @property
     def tags(self) -> list[str]:
@@ -122,11 +189,12 @@ class AgentTombstone(models.Model):
     deletion it missed the event of. Pruned by the expiry job after
     ``A2A_EXPIRED_RETENTION_SECONDS`` (a node's periodic full resync covers anything older)."""
 
+    tenant = tenant_field("tombstones")
     agent_id = models.CharField(max_length=63)
     deleted_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     def __str__(self) -> str:
-        return self.agent_id
+        return agent_key(str(self.tenant_id), self.agent_id)
 
 
 class CardVersion(models.Model):
@@ -171,6 +239,7 @@ class ApiClient(AbstractAPIKey):
         CALL = "call", "call"
         ADMIN = "admin", "admin"
 
+    tenant = tenant_field("clients")
     client_id = models.SlugField(
         max_length=100, unique=True,
         help_text="Identity sent to agents in the caller-id header.",

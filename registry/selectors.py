@@ -13,12 +13,44 @@ from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from registry.events import AgentRoute
-from registry.models import Agent, AgentTombstone, ApiClient
+from registry.ids import DEFAULT_TENANT, agent_key, split_agent_key
+from registry.models import Agent, AgentTombstone, ApiClient, Tenant
 from registry.permissions import Actor
 
 
-def agent_get(*, agent_id: str) -> Agent | None:
-    return Agent.objects.select_related("owner").filter(agent_id=agent_id).first()
+def agent_get(*, agent_id: str, tenant: str = DEFAULT_TENANT) -> Agent | None:
+    return Agent.objects.select_related("owner").filter(
+        tenant_id=tenant, agent_id=agent_id).first()
+
+
+def agent_get_by_key(*, key: str) -> Agent | None:
+    """The agent a routing key (``registry.ids.agent_key``) names."""
+    tenant, agent_id = split_agent_key(key)
+    return agent_get(agent_id=agent_id, tenant=tenant)
+
+
+def agent_pk_by_key(*, key: str) -> int | None:
+    """The row (the registration) of the agent a routing key names, or None (one query)."""
+    tenant, agent_id = split_agent_key(key)
+    return Agent.objects.filter(tenant_id=tenant, agent_id=agent_id).values_list(
+        "pk", flat=True).first()
+
+
+def tenant_exists(*, slug: str) -> bool:
+    return slug == DEFAULT_TENANT or Tenant.objects.filter(slug=slug).exists()
+
+
+def shared_tenants(*, agent_pks: list[int]) -> dict[int, tuple[str, ...]]:
+    """``agent pk -> the tenants it is shared with`` (one query; agents sharing with none are
+    absent)."""
+    found: dict[int, list[str]] = {}
+    if not agent_pks:
+        return {}
+    through = Agent.shared_with.through
+    for pk, tenant in through.objects.filter(agent_id__in=agent_pks).values_list(
+            "agent_id", "tenant_id").order_by("tenant_id"):
+        found.setdefault(pk, []).append(tenant)
+    return {pk: tuple(tenants) for pk, tenants in found.items()}
 
 
 def agent_list(
@@ -134,8 +166,14 @@ def agent_route(agent: Agent, *, owner_client_id: Any = _READ_OWNER) -> AgentRou
         owner = agent.owner.client_id if agent.owner_id and agent.owner else None
     else:
         owner = owner_client_id
+    shared: tuple[str, ...] = ()
+    if agent.visibility == Agent.Visibility.SHARED and agent.pk is not None:
+        shared = shared_tenants(agent_pks=[agent.pk]).get(agent.pk, ())
     return AgentRoute(
-        agent_id=agent.agent_id,
+        agent_id=agent.key,
+        tenant=str(agent.tenant_id),
+        visibility=agent.visibility,
+        shared_with=shared,
         endpoint=agent.url,
         node_id=agent.node_id,
         max_concurrency=agent.max_concurrency,
@@ -144,29 +182,38 @@ def agent_route(agent: Agent, *, owner_client_id: Any = _READ_OWNER) -> AgentRou
         card_sha256=agent.card_sha256,
         credential_passthrough=agent.credential_passthrough,
         http_json_endpoint=agent.http_json_url,
+        push_relay=agent.push_relay,
     )
 
 
 _ROUTE_COLUMNS = (
     "agent_id", "url", "node_id", "max_concurrency", "expires_at", "owner__client_id",
-    "card_sha256", "credential_passthrough", "http_json_url",
+    "card_sha256", "credential_passthrough", "http_json_url", "tenant_id", "visibility", "pk",
+    "push_relay",
 )
 
 
 def _routes(rows, *, pause_every: int = 0) -> list[AgentRoute]:
     # Node ids and owners repeat across thousands of routes: one string each, not one per row.
     intern = sys.intern
+    rows = list(rows)
+    shared = shared_tenants(agent_pks=[row[-1] for row in rows
+                                       if row[-2] == Agent.Visibility.SHARED])
     routes: list[AgentRoute] = []
     append = routes.append
     for count, (
-        agent_id, url, node_id, max_concurrency, expires_at, owner, sha, passthrough, rest
+        agent_id, url, node_id, max_concurrency, expires_at, owner, sha, passthrough, rest,
+        tenant, visibility, pk, relay,
     ) in enumerate(rows, 1):
         append(
             AgentRoute(
-                agent_id=agent_id, endpoint=url, node_id=intern(node_id),
+                agent_id=agent_key(tenant, agent_id), endpoint=url, node_id=intern(node_id),
                 max_concurrency=max_concurrency, expires_at=expires_at.timestamp(),
                 owner_client_id=intern(owner) if owner else owner, card_sha256=sha,
                 credential_passthrough=passthrough, http_json_endpoint=rest,
+                tenant=intern(tenant), visibility=intern(visibility),
+                shared_with=shared.get(pk, ()),
+                push_relay=relay,
             )
         )
         if pause_every and count % pause_every == 0:
@@ -214,9 +261,10 @@ def agent_route_changes(*, since: datetime) -> RouteChanges:
     """
     # Tombstones first: an id deregistered and registered again after this read shows as a
     # changed routable row in the next one, which wins.
-    deleted = set(
-        AgentTombstone.objects.filter(deleted_at__gt=since).values_list("agent_id", flat=True)
-    )
+    deleted = {
+        agent_key(tenant, agent_id) for tenant, agent_id in
+        AgentTombstone.objects.filter(deleted_at__gt=since).values_list("tenant_id", "agent_id")
+    }
     now = timezone.now()
     rows = Agent.objects.filter(routing_changed_at__gt=since).values_list(
         *_ROUTE_COLUMNS, "status"
@@ -227,12 +275,13 @@ def agent_route_changes(*, since: datetime) -> RouteChanges:
         if row[-1] == Agent.Status.ACTIVE and row[4] > now:
             routable.append(row[:-1])
         else:
-            gone.add(row[0])
+            gone.add(agent_key(row[9], row[0]))
     gone.update(
+        agent_key(tenant, agent_id) for tenant, agent_id in
         Agent.objects.filter(status=Agent.Status.ACTIVE, expires_at__lte=now)
-        .values_list("agent_id", flat=True)
+        .values_list("tenant_id", "agent_id")
     )
-    changed = {row[0] for row in routable}
+    changed = {agent_key(row[9], row[0]) for row in routable}
     gone.update(deleted - changed)
     return RouteChanges(routes=_routes(routable), gone=sorted(gone))
 
@@ -252,6 +301,7 @@ def actor_from_token(*, token: str) -> Actor | None:
         scopes=frozenset(client.scopes or []),
         allowed_agents=frozenset(client.allowed_agents or []),
         api_client_pk=client.pk,
+        tenant=str(client.tenant_id),
     )
 
 
@@ -273,8 +323,11 @@ def agent_calls(*, agent_id: str) -> dict[str, Any] | None:
 
 
 def agent_cards(*, agent_ids: list[str]) -> dict[str, tuple[str, str]]:
-    """``agent_id -> (card_sha256, card bytes as registered)`` for the given agents (one query;
-    unknown ids are absent)."""
-    rows = Agent.objects.filter(agent_id__in=agent_ids).values_list(
-        "agent_id", "card_sha256", "card_raw")
-    return {agent_id: (sha, raw) for agent_id, sha, raw in rows}
+    """``key -> (card_sha256, card bytes as registered)`` for the given agents, named by their
+    routing keys (one query; unknown keys are absent)."""
+    wanted = set(agent_ids)
+    rows = Agent.objects.filter(
+        agent_id__in={split_agent_key(key)[1] for key in wanted}).values_list(
+        "tenant_id", "agent_id", "card_sha256", "card_raw")
+    found = {agent_key(tenant, agent_id): (sha, raw) for tenant, agent_id, sha, raw in rows}
+    return {key: value for key, value in found.items() if key in wanted}

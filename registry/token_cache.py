@@ -46,9 +46,10 @@ from django.utils import timezone
 
 from core import threads
 from registry import identity
+from registry.ids import DEFAULT_TENANT
 from registry.models import ApiClient
 from registry.permissions import ANONYMOUS_ID, Actor, anonymous_actor
-from registry.selectors import actor_from_token
+from registry.selectors import actor_from_token, tenant_exists
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,20 @@ def _lookup(token: str) -> Actor | None:
         return actor_from_token(token=token)
     finally:
         close_old_connections()
+
+
+def _tenant_lookup(slug: str) -> bool:
+    """On the lookup executor: whether the tenant exists."""
+    close_old_connections()
+    try:
+        return tenant_exists(slug=slug)
+    finally:
+        close_old_connections()
+
+
+def unknown_tenant(tenant: str) -> identity.TokenRefused:
+    return identity.TokenRefused(
+        f"token refused: unknown tenant {tenant!r} (no such tenant on this platform)")
 
 
 def _usable_client_ids(client_ids: list[str]) -> set[str]:
@@ -202,6 +217,7 @@ class TokenCache:
         # header -> (actor, fresh until, usable-while-the-database-is-down until)
         self._entries: dict[str, tuple[Actor, float, float]] = {}
         self._unknown: dict[str, tuple[float, str]] = {}  # header -> (fresh until, reason)
+        self._tenants: dict[str, float] = {}  # tenant slug -> known to exist until
         self._pending: dict[str, asyncio.Future] = {}
         self._down_until = 0.0
         self._outage_since: float | None = None  # the first failed lookup of an outage
@@ -220,6 +236,7 @@ class TokenCache:
     def clear(self) -> None:
         self._entries.clear()
         self._unknown.clear()
+        self._tenants.clear()
 
     @property
     def database_down(self) -> bool:
@@ -260,6 +277,9 @@ class TokenCache:
         if token is not None and not is_platform_token(token) and identity.looks_like_jwt(token):
             try:
                 verified = await identity.verify(token, wait_seconds=self.jwt_wait_seconds())
+                tenant = verified.actor.tenant
+                if not self._tenant_fresh(tenant, now) and not await self._tenant_known(tenant):
+                    raise unknown_tenant(tenant)
             except identity.TokenRefused as exc:
                 return self._jwt_refused(key, entry, now, exc)
             return self._remember_jwt(key, verified)
@@ -286,6 +306,24 @@ class TokenCache:
         if actor is None:
             raise AuthFailed(INVALID_TOKEN)
         return actor
+
+    def _tenant_fresh(self, tenant: str, now: float) -> bool:
+        """Whether ``tenant`` is known to exist without a lookup (the default tenant always)."""
+        return tenant == DEFAULT_TENANT or self._tenants.get(tenant, 0.0) > now
+
+    async def _tenant_known(self, tenant: str) -> bool:
+        """Whether a JWT's tenant exists (one bounded lookup, then remembered for the cache
+        lifetime). Raises :class:`identity.KeysUnavailable` when it cannot be checked now."""
+        try:
+            known = await _in_pool(_tenant_lookup, self.lookup_timeout_seconds, tenant)
+        except _LookupFailed as exc:
+            self._failed(exc)
+            raise identity.KeysUnavailable(UNAVAILABLE) from None
+        self._succeeded()
+        if known:
+            _put(self._tenants, tenant, time.monotonic() + self.lifetime_seconds,
+                 self.MAX_UNKNOWN)
+        return known
 
     async def _shared_lookup(self, key: str, token: str) -> Actor | None:
         loop = asyncio.get_running_loop()
@@ -388,6 +426,11 @@ class TokenCache:
         if token is not None and not is_platform_token(token) and identity.looks_like_jwt(token):
             try:
                 verified = identity.verify_sync(token, wait_seconds=self.jwt_wait_seconds())
+                tenant = verified.actor.tenant
+                if not self._tenant_fresh(tenant, now):
+                    if not tenant_exists(slug=tenant):
+                        raise unknown_tenant(tenant)
+                    _put(self._tenants, tenant, now + self.lifetime_seconds, self.MAX_UNKNOWN)
             except identity.TokenRefused as exc:
                 return self._jwt_refused(authorization, entry, now, exc)
             return self._remember_jwt(authorization, verified)

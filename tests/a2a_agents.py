@@ -29,6 +29,9 @@ Card shapes (``card_shape``), served at ``/.well-known/agent-card.json``:
 * ``"both"`` -- what the SDK serves for an agent with a 1.0 and a 0.3 interface: the 1.0 card
   with the 0.3 fields merged in.
 
+``push=True`` gives the agent the SDK's push notifications: its in-memory config store and its own
+sender (``BasePushNotificationSender``), and ``capabilities.pushNotifications`` in its card.
+
 ``extended=True`` gives the agent an extended card (A2A's ``GetExtendedAgentCard``): its card
 with one more skill, ``secret``, and ``capabilities.extendedAgentCard`` on.
 
@@ -71,7 +74,12 @@ from a2a.server.routes import (
     create_jsonrpc_routes,
     create_rest_routes,
 )
-from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.server.tasks import (
+    BasePushNotificationSender,
+    InMemoryPushNotificationConfigStore,
+    InMemoryTaskStore,
+    TaskUpdater,
+)
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
@@ -287,7 +295,7 @@ class EchoAgent:
     def __init__(self, *, card_shape: str = "both", name: str = "Echo Agent", steps: int = 4,
                  step_delay: float = 0.2, rpc_path: str = "/",
                  interfaces: list[tuple[str, str]] | None = None,
-                 extended: bool = False) -> None:
+                 extended: bool = False, push: bool = False) -> None:
         self.card_shape = card_shape
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -308,11 +316,19 @@ class EchoAgent:
             self.extended_card.skills.append(AgentSkill(
                 id="secret", name="Secret", description="For authenticated callers.",
                 tags=["secret"]))
+        push_options: dict[str, Any] = {}
+        if push:
+            # The SDK's own push-notification config store and sender (it presents a config's
+            # token in X-A2A-Notification-Token), as an agent offering push would use them.
+            self.card.capabilities.push_notifications = True
+            store = InMemoryPushNotificationConfigStore()
+            push_options = {"push_config_store": store, "push_sender": BasePushNotificationSender(
+                httpx.AsyncClient(timeout=10), store)}
         self.card_document = card_json(self.card, card_shape)
         self.executor = EchoExecutor(steps=steps, step_delay=step_delay)
         self.handler = DefaultRequestHandler(
             agent_executor=self.executor, task_store=InMemoryTaskStore(), agent_card=self.card,
-            extended_agent_card=self.extended_card)
+            extended_agent_card=self.extended_card, **push_options)
 
         if card_shape == "0.3":
             # The SDK 1.x renders 1.0 cards (0.3 fields merged in at most); a pure 0.3 agent

@@ -44,20 +44,23 @@ def _modules(package: str) -> dict[str, Path]:
 #: reads); ``console`` is the operator UI; ``mcp_bridge`` composes gateway, discovery and the
 #: registry; ``node`` serves it all (server adapters, edge limits, the ``serve`` command, the
 #: in-process periodic runner, health and error pages); ``config`` is settings, URLs, the ASGI
-#: entry, WSGI and Celery, on top.
+#: entry, WSGI and Celery, on top. ``push`` (push notifications relayed by the gateway: its
+#: configs, the ingress, delivery, signing) builds on the registry; the gateway relays through
+#: it and the console may show it.
 LAYERS: dict[str, set[str]] = {
     "core": set(),
     "outbound": {"core"},
     "registry": {"core", "outbound"},
+    "push": {"core", "outbound", "registry"},
     "discovery": {"core", "outbound", "registry"},
     "ard": {"core", "outbound", "registry"},
-    "gateway": {"core", "outbound", "registry"},
-    "console": {"core", "outbound", "registry", "discovery", "ard", "gateway"},
-    "mcp_bridge": {"core", "outbound", "registry", "discovery", "ard", "gateway"},
+    "gateway": {"core", "outbound", "registry", "push"},
+    "console": {"core", "outbound", "registry", "discovery", "ard", "gateway", "push"},
+    "mcp_bridge": {"core", "outbound", "registry", "discovery", "ard", "gateway", "push"},
     "node": {"core", "outbound", "registry", "discovery", "ard", "gateway", "console",
-             "mcp_bridge"},
+             "mcp_bridge", "push"},
     "config": {"core", "outbound", "registry", "discovery", "ard", "gateway", "console",
-               "mcp_bridge", "node"},
+               "mcp_bridge", "node", "push"},
 }
 
 

@@ -20,7 +20,7 @@ from tests.servers import fresh_env as _env
 from tests.servers import run_manage as _manage
 
 # What this checks does not depend on the pass's database or channel layer.
-pytestmark = pytest.mark.one_pass("distributed")
+pytestmark = pytest.mark.one_pass("embedded")
 
 
 def _python(env: dict[str, str], code: str) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from core.outage import is_database_outage, unavailable_response
 from registry.auth import UNAUTHENTICATED_MESSAGE
 from registry.permissions import PermissionDenied
+from registry.quotas import QuotaRateExceeded
 from registry.services import AgentNotFound, InvalidInput, RegistrationConflict
 
 
@@ -28,6 +29,8 @@ def exception_handler(exc, context):
         return Response({"error": "agent not found", "agent_id": exc.agent_id}, status=404)
     if isinstance(exc, InvalidInput):
         return Response({"error": str(exc)}, status=400)
+    if isinstance(exc, QuotaRateExceeded):  # a PermissionDenied with a 429 of its own
+        return quota_rate_response(exc)
     if isinstance(exc, PermissionDenied):
         return Response({"error": str(exc)}, status=403)
     if isinstance(exc, RegistrationConflict):
@@ -49,3 +52,10 @@ def exception_handler(exc, context):
     ):
         response.status_code = 401
     return response
+
+
+def quota_rate_response(exc: QuotaRateExceeded) -> Response:
+    """A tenant's rate quota refused the request: 429 ``{"error", "retry_after"}`` (the shape
+    of the API's other retryable answer, core.outage's 503) with ``Retry-After``."""
+    return Response({"error": str(exc), "retry_after": exc.retry_after}, status=429,
+                    headers={"Retry-After": str(exc.retry_after)})

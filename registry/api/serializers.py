@@ -55,6 +55,13 @@ class ParsedJSON(serializers.JSONField):
         return data
 
 
+@extend_schema_field({"type": "array", "maxItems": 100,
+                      "items": {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{1,39}$"}})
+class TenantList(ParsedJSON):
+    """Tenant slugs (``shared_with``), checked by the registry's services, whose refusal names
+    the first bad one (a list field's per-item errors would be keyed by index)."""
+
+
 class AgentRegisterInput(StrictInput):
     agent_id = serializers.CharField(max_length=200, trim_whitespace=False)
     url = serializers.CharField(max_length=2048, required=False, trim_whitespace=False)
@@ -63,6 +70,11 @@ class AgentRegisterInput(StrictInput):
     max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
     credential_passthrough = StrictBoolean(required=False)
     public = StrictBoolean(required=False)  # listed to anonymous ARD discovery
+    # docs/tenants.md: which other tenants see and call it.
+    visibility = serializers.ChoiceField(choices=Agent.Visibility.choices, required=False)
+    shared_with = TenantList(required=False)
+    # null: the node's A2A_PUSH_RELAY (docs/push.md)
+    push_relay = StrictBoolean(required=False, allow_null=True)
 
     def validate_card(self, value):
         if not isinstance(value, dict):
@@ -77,6 +89,10 @@ class AgentUpdateInput(StrictInput):
     max_concurrency = StrictInteger(required=False, min_value=1, max_value=100_000)
     credential_passthrough = StrictBoolean(required=False)
     public = StrictBoolean(required=False)
+    visibility = serializers.ChoiceField(choices=Agent.Visibility.choices, required=False)
+    shared_with = TenantList(required=False)
+    # null: the node's A2A_PUSH_RELAY (docs/push.md)
+    push_relay = StrictBoolean(required=False, allow_null=True)
 
     validate_card = AgentRegisterInput.validate_card
 
@@ -85,6 +101,10 @@ class AgentOutput(serializers.ModelSerializer):
     tags = serializers.ListField(child=serializers.CharField(), read_only=True)
     routable = serializers.BooleanField(source="is_routable", read_only=True)
     owner = serializers.SerializerMethodField()
+    tenant = serializers.CharField(source="tenant_id", read_only=True)
+    shared_with = serializers.SerializerMethodField(
+        help_text="The tenants a 'shared' agent is shared with (shown to its tenant's admins "
+        "and its owner; empty for other callers).")
 
     class Meta:
         model = Agent
@@ -92,11 +112,15 @@ class AgentOutput(serializers.ModelSerializer):
             "agent_id", "name", "description", "url", "status", "routable", "source",
             "ttl_seconds", "max_concurrency", "registered_at", "last_seen", "expires_at",
             "node_id", "owner", "card_sha256", "card_signature", "tags", "card",
-            "credential_passthrough", "public",
+            "credential_passthrough", "public", "tenant", "visibility", "shared_with",
+            "push_relay",
         ]
 
     def get_owner(self, agent: Agent) -> str | None:
         return _owner(agent)
+
+    def get_shared_with(self, agent: Agent) -> list[str]:
+        return _shared_with(agent)
 
     def to_representation(self, agent: Agent):
         data = super().to_representation(agent)
@@ -106,10 +130,11 @@ class AgentOutput(serializers.ModelSerializer):
             return data
         # A caller, not the owner: the gateway's view of the agent, no internal address.
         base = visibility.base_url(request)
-        data["url"] = visibility.gateway_url(base, agent.agent_id)
+        data["url"] = visibility.gateway_url(base, agent.key)
         data["card"] = visibility.caller_card(agent, base)
         data["node_id"] = ""
         data["owner"] = None
+        data["shared_with"] = []  # other tenants' names are its tenant's business
         return data
 
 
@@ -147,8 +172,14 @@ class AgentDetailOutput(AgentOutput):
         request = self.context.get("request")
         if request is not None and not visibility.sees_internals(request_actor(request), agent):
             return None
-        calls = selectors.agent_calls(agent_id=agent.agent_id)
+        calls = selectors.agent_calls(agent_id=agent.key)
         return None if calls is None else AgentCallsOutput(calls).data
+
+
+def _shared_with(agent: Agent) -> list[str]:
+    if agent.visibility != Agent.Visibility.SHARED or agent.pk is None:
+        return []
+    return sorted(agent.shared_with.values_list("slug", flat=True))
 
 
 def _owner(agent: Agent) -> str | None:
@@ -180,6 +211,8 @@ def owner_output(agent: Agent) -> dict:
     for name, source, render in fields:
         if name == "owner":
             out[name] = _owner(agent)
+        elif name == "shared_with":
+            out[name] = _shared_with(agent)
         elif name == "card":
             out[name] = visibility.stored_card(agent)  # key order as registered
         else:

@@ -127,6 +127,8 @@ class AgentFilter(django_filters.FilterSet):
     input_mode = django_filters.CharFilter(method="_filter")
     output_mode = django_filters.CharFilter(method="_filter")
     status = django_filters.ChoiceFilter(method="_filter", choices=Agent.Status.choices)
+    # docs/tenants.md: the agents of one tenant among those the caller sees.
+    tenant = django_filters.CharFilter(field_name="tenant")
     # Declared last, so it ranks what the other filters (and visibility) left: best first.
     q = django_filters.CharFilter(method="_search")
 
@@ -157,6 +159,15 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     def get_serializer_class(self):
         return AgentDetailOutput if self.action == "retrieve" else AgentOutput
+
+    def get_object(self):
+        """The agent the path names (a bare id: the caller's tenant; ``{tenant}.{agent_id}``:
+        that tenant's), among those the caller sees; unknown and unseen alike are 404."""
+        agent_id = self.kwargs["agent_id"]
+        agent = visibility.visible_agent(request_actor(self.request), agent_id)
+        if agent is None:
+            raise services.AgentNotFound(agent_id)
+        return agent
 
     @extend_schema(request=AgentRegisterInput, responses={200: AgentOutput, 201: AgentOutput})
     def create(self, request):
@@ -194,9 +205,9 @@ class AgentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @extend_schema(responses={(200, "application/json"): dict})
     @action(detail=True, methods=["get"])
     def card(self, request, agent_id: str):
-        agent = selectors.agent_get(agent_id=agent_id)
         actor = request_actor(request)
-        if agent is None or not visibility.may_see(actor, agent):
+        agent = visibility.visible_agent(actor, agent_id)
+        if agent is None:
             raise services.AgentNotFound(agent_id)
         if visibility.sees_internals(actor, agent):
             # The owner's card as registered, byte-exact (signatures intact).

@@ -4,7 +4,7 @@ Every public function is keyword-only and typed, raises :class:`RegistryError` s
 messages fit for an API client, and publishes registry events after commit. One module per
 concern -- ``agents`` (register, update, deregister), ``leases`` (heartbeats, renewals,
 expiry), ``cards`` (resolving and recording a registration's card), ``clients`` (API clients),
-``nodes`` (liveness, ownership) -- all importable from here.
+``nodes`` (liveness, ownership), ``tenants`` -- all importable from here.
 """
 
 from registry.services.agents import (
@@ -32,8 +32,11 @@ from registry.services.leases import (
     agents_renew_leases,
 )
 from registry.services.nodes import agents_move_off_node, node_heartbeat
+from registry.services.tenants import agent_move_tenant, tenant_create
 
 __all__ = [
+    "agent_move_tenant",
+    "tenant_create",
     "AgentNotFound",
     "HeartbeatResult",
     "InvalidInput",

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.constants import OnConflict
 from django.utils import timezone
@@ -14,10 +13,16 @@ from django.utils import timezone
 from core import outage, tracing
 from registry import events, rows
 from registry.cards import ParsedCard
-from registry.ids import agent_id_error
-from registry.models import Agent, AgentTombstone, CardVersion
+from registry.ids import agent_id_error, agent_key, agent_name_error
+from registry.models import Agent, AgentTombstone, CardVersion, Tenant
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
-from registry.quotas import check_agent_quota, take_agent_quota
+from registry.quotas import (
+    check_agent_quota,
+    check_registration_rate,
+    check_tenant_quotas,
+    take_agent_quota,
+    tenants_limited,
+)
 from registry.selectors import agent_route
 from registry.services.cards import (
     _apply_card,
@@ -26,50 +31,55 @@ from registry.services.cards import (
     _version_fields,
 )
 from registry.services.errors import AgentNotFound, InvalidInput, RegistrationConflict
+from registry.services.fields import (
+    UNSET,
+    _check_concurrency,
+    _check_passthrough,
+    _check_push_relay,
+    _check_ttl,
+    _check_visibility,
+    _set_shared,
+)
 from registry.services.nodes import _owning_node
 
 
-def _check_ttl(ttl_seconds: Any) -> int:
-    if ttl_seconds is None:
-        return settings.A2A_DEFAULT_TTL_SECONDS
-    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int):
-        raise InvalidInput("ttl_seconds must be an integer")
-    if not 1 <= ttl_seconds <= settings.A2A_MAX_TTL_SECONDS:
-        raise InvalidInput(f"ttl_seconds must be between 1 and {settings.A2A_MAX_TTL_SECONDS}")
-    return ttl_seconds
-
-
-def _check_concurrency(value: Any) -> int:
-    if value is None:
-        return settings.A2A_AGENT_MAX_CONCURRENCY
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
-        raise InvalidInput("max_concurrency must be an integer between 1 and 100000")
-    return value
-
-
-def _check_passthrough(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidInput("credential_passthrough must be true or false")
-    return value
-
-
-def _authorize_register(actor: Actor, agent_id: str, existing: Agent | None) -> None:
+def _authorize_register(actor: Actor, agent_id: str, existing: Agent | None,
+                        tenant: str | None = None) -> None:
+    """``agent_id``: the bare id in ``tenant`` (default: the actor's)."""
+    tenant = actor.tenant if tenant is None else tenant
     if not actor.has_scope(SCOPE_REGISTER):
         raise PermissionDenied("this client lacks the register scope")
-    if not actor.may_touch(agent_id):
+    if not actor.in_tenant(tenant):
+        # Says nothing of the agents there: the same answer whether the id exists or not.
+        raise PermissionDenied(f"this client may not register agents in tenant {tenant}")
+    if not actor.may_touch(agent_key(tenant, agent_id)):
         raise PermissionDenied(f"this client may not register {agent_id}")
     if existing is not None and not _owns(actor, existing):
         raise PermissionDenied(f"{agent_id} belongs to another client")
 
 
 def _owns(actor: Actor, agent: Agent) -> bool:
+    if not actor.in_tenant(str(agent.tenant_id)):
+        return False  # docs/tenants.md: another tenant's agents are managed by it alone
     if actor.is_admin:
         return True
     if actor.external:
         # A JWT caller is no API client and owns no row: it manages the unowned agents its
         # allowed-agents claim names (its register scope needs that claim: registry.identity).
-        return agent.owner_id is None and agent.agent_id in actor.allowed_agents
+        return agent.owner_id is None and agent.key in actor.allowed_keys
     return agent.owner_id == actor.api_client_pk  # anonymous owns the unowned
+
+
+def _located(actor: Actor, agent_id: Any) -> tuple[str, str]:
+    """``(tenant, agent_id)`` of the agent a caller names (``actor.locate``), the id checked;
+    another tenant's agent out of the caller's management is :class:`AgentNotFound`, the same
+    answer as an unknown id (docs/tenants.md)."""
+    if not isinstance(agent_id, str):
+        raise AgentNotFound(str(agent_id)[:80])
+    tenant, bare = actor.locate(agent_id)
+    if not actor.in_tenant(tenant):
+        raise AgentNotFound(agent_id)
+    return tenant, bare
 
 
 def _publish(kind: events.EventKind, agent: Agent, actor: Actor | None = None) -> None:
@@ -84,7 +94,7 @@ def _event(kind: events.EventKind, agent: Agent, actor: Actor | None = None,
     if actor is not None and agent.owner_id is not None and \
             agent.owner_id == actor.api_client_pk:
         owner = {"owner_client_id": actor.client_id}  # the caller owns it: no owner read
-    return events.AgentEvent(kind=kind, agent_id=agent.agent_id,
+    return events.AgentEvent(kind=kind, agent_id=agent.key,
                              route=agent_route(agent, **owner),
                              agent=agent if committed else None)
 
@@ -92,7 +102,7 @@ def _event(kind: events.EventKind, agent: Agent, actor: Actor | None = None,
 _LOCKED_SQL: dict[str, str] = {}
 
 
-def _locked(agent_id: str) -> Agent | None:
+def _locked(agent_id: str, tenant: str) -> Agent | None:
     """The agent's row, locked for this transaction (``SELECT ... FOR UPDATE`` where the
     database has it, as ``select_for_update()``; SQLite's BEGIN IMMEDIATE already holds the
     write lock). The statement is built once per database vendor: compiling the ORM query
@@ -103,22 +113,23 @@ def _locked(agent_id: str) -> Agent | None:
         meta = Agent._meta
         columns = ", ".join(quote(f.column) for f in meta.concrete_fields)  # type: ignore[arg-type]  # concrete fields
         sql = (f"SELECT {columns} FROM {quote(meta.db_table)} "
-               f"WHERE {quote(meta.get_field('agent_id').column)} = %s")  # type: ignore[arg-type]  # a concrete field
+               f"WHERE {quote(meta.get_field('tenant').column)} = %s "
+               f"AND {quote(meta.get_field('agent_id').column)} = %s")  # type: ignore[arg-type]  # a concrete field
         if connection.features.has_select_for_update:
             sql += " FOR UPDATE"
         _LOCKED_SQL[connection.vendor] = sql
-    rows = list(Agent.objects.raw(sql, [agent_id]))
+    rows = list(Agent.objects.raw(sql, [tenant, agent_id]))
     return rows[0] if rows else None
 
 
 def _insert_new(agent: Agent) -> bool:
     """INSERT ``agent`` unless its id exists. True when inserted, with the new key set.
 
-    PostgreSQL: ``ON CONFLICT DO NOTHING`` (agent_id is the one unique column besides the key,
-    and only unique violations are ignored), one statement where a savepoint around a plain
-    INSERT took three. SQLite: a plain INSERT (its ``OR IGNORE`` would hide any constraint
-    failure); the transaction began IMMEDIATE, holding the database's write lock, so no other
-    registration can have inserted the id the locked read just found absent."""
+    PostgreSQL: ``ON CONFLICT DO NOTHING`` ((tenant, agent_id) is the one unique key besides
+    the primary key, and only unique violations are ignored), one statement where a savepoint
+    around a plain INSERT took three. SQLite: a plain INSERT (its ``OR IGNORE`` would hide any
+    constraint failure); the transaction began IMMEDIATE, holding the database's write lock, so
+    no other registration can have inserted the id the locked read just found absent."""
     meta = Agent._meta
     ignore = OnConflict.IGNORE if connection.vendor == "postgresql" else None
     rows = Agent.objects._insert(  # type: ignore[attr-defined]  # private QuerySet API
@@ -141,12 +152,18 @@ class Registration:
     many in one transaction (group commit)."""
 
     actor: Actor
-    agent_id: str
+    agent_id: str  # the bare id, in ``tenant``
     parsed: ParsedCard
     fields: dict[str, Any]
     now: Any
     source: str
     node_id: str | None
+    tenant: str = ""
+    shared_with: list[str] | None = None  # tenant slugs; None: unchanged
+
+    @property
+    def key(self) -> str:
+        return agent_key(self.tenant, self.agent_id)
 
 
 def registration(
@@ -162,17 +179,30 @@ def registration(
     strict: bool | None = None,
     credential_passthrough: bool | None = None,
     public: bool | None = None,
+    visibility: str | None = None,
+    shared_with: list[str] | None = None,
+    push_relay: Any = UNSET,
 ) -> Registration:
     """Check a registration (``agent_register``'s arguments) before any database work;
-    refusals raise as :func:`agent_register` raises them."""
+    refusals raise as :func:`agent_register` raises them. ``agent_id``: a bare id (the
+    caller's tenant) or a qualified one (``{tenant}.{agent_id}``, a platform admin's)."""
+    tenant = actor.tenant
+    error = agent_name_error(agent_id)
+    if error:
+        raise InvalidInput(error)
+    if "." in agent_id:
+        tenant, agent_id = actor.locate(agent_id)
     error = agent_id_error(agent_id)
     if error:
         raise InvalidInput(error)
     ttl = _check_ttl(ttl_seconds)
     concurrency = _check_concurrency(max_concurrency)
-    _authorize_register(actor, agent_id, None)  # scopes: refused before any work
+    _authorize_register(actor, agent_id, None, tenant)  # scopes: refused before any work
+    visibility, shared_with = _check_visibility(visibility, shared_with)
     if credential_passthrough is not None:
         credential_passthrough = _check_passthrough(credential_passthrough)
+    if push_relay is not UNSET:
+        push_relay = _check_push_relay(push_relay)
     parsed = _resolve_card(url=url, card=card, strict=strict)
     now = timezone.now()
     fields = {
@@ -186,10 +216,22 @@ def registration(
     }
     if credential_passthrough is not None:
         fields["credential_passthrough"] = credential_passthrough
+    if push_relay is not UNSET:  # omitted on re-registration: kept
+        fields["push_relay"] = push_relay
     if public is not None:  # omitted on re-registration: the ARD listing stays as it was
         fields["public"] = bool(public)
+    if visibility is not None:  # omitted on re-registration: as it was (new: private)
+        fields["visibility"] = visibility
+    # Counted last: a registration refused for what it says uses none of the tenant's rate.
+    check_registration_rate(tenant)
     return Registration(actor=actor, agent_id=agent_id, parsed=parsed, fields=fields, now=now,
-                        source=source, node_id=node_id)
+                        source=source, node_id=node_id, tenant=tenant, shared_with=shared_with)
+
+
+def _check_tenant(tenant: str) -> None:
+    """A platform admin's registration into a tenant that does not exist: refused."""
+    if not Tenant.objects.filter(slug=tenant).exists():
+        raise InvalidInput(f"unknown tenant {tenant!r}")
 
 
 def agent_register(**kwargs: Any) -> tuple[Agent, bool]:
@@ -205,7 +247,7 @@ def agent_register(**kwargs: Any) -> tuple[Agent, bool]:
 
 def register_one(reg: Registration) -> tuple[Agent, bool]:
     """Write one checked registration in its own transaction."""
-    with tracing.span("registry.register", **{"a2a.agent_id": reg.agent_id}):
+    with tracing.span("registry.register", **{"a2a.agent_id": reg.key}):
         return _register_one(reg)
 
 
@@ -216,21 +258,25 @@ def _register_one(reg: Registration) -> tuple[Agent, bool]:
     # One locked read, then one write: the owner and quota checks see the row the write
     # replaces (a registration is a handful of statements).
     with transaction.atomic():
-        agent = _locked(agent_id)
+        agent = _locked(agent_id, reg.tenant)
         old_sha = agent.card_sha256 if agent is not None else None
         old_signature = agent.card_signature if agent is not None else None
+        check_tenant_quotas(reg.tenant, card_bytes=len(parsed.raw), new_agent=agent is None)
         if agent is None:
+            if reg.tenant != actor.tenant:
+                _check_tenant(reg.tenant)
             check_agent_quota(actor)
             agent, created = _insert_or_find(reg, fields)
             if not created:  # a concurrent registration of the same id won the insert
                 old_sha, old_signature = agent.card_sha256, agent.card_signature
         if not created:
-            _authorize_register(actor, agent_id, agent)
+            _authorize_register(actor, agent_id, agent, reg.tenant)
             fields["node_id"] = reg.node_id or _owning_node(agent_id=agent_id, current=agent)
             for key, value in fields.items():
                 setattr(agent, key, value)
             _apply_card(agent, parsed)
             agent.save()
+        _set_shared(agent, reg.shared_with)
         _record_card_version(agent, parsed, new_agent=created, unchanged=(
             old_sha == parsed.sha256 and old_signature == agent.card_signature))
         _announce(reg, agent, created, old_sha)
@@ -240,7 +286,7 @@ def _register_one(reg: Registration) -> tuple[Agent, bool]:
 def _new_agent(reg: Registration, fields: dict[str, Any]) -> Agent:
     """The row of a new agent (not yet inserted)."""
     fields["node_id"] = reg.node_id or _owning_node(agent_id=reg.agent_id, current=None)
-    agent = Agent(agent_id=reg.agent_id, registered_at=reg.now, **fields)
+    agent = Agent(agent_id=reg.agent_id, tenant_id=reg.tenant, registered_at=reg.now, **fields)
     if reg.actor.api_client_pk:
         agent.owner_id = reg.actor.api_client_pk
     _apply_card(agent, reg.parsed)
@@ -257,7 +303,7 @@ def _insert_or_find(reg: Registration, fields: dict[str, Any]) -> tuple[Agent, b
         agent = _new_agent(reg, dict(fields))
         if _insert_new(agent):
             return agent, True
-        winner = _locked(reg.agent_id)
+        winner = _locked(reg.agent_id, reg.tenant)
         if winner is not None:
             return winner, False
     raise RegistrationConflict(
@@ -277,7 +323,8 @@ def _announce(reg: Registration, agent: Agent, created: bool, old_sha: str | Non
         record = events.AuditRecord(
             action="agent.registered" if created else "agent.card_changed",
             actor=actor.client_id,
-            agent_id=reg.agent_id,
+            agent_id=reg.key,
+            tenant=reg.tenant,
             details={"url": agent.url, "card_sha256": reg.parsed.sha256, "source": reg.source},
         )
     if batch is not None:
@@ -300,11 +347,16 @@ def agent_update(
     max_concurrency: Any = None,
     credential_passthrough: bool | None = None,
     public: bool | None = None,
+    visibility: str | None = None,
+    shared_with: list[str] | None = None,
+    push_relay: Any = UNSET,
 ) -> Agent:
     """Partially update an agent (PATCH): a new card, URL, TTL, concurrency cap, credential
-    passthrough or ARD listing."""
+    passthrough, ARD listing or tenant visibility."""
+    tenant, bare = _located(actor, agent_id)
+    visibility, shared_with = _check_visibility(visibility, shared_with)
     with transaction.atomic():
-        agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
+        agent = Agent.objects.select_for_update().filter(tenant_id=tenant, agent_id=bare).first()
         if agent is None:
             raise AgentNotFound(agent_id)
         if not _owns(actor, agent) or not actor.has_scope(SCOPE_REGISTER):
@@ -318,12 +370,18 @@ def agent_update(
             agent.credential_passthrough = _check_passthrough(credential_passthrough)
         if public is not None:
             agent.public = bool(public)
+        if visibility is not None:
+            agent.visibility = visibility
+        _set_shared(agent, shared_with)
+        if push_relay is not UNSET:
+            agent.push_relay = _check_push_relay(push_relay)
         if url is not None or card is not None:
             parsed = _resolve_card(
                 url=url if url is not None else agent.url,
                 card=card if card is not None else agent.card_raw.encode(),
                 strict=None,
             )
+            check_tenant_quotas(tenant, card_bytes=len(parsed.raw), new_agent=False)
             _apply_card(agent, parsed)
             _record_card_version(agent, parsed)
         agent.routing_changed_at = timezone.now()
@@ -333,7 +391,8 @@ def agent_update(
             events.AuditRecord(
                 action="agent.updated",
                 actor=actor.client_id,
-                agent_id=agent_id,
+                agent_id=agent.key,
+                tenant=str(agent.tenant_id),
                 details={
                     "ttl_seconds": ttl_seconds,
                     "max_concurrency": max_concurrency,
@@ -347,19 +406,21 @@ def agent_update(
 @tracing.traced("registry.deregister")
 def agent_deregister(*, actor: Actor, agent_id: str) -> None:
     """Remove an agent and its card history; its subscriber is torn down by the event."""
+    tenant, bare = _located(actor, agent_id)
+    key = agent_key(tenant, bare)
     with transaction.atomic():
-        agent = Agent.objects.select_for_update().filter(agent_id=agent_id).first()
+        agent = Agent.objects.select_for_update().filter(tenant_id=tenant, agent_id=bare).first()
         if agent is None:
             raise AgentNotFound(agent_id)
         if not _owns(actor, agent) or not actor.has_scope(SCOPE_REGISTER):
             raise PermissionDenied(f"this client may not deregister {agent_id}")
         agent.delete()
         # A node that misses the event still sees the deletion at its next incremental resync.
-        AgentTombstone.objects.create(agent_id=agent_id)
-        events.publish(events.AgentEvent(kind="deregistered", agent_id=agent_id))
+        AgentTombstone.objects.create(tenant_id=tenant, agent_id=bare)
+        events.publish(events.AgentEvent(kind="deregistered", agent_id=key))
         events.audit(
             events.AuditRecord(
-                action="agent.deregistered", actor=actor.client_id, agent_id=agent_id
+                action="agent.deregistered", actor=actor.client_id, agent_id=key, tenant=tenant
             )
         )
 
@@ -419,9 +480,15 @@ def _register_new_together(regs: list[Registration], results: list[Any]) -> list
     and locks the row: re-registrations, quota decisions)."""
     later: list[int] = []
     first: dict[str, int] = {}
+    limited = tenants_limited({reg.tenant for reg in regs})
     for index, reg in enumerate(regs):
-        if reg.agent_id in first:
-            later.append(index)  # the same id twice: the second renews the first's row
+        if reg.agent_id in first or reg.shared_with is not None or \
+                reg.tenant != reg.actor.tenant or reg.tenant in limited:
+            # The same id twice (the second renews the first's row, or is another tenant's:
+            # the statement below matches versions by bare id), a share list to write, a
+            # platform admin's registration into another tenant (checked) or a tenant with
+            # quotas of its own: one by one.
+            later.append(index)
         else:
             first[reg.agent_id] = index
     rooms: dict[Any, int | None] = {}

@@ -7,8 +7,8 @@ from typing import Any
 from django.db import transaction
 
 from registry import events
-from registry.ids import agent_id_error
-from registry.models import ApiClient
+from registry.ids import DEFAULT_TENANT, agent_name_error
+from registry.models import ApiClient, Tenant
 from registry.permissions import ALL_SCOPES, Actor
 from registry.services.errors import InvalidInput
 
@@ -24,7 +24,7 @@ def _checked_scopes(scopes: list[str]) -> list[str]:
 
 def _checked_agent_ids(agent_ids: list[str]) -> list[str]:
     for agent_id in agent_ids:
-        error = agent_id_error(agent_id)
+        error = agent_name_error(agent_id)
         if error:
             raise InvalidInput(error)
     return list(dict.fromkeys(agent_ids))
@@ -37,8 +37,10 @@ def api_client_create(
     allowed_agents: list[str] | None = None,
     client_id: str | None = None,
     actor: Actor | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> tuple[ApiClient, str]:
-    """Create an API client; returns it and its token (the only time the token is seen)."""
+    """Create an API client of ``tenant``; returns it and its token (the only time the token
+    is seen)."""
     from django.utils.text import slugify
 
     checked_scopes = _checked_scopes(scopes)
@@ -48,17 +50,22 @@ def api_client_create(
         raise InvalidInput("name must contain letters or digits")
     if ApiClient.objects.filter(client_id=cid).exists():
         raise InvalidInput(f"a client named {cid!r} exists already")
+    if not Tenant.objects.filter(slug=tenant).exists():
+        raise InvalidInput(f"unknown tenant {tenant!r} (create it first: manage.py tenants "
+                           "create)")
     created: tuple[ApiClient, str] = ApiClient.objects.create_key(  # type: ignore[assignment]  # manager typed for the abstract model
         name=name[:50],
         client_id=cid,
         scopes=checked_scopes,
         allowed_agents=allowed,
+        tenant_id=tenant,
     )
     events.audit(
         events.AuditRecord(
             action="client.created",
             actor=actor.client_id if actor else "system",
             client_id=cid,
+            tenant=tenant,
             details={"scopes": created[0].scopes, "allowed_agents": allowed},
         )
     )

@@ -15,6 +15,7 @@ from django.utils.dateparse import parse_datetime
 
 from core import tracing
 from registry import events
+from registry.ids import DEFAULT_TENANT, agent_key, split_agent_key
 from registry.models import Agent, AgentTombstone, Node
 from registry.permissions import SCOPE_REGISTER, Actor, PermissionDenied
 from registry.services.agents import _publish
@@ -38,7 +39,8 @@ class HeartbeatResult:
 _ANY_OWNER = object()
 
 
-def _renew_lease(*, agent_id: str, now: datetime, owner_pk: object):
+def _renew_lease(*, agent_id: str, now: datetime, owner_pk: object,
+                 tenant: str = DEFAULT_TENANT):
     """One UPDATE ... RETURNING that renews an active agent's lease by its own TTL.
 
     Heartbeats are the registry's hottest write (10,000 agents every 10 s is 1,000/s), so this
@@ -59,9 +61,9 @@ def _renew_lease(*, agent_id: str, now: datetime, owner_pk: object):
     sql = (
         f"UPDATE {table} SET last_seen = %s, expires_at = {expires}, "
         f"routing_changed_at = CASE WHEN expires_at <= %s THEN %s ELSE routing_changed_at END "
-        f"WHERE agent_id = %s AND status = %s"
+        f"WHERE tenant_id = %s AND agent_id = %s AND status = %s"
     )
-    params: list[Any] = [stamp, stamp, stamp, stamp, agent_id, Agent.Status.ACTIVE]
+    params: list[Any] = [stamp, stamp, stamp, stamp, tenant, agent_id, Agent.Status.ACTIVE]
     if owner_pk is None:
         sql += " AND owner_id IS NULL"
     elif owner_pk is not _ANY_OWNER:
@@ -85,31 +87,33 @@ def _renew_many(items: list[tuple[str, object]], now: datetime
                 ) -> dict[str, tuple[datetime, datetime]]:
     """PostgreSQL: renew several leases in one ``UPDATE ... FROM (VALUES ...) RETURNING``.
 
-    ``items`` are ``(agent_id, owner_pk)`` with distinct agent ids, as :func:`_renew_lease`
-    takes them, each row keeping its own owner check. Sorted by id, so that two nodes' batches
-    lock shared rows in one order. Returns the renewed ones by agent id.
+    ``items`` are ``(key, owner_pk)`` with distinct routing keys (``registry.ids.agent_key``),
+    as :func:`_renew_lease` takes them, each row keeping its own owner check. Sorted by key,
+    so that two nodes' batches lock shared rows in one order. Returns the renewed ones by key.
     """
     table = connection.ops.quote_name(Agent._meta.db_table)
     stamp = connection.ops.adapt_datetimefield_value(now)
     values: list[Any] = []
-    for agent_id, owner_pk in sorted(items, key=lambda item: item[0]):
-        values += [agent_id, None if owner_pk is _ANY_OWNER else owner_pk,
+    for key, owner_pk in sorted(items, key=lambda item: item[0]):
+        tenant, agent_id = split_agent_key(key)
+        values += [tenant, agent_id, None if owner_pk is _ANY_OWNER else owner_pk,
                    owner_pk is _ANY_OWNER]
-    rows = ", ".join(["(%s, %s::text, %s::boolean)"] * len(items))
+    rows = ", ".join(["(%s, %s, %s::text, %s::boolean)"] * len(items))
     sql = (
         f"UPDATE {table} AS a SET last_seen = %s, "
         f"expires_at = %s + make_interval(secs => a.ttl_seconds), "
         f"routing_changed_at = CASE WHEN a.expires_at <= %s THEN %s "
         f"ELSE a.routing_changed_at END "
-        f"FROM (VALUES {rows}) AS v(agent_id, owner_id, any_owner) "
-        f"WHERE a.agent_id = v.agent_id AND a.status = %s "
+        f"FROM (VALUES {rows}) AS v(tenant_id, agent_id, owner_id, any_owner) "
+        f"WHERE a.tenant_id = v.tenant_id AND a.agent_id = v.agent_id AND a.status = %s "
         f"AND (v.any_owner OR a.owner_id IS NOT DISTINCT FROM v.owner_id) "
-        f"RETURNING a.agent_id, a.expires_at"
+        f"RETURNING a.tenant_id, a.agent_id, a.expires_at"
     )
     params = [stamp, stamp, stamp, stamp, *values, Agent.Status.ACTIVE]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {agent_id: (now, expires_at) for agent_id, expires_at in cursor.fetchall()}
+        return {agent_key(tenant, agent_id): (now, expires_at)
+                for tenant, agent_id, expires_at in cursor.fetchall()}
 
 
 def _owner_key(actor: Actor) -> object:
@@ -129,15 +133,15 @@ def agents_heartbeat(*, beats: list[tuple[Actor, str]]) -> list[HeartbeatResult 
     client hammering one agent's heartbeat costs one row of the batch, not a thread each.
     """
     now = timezone.now()
-    items: dict[str, object] = {}  # agent id -> the owner it is renewed for
-    holders: list[tuple[int, str]] = []  # (index, agent id) of each heartbeat renewed here
+    items: dict[str, object] = {}  # routing key -> the owner it is renewed for
+    holders: list[tuple[int, str, str]] = []  # (index, key, id as addressed) renewed here
     for index, (actor, agent_id) in enumerate(beats):
-        if not actor.has_scope(SCOPE_REGISTER) or \
-                (actor.external and not actor.may_touch(agent_id)):
+        key = _heartbeat_key(actor, agent_id)
+        if key is None:
             continue
-        owner_pk = items.setdefault(agent_id, _owner_key(actor))
+        owner_pk = items.setdefault(key, _owner_key(actor))
         if owner_pk == _owner_key(actor):
-            holders.append((index, agent_id))
+            holders.append((index, key, agent_id))
     results: list[HeartbeatResult | None] = [None] * len(beats)
     if not items:
         return results
@@ -146,14 +150,26 @@ def agents_heartbeat(*, beats: list[tuple[Actor, str]]) -> list[HeartbeatResult 
     else:
         with transaction.atomic():
             renewed = {}
-            for agent_id, owner_pk in items.items():
-                lease = _renew_lease(agent_id=agent_id, now=now, owner_pk=owner_pk)
+            for key, owner_pk in items.items():
+                tenant, bare = split_agent_key(key)
+                lease = _renew_lease(agent_id=bare, now=now, owner_pk=owner_pk, tenant=tenant)
                 if lease is not None:
-                    renewed[agent_id] = lease
-    answers = {agent_id: HeartbeatResult(agent_id, *lease) for agent_id, lease in renewed.items()}
-    for index, agent_id in holders:
-        results[index] = answers.get(agent_id)
+                    renewed[key] = lease
+    for index, key, agent_id in holders:
+        lease = renewed.get(key)
+        results[index] = HeartbeatResult(agent_id, *lease) if lease is not None else None
     return results
+
+
+def _heartbeat_key(actor: Actor, agent_id: str) -> str | None:
+    """The routing key of the agent ``actor`` heartbeats as ``agent_id`` (its tenant's, or a
+    qualified id), or None when it may not (the caller then asks :func:`agent_heartbeat`)."""
+    tenant, bare = actor.locate(agent_id)
+    key = agent_key(tenant, bare)
+    if not actor.has_scope(SCOPE_REGISTER) or not actor.in_tenant(tenant) or \
+            (actor.external and not actor.may_touch(key)):
+        return None
+    return key
 
 
 @tracing.traced("registry.heartbeat")
@@ -163,12 +179,17 @@ def agent_heartbeat(*, actor: Actor, agent_id: str) -> HeartbeatResult:
     Only the lease moves: routing tables keep an agent routable until its ``expired`` or
     ``deregistered`` event, so a heartbeat costs one query and no broadcast.
     """
-    if not actor.has_scope(SCOPE_REGISTER) or (actor.external and not actor.may_touch(agent_id)):
+    tenant, bare = actor.locate(agent_id)
+    if not actor.in_tenant(tenant):
+        raise AgentNotFound(agent_id)  # another tenant's: as if it did not exist
+    if not actor.has_scope(SCOPE_REGISTER) or \
+            (actor.external and not actor.may_touch(agent_key(tenant, bare))):
         raise PermissionDenied(f"this client may not heartbeat {agent_id}")
-    renewed = _renew_lease(agent_id=agent_id, now=timezone.now(), owner_pk=_owner_key(actor))
+    renewed = _renew_lease(agent_id=bare, now=timezone.now(), owner_pk=_owner_key(actor),
+                           tenant=tenant)
     if renewed is None:
         agent = (
-            Agent.objects.filter(agent_id=agent_id, status=Agent.Status.ACTIVE)
+            Agent.objects.filter(tenant_id=tenant, agent_id=bare, status=Agent.Status.ACTIVE)
             .only("pk", "owner_id")
             .first()
         )
@@ -180,10 +201,15 @@ def agent_heartbeat(*, actor: Actor, agent_id: str) -> HeartbeatResult:
 
 
 def agents_extend_ttl(*, agent_ids: list[str], seconds: int | None = None) -> int:
-    """Admin action: renew the lease of the given agents (by ``seconds`` or their own TTL)."""
+    """Admin action: renew the lease of the given agents (routing keys, registry.ids.agent_key;
+    by ``seconds`` or their own TTL)."""
     now = timezone.now()
     count = 0
-    for agent in Agent.objects.filter(agent_id__in=agent_ids):
+    keys = set(agent_ids)
+    for agent in Agent.objects.filter(
+            agent_id__in={split_agent_key(key)[1] for key in keys}):
+        if agent.key not in keys:
+            continue
         agent.status = Agent.Status.ACTIVE
         agent.last_seen = now
         agent.expires_at = now + timedelta(seconds=seconds or agent.ttl_seconds)
@@ -202,7 +228,7 @@ def agents_expire(*, now: datetime | None = None) -> dict[str, int]:
     followed by an update by id would expire an agent whose lease was just renewed).
     """
     now = now or timezone.now()
-    expired_ids = _mark_expired(now=now, dead_before=now - _node_dead_after())
+    expired_ids = _mark_expired(now=now, dead_before=now - _node_dead_after())  # routing keys
     for agent_id in expired_ids:
         events.publish(events.AgentEvent(kind="expired", agent_id=agent_id))
     cutoff = now - timedelta(seconds=settings.A2A_EXPIRED_RETENTION_SECONDS)
@@ -217,14 +243,14 @@ def _mark_expired(*, now: datetime, dead_before: datetime) -> list[str]:
     """Expire, in one statement, the active agents whose lease ended or whose node is dead
     (KubeMQ: "if Node A goes down, the agent's heartbeat expires on all nodes": their
     subscriber is gone and their next heartbeat is answered "not found", so they re-register
-    on a live node). Returns their ids."""
+    on a live node). Returns their routing keys."""
     agents = connection.ops.quote_name(Agent._meta.db_table)
     nodes = connection.ops.quote_name(Node._meta.db_table)
     sql = (
         f"UPDATE {agents} SET status = %s, routing_changed_at = %s "
         f"WHERE status = %s AND (expires_at <= %s OR node_id IN "
         f"(SELECT node_id FROM {nodes} WHERE last_heartbeat < %s)) "
-        f"RETURNING agent_id"
+        f"RETURNING tenant_id, agent_id"
     )
     params = [
         Agent.Status.EXPIRED,
@@ -235,11 +261,12 @@ def _mark_expired(*, now: datetime, dead_before: datetime) -> list[str]:
     ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return sorted(row[0] for row in cursor.fetchall())
+        return sorted(agent_key(row[0], row[1]) for row in cursor.fetchall())
 
 
 def agents_renew_leases(
-    *, agent_ids: list[str], ttl_seconds: int, source: str | None = None
+    *, agent_ids: list[str], ttl_seconds: int, source: str | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> int:
     """Renew the lease of active agents in bulk (discovery keeps its selected agents routable).
 
@@ -250,7 +277,8 @@ def agents_renew_leases(
     if not agent_ids:
         return 0
     now = timezone.now()
-    qs = Agent.objects.filter(status=Agent.Status.ACTIVE)
+    # ``agent_ids`` are ``tenant``'s (bare): discovery renews one tenant's agents at a time.
+    qs = Agent.objects.filter(status=Agent.Status.ACTIVE, tenant_id=tenant)
     if source is not None:
         qs = qs.filter(source=source)
     renewed = 0

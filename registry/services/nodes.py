@@ -96,6 +96,6 @@ def agents_move_off_node(*, node_id: str, to_nodes: list[str]) -> list[str]:
         for i in range(0, len(pks), 500):
             moved.extend(Agent.objects.filter(pk__in=pks[i : i + 500]).select_related("owner"))
         for agent in moved:
-            events.publish(events.AgentEvent(kind="updated", agent_id=agent.agent_id,
+            events.publish(events.AgentEvent(kind="updated", agent_id=agent.key,
                                              route=agent_route(agent)))
-    return sorted(agent.agent_id for agent in moved)
+    return sorted(agent.key for agent in moved)

@@ -59,7 +59,7 @@ def test_api_q_ranks_by_meaning_after_visibility_and_filters(corpus):
 def test_admin_search_box_lists_best_first(corpus, admin_client):
     def listed(**params) -> list[str]:
         html = admin_client.get(AGENTS_URL, params).content.decode()
-        return re.findall(r'class="field-agent_id"><a [^>]*>([^<]+)</a>', html)
+        return re.findall(r'class="field-agent_key"><a [^>]*>([^<]+)</a>', html)
 
     assert listed(q="swap my dollars into pesos")[0] == "currency"
     assert listed(q="my throat is sore and I have a fever")[0] == "doctor"

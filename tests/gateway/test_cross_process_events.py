@@ -67,6 +67,16 @@ def test_an_agent_discover_admits_is_routable_at_once(mode, tmp_path):
             env={**node.env, "DISCOVERY_CONFIG": str(config)}, capture_output=True, text=True,
         )
         assert result.returncode == 0, result.stdout + result.stderr
+        # The command's process embedded the new agent's search document before it exited
+        # (on PostgreSQL an embedding thread does it after the write; exiting under it once
+        # aborted the process).
+        code = ("from ard.models import AgentDoc; print(AgentDoc.objects.filter("
+                "agent_id='cross-echo').exclude(embedding_model='').count())")
+        embedded = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, timeout=120,
+            env=node.env, capture_output=True, text=True,
+        )
+        assert embedded.stdout.split()[-1:] == ["1"], embedded.stdout + embedded.stderr
         # The resync runs once an hour: only the registry event can make this call succeed.
         body = _answered(node, "cross-echo", "after", within=15)
         assert "result" in body, body

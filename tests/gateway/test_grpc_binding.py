@@ -248,10 +248,11 @@ def test_a_call_entering_another_nodes_listener_reaches_the_owner(
 
 
 async def test_a_refused_webhook_is_invalid_argument_and_never_reaches_the_agent(
-        grpc_address, echo_agent_factory, register_agent, caller):
+        grpc_address, echo_agent_factory, register_agent, caller, settings):
     """The push-notification webhook a gRPC request carries is checked as on JSON-RPC: a
     metadata address is refused before the agent (``webhook_refused``, executed false), an
-    acceptable one goes through."""
+    acceptable one goes through (the push relay off; relayed: tests/push/test_bindings.py)."""
+    settings.A2A_PUSH_RELAY = False
     target = register_agent(echo_agent_factory(card_shape="both"))
     token = tuple(auth(caller).items())
     metadata_url = "http://169.254.169.254/latest/meta-data/"

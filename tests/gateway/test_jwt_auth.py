@@ -89,7 +89,7 @@ def _surfaces(base: str, agent_id: str, token: str) -> dict[str, httpx.Response]
 def test_jwt_is_accepted_on_every_surface_beside_api_keys(
         live_server_url, idp, agent_id, echo_agent, settings):
     settings.A2A_METRICS_REQUIRE_TOKEN = True
-    token = idp.token(scope="a2a.call a2a.admin", agents=[agent_id], org="acme")
+    token = idp.token(scope="a2a.call a2a.admin", agents=[agent_id], org="default")
     answers = _surfaces(live_server_url, agent_id, token)
     assert {name: r.status_code for name, r in answers.items()} == dict.fromkeys(answers, 200)
     assert "result" in answers["a2a"].json()

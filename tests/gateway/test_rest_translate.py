@@ -191,10 +191,12 @@ async def test_translated_stream_bounds_as_for_every_stream(gateway_path, echo_a
 
 
 async def test_push_config_routes_reach_the_agent_translated(echo_agent_factory, register_agent,
-                                                             caller):
+                                                             caller, settings):
     """The push-notification-config routes become the agent's JSON-RPC methods (the webhook
     checked first, as on every binding); this agent has no push support, and its A2A error
-    comes back in the SDK REST server's form."""
+    comes back in the SDK REST server's form. (The push relay off: the config as sent;
+    relayed: tests/push/.)"""
+    settings.A2A_PUSH_RELAY = False
     agent = echo_agent_factory(card_shape="both")
     target = register_agent(agent)
     config = {"url": "http://127.0.0.1:9/hook", "id": "c1"}

@@ -1,6 +1,7 @@
 """Push-notification webhooks in a request are checked like agent URLs before the agent sees
 the request: a refused one is answered ``webhook_refused`` (executed false) and never reaches
-the agent; an acceptable one is forwarded unchanged. A 1.0 and a 0.3 shape of each method."""
+the agent; an acceptable one is forwarded unchanged with the push relay off (relayed:
+tests/push/). A 1.0 and a 0.3 shape of each method."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ def test_a_refused_webhook_never_reaches_the_agent(gw, agent, url, reason):
     assert agent.arrived == []
 
 
-def test_an_acceptable_webhook_is_forwarded_unchanged(gw, agent):
+def test_an_acceptable_webhook_is_forwarded_unchanged(gw, agent, settings):
+    """With the push relay off (embedded mode's default; relayed: tests/push/)."""
+    settings.A2A_PUSH_RELAY = False
     agent_id = new_id("hook")
     register(agent_id, agent.url)
     sent = rpc("message/send", text="hi",
@@ -88,4 +91,35 @@ def test_a_webhook_that_is_not_a_string_is_refused(gw, agent):
     error = error_of(gw.post(f"/a2a/{agent_id}", json=bad))
     assert error["data"]["kind"] == "webhook_refused"
     assert "non-empty string" in error["message"]
+    assert agent.arrived == []
+
+
+def _spelled_otherwise(url: str) -> list[tuple[str, bytes]]:
+    """Requests whose config key is spelled as the SDKs also parse it: the proto field name
+    (protobuf's ``ParseDict`` and ``Parse`` take it, as pydantic's ``populate_by_name`` does)
+    and a JSON ``\\u`` escape; small and above the lazy-parse threshold."""
+    message = {"role": "user", "messageId": "m1", "parts": [{"kind": "text", "text": "hi"}]}
+    snake_v1 = {"message": message,
+                "configuration": {"task_push_notification_config": {"url": url}}}
+    snake_v03 = {"message": message, "configuration": {"push_notification_config": {"url": url}}}
+    bodies = [("SendMessage", orjson.dumps(rpc("SendMessage", **snake_v1))),
+              ("message/send", orjson.dumps(rpc("message/send", **snake_v03))),
+              ("tasks/pushNotificationConfig/set", orjson.dumps(rpc(
+                  "tasks/pushNotificationConfig/set", taskId="t1",
+                  push_notification_config={"url": url}))),
+              ("SendMessage", orjson.dumps(rpc("SendMessage", pad="x" * 40_000, **snake_v1)))]
+    escaped = orjson.dumps(rpc("message/send", **{
+        "message": message, "configuration": {"pushNotificationConfig": {"url": url}}}))
+    escaped = escaped.replace(b'"pushNotificationConfig"', b'"push\\u004eotificationConfig"')
+    return [*bodies, ("message/send", escaped)]
+
+
+def test_a_config_key_spelled_otherwise_is_checked_too(gw, agent):
+    agent_id = new_id("hook")
+    register(agent_id, agent.url)
+    for method, body in _spelled_otherwise("http://169.254.169.254/latest/meta-data/"):
+        response = gw.post(f"/a2a/{agent_id}", content=body,
+                           headers={"content-type": "application/json"})
+        error = error_of(response)
+        assert error["data"]["kind"] == "webhook_refused", (method, body[:200], error)
     assert agent.arrived == []

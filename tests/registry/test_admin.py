@@ -75,7 +75,7 @@ def test_agent_changelist_shows_what_an_operator_needs(admin_client):
 
 def _listed(admin_client, **params) -> set[str]:
     html = admin_client.get(AGENTS_URL, params).content.decode()
-    return set(re.findall(r'class="field-agent_id"><a [^>]*>([^<]+)</a>', html))
+    return set(re.findall(r'class="field-agent_key"><a [^>]*>([^<]+)</a>', html))
 
 
 def test_search_and_filters(admin_client):
@@ -313,7 +313,7 @@ def test_agent_changelist_query_count_is_the_same_for_5_and_50_agents(admin_clie
     add(5, 45)
     assert Agent.objects.count() == 50
     html = admin_client.get(AGENTS_URL, {"q": "echo"}).content.decode()
-    assert html.count('class="field-agent_id"') == 50  # every row shown: one page of 100
+    assert html.count('class="field-agent_key"') == 50  # every row shown: one page of 100
     # The node filter's choices are the nodes (read from the nodes table).
     assert all(f"?node_id=node-{i}" in html for i in range(3))
     assert counts() == small

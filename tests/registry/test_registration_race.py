@@ -116,7 +116,7 @@ def test_the_loser_whose_winner_was_deregistered_meanwhile_registers_anew():
     real_locked = services.agents._locked
     reads: list[str] = []
 
-    def locked_after_a_deregistration(agent_id):
+    def locked_after_a_deregistration(agent_id, *tenant):
         reads.append(threading.current_thread().name)
         if threading.current_thread().name == "second" and reads.count("second") == 2:
             # The second registration lost its INSERT and is about to re-read the winner's
@@ -124,7 +124,7 @@ def test_the_loser_whose_winner_was_deregistered_meanwhile_registers_anew():
             gone = threading.Thread(target=_deregister, args=(actor, agent_id))
             gone.start()
             gone.join(10)
-        return real_locked(agent_id)
+        return real_locked(agent_id, *tenant)
 
     services.agents._locked = locked_after_a_deregistration
     try:
@@ -183,13 +183,13 @@ def test_a_registration_that_loses_twice_is_answered_409_on_both_surfaces():
         elsewhere(rival_registers, agent.agent_id)
         return real_insert(agent)
 
-    def locked_after_a_deregistration(agent_id):
+    def locked_after_a_deregistration(agent_id, *tenant):
         if threading.current_thread() is not loser:
-            return real_locked(agent_id)
+            return real_locked(agent_id, *tenant)
         calls["locked"] += 1
         if calls["locked"] > 1:  # not the first locked read: the re-read of the winner
             elsewhere(_deregister, rival, agent_id)
-        return real_locked(agent_id)
+        return real_locked(agent_id, *tenant)
 
     services.agents._insert_new = insert_after_a_rival
     services.agents._locked = locked_after_a_deregistration

@@ -6,7 +6,8 @@ running node (private Redis too, distributed mode) and restarted.
   retryable, executed false); revocations are honoured once the database is back;
 * every other surface answers a JSON 503 with Retry-After, fast; /readyz names the database;
 * the node recovers by itself once the database returns;
-* ``/mcp`` lists and calls from the node's memory meanwhile.
+* ``/mcp`` lists and calls from the node's memory meanwhile;
+* push-config answers (relay on) withhold every relay secret meanwhile.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import time
 import uuid
 
 import httpx
+import orjson
 import pytest
 
+from tests.a2a_agents import EchoAgent
 from tests.mcp_bridge.clients import all_tools, run
 from tests.reliability.conftest import register, rpc_ids_received
+from tests.servers import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -326,3 +330,68 @@ def test_mcp_lists_and_calls_from_memory_during_an_outage(pg, tokens, start_node
         assert time.monotonic() < deadline, (unread_call, node.log())
         time.sleep(0.2)
     assert unread_call.content[0].text == "echo: hi"
+
+
+def _rpc(url: str, token: str | None, method: str, params: dict) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.post(url, timeout=15, headers=headers, json={
+        "jsonrpc": "2.0", "id": uuid.uuid4().hex[:8], "method": method, "params": params})
+
+
+def _configs(response: httpx.Response) -> list[dict]:
+    """The push configs of a 0.3 ``tasks/pushNotificationConfig/get`` or ``list`` answer."""
+    assert response.status_code == 200, response.text
+    result = response.json()["result"]
+    answers = result if isinstance(result, list) else [result]
+    return [answer["pushNotificationConfig"] for answer in answers]
+
+
+def test_push_config_answers_withhold_relay_secrets_during_an_outage(
+        pg, tokens, start_node):
+    """Relay on: a caller's config on a running task is shown back as the caller set it; while
+    PostgreSQL is down its get/list answers (200) name the relay's URL and carry no ``token``:
+    the relay's secret the agent answers with never reaches the caller, since the gateway
+    cannot tell whose config it is; the caller's own URL and token show again once it is
+    back."""
+    node = start_node(A2A_AUTH_CACHE_SECONDS="120", A2A_PUSH_RELAY="true")
+    hook = f"http://127.0.0.1:{free_port()}/hook/mine"
+    with EchoAgent(push=True) as pusher:
+        agent_id = register(node.url, tokens["admin"], pusher.url)
+        url = f"{node.url}/a2a/{agent_id}"
+        sent = _rpc(url, tokens["caller"], "message/send", {
+            "message": {"role": "user", "messageId": uuid.uuid4().hex,
+                        "parts": [{"kind": "text", "text": "wait for pushes"}]},
+            "configuration": {"blocking": False}})
+        assert sent.status_code == 200, sent.text
+        task_id = sent.json()["result"]["id"]
+        config = {"id": "mine", "url": hook, "token": "caller-token"}
+        made = _rpc(url, tokens["caller"], "tasks/pushNotificationConfig/set",
+                    {"taskId": task_id, "pushNotificationConfig": config})
+        get = ("tasks/pushNotificationConfig/get",
+               {"id": task_id, "pushNotificationConfigId": "mine"})
+        listed = ("tasks/pushNotificationConfig/list", {"id": task_id})
+
+        # The agent holds the relay's URL and secret, and answers them to whoever asks it.
+        [arrived] = pusher.recorder.rpc("tasks/pushNotificationConfig/set")
+        relayed = orjson.loads(arrived.body)["params"]["pushNotificationConfig"]
+        secret = relayed["token"]
+        assert relayed["url"].startswith(f"{node.url}/push/") and secret != "caller-token"
+        assert _configs(_rpc(pusher.url, None, *get)) == [{**relayed, "id": "mine"}]
+        for answer in (made, _rpc(url, tokens["caller"], *get),
+                       _rpc(url, tokens["caller"], *listed)):
+            assert _configs(answer) == [config]
+
+        pg.kill()
+        # Twice each: whichever of the relay's threads (and its connection) takes the read.
+        for method, params in (get, listed) * 2:
+            answer = _rpc(url, tokens["caller"], method, params)
+            assert secret.encode() not in answer.content, answer.text
+            assert _configs(answer) == [{"id": "mine", "url": relayed["url"]}], answer.text
+
+        pg.start()
+        deadline = time.monotonic() + 15
+        while _configs(_rpc(url, tokens["caller"], *get)) != [config]:
+            assert time.monotonic() < deadline, node.log()
+            time.sleep(0.2)
+        assert _configs(_rpc(url, tokens["caller"], *listed)) == [config]
+        _rpc(pusher.url, None, "tasks/cancel", {"id": task_id})

@@ -1,6 +1,8 @@
 """``manage.py discover --once``: one full discovery cycle with a progress bar and a summary.
 Without ``--once`` it runs a cycle every ``--interval`` seconds until interrupted. What to find
-comes from the admin's discovery rows and from the file named by ``DISCOVERY_CONFIG``."""
+comes from the admin's discovery rows and from the file named by ``DISCOVERY_CONFIG``. One
+cycle serves every tenant with discovery rows; its summary has a section per tenant (under a
+``tenant: <slug>`` line) unless the default tenant is the only one."""
 
 from __future__ import annotations
 
@@ -31,8 +33,10 @@ class Command(BaseCommand):
     def _cycle(self, show_progress: bool) -> str | None:
         bar: tqdm | None = None
 
-        def on_total(total: int) -> None:
+        def on_total(total: int) -> None:  # once per tenant the cycle serves
             nonlocal bar
+            if bar is not None:
+                bar.close()
             if show_progress:
                 bar = tqdm(total=total, desc="cards", unit="card", file=self.stderr._out,
                            leave=False, dynamic_ncols=True)
