@@ -2,8 +2,11 @@
 their quotas; a tenant admin sees its own tenant's row only, read-only. Each row shows the
 tenant's quotas and its current use: agents (the database), registrations in the sliding
 window (the quota's own counter: Redis in distributed mode; tenants with that quota only),
-calls per second and open streams (this node's gateway: its share of the cluster's) and the
-refusals of each quota (this process's count since it started, as on ``/metrics``).
+calls per second and open streams, and the refusals of each quota (since each process
+started, as on ``/metrics``). Calls, streams and refusals are the cluster's in distributed
+mode (every node's report summed, :func:`gateway.tenant_quotas.cluster_use`; at most
+``A2A_TENANT_QUOTAS_REFRESH_SECONDS`` old) and say "this node" when they are this node's
+alone (embedded mode, or Redis not answering).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from django.utils.html import format_html_join
 
 from console.tenancy import NotFoundForTenantAdmins, admin_tenant, scope
 from gateway import runtime
+from gateway.tenant_quotas import cluster_use
 from registry.ids import DEFAULT_TENANT
 from registry.models import Tenant
 from registry.quota_windows import registrations_used
-from registry.quotas import LIMIT_FIELDS, refused_counts
+from registry.quotas import LIMIT_FIELDS
 
 _SHORT = {"max_agents": "agents", "max_card_bytes": "card bytes",
           "max_registrations_per_minute": "registrations/min",
@@ -28,18 +32,20 @@ _SHORT = {"max_agents": "agents", "max_card_bytes": "card bytes",
 
 
 def tenant_use(tenant: Tenant) -> dict[str, Any]:
-    """What ``tenant`` uses now of each quota (None: not known here)."""
+    """What ``tenant`` uses now of each quota (None: not known here), its refusals by quota,
+    and whether the gateway's figures are the cluster's."""
     node = runtime.current_node()
-    quotas = getattr(node, "quotas", None)
+    gateway = cluster_use(getattr(node, "quotas", None), tenant.slug)
     agents = getattr(tenant, "_agent_count", None)
     return {
         "agents": tenant.agents.count() if agents is None else agents,
         "registrations": (round(registrations_used(tenant.slug), 1)
                           if tenant.max_registrations_per_minute is not None else None),
-        "calls_per_second": (quotas.calls_per_second(tenant.slug)
-                             if quotas is not None and tenant.max_calls_per_second is not None
-                             else None),
-        "streams": quotas.streams.get(tenant.slug, 0) if quotas is not None else None,
+        "calls_per_second": (gateway.calls_per_second
+                             if tenant.max_calls_per_second is not None else None),
+        "streams": gateway.streams,
+        "refused": gateway.refused,
+        "cluster": gateway.cluster,
     }
 
 
@@ -91,23 +97,29 @@ class TenantAdmin(NotFoundForTenantAdmins, admin.ModelAdmin):
     def use(self, tenant: Tenant) -> str:
         if tenant.pk is None:
             return "-"
-        use = tenant_use(tenant)
+        use = self._use(tenant)
+        where = "" if use["cluster"] else " (this node)"
         rows = [("agents", use["agents"])]
         if use["registrations"] is not None:
             rows.append(("registrations in the window", use["registrations"]))
         if use["calls_per_second"] is not None:
-            rows.append(("calls/s (this node)", use["calls_per_second"]))
-        if use["streams"] is not None:
-            rows.append(("open streams (this node)", use["streams"]))
+            rows.append((f"calls/s{where}", f"{use['calls_per_second']:g}"))
+        rows.append((f"open streams{where}", use["streams"]))
         return format_html_join(", ", "{}: {}", rows)
 
     @admin.display(description="refused")
     def refusals(self, tenant: Tenant) -> str:
         if tenant.pk is None:
             return "-"
-        refused = {quota: count for (slug, quota), count in refused_counts().items()
-                   if slug == tenant.slug}
+        refused = self._use(tenant)["refused"]
         if not refused:
             return "none"
         return format_html_join(", ", "{}: {}", sorted(
             (_SHORT.get(quota, quota), count) for quota, count in refused.items()))
+
+    def _use(self, tenant: Tenant) -> dict[str, Any]:
+        """The tenant's use, read once for its row's two columns."""
+        use = getattr(tenant, "_use", None)
+        if use is None:
+            use = tenant._use = tenant_use(tenant)  # type: ignore[attr-defined]  # the row's
+        return use

@@ -39,7 +39,7 @@ from gateway.redis_layer import RedisDirectChannelLayer
 from gateway.replicator import Replicator
 from gateway.routing_table import RoutingTable
 from gateway.subscriber_manager import SubscriberManager
-from gateway.tenant_quotas import TenantQuotas
+from gateway.tenant_quotas import TenantQuotas, UseBoard
 from outbound import http1 as outbound
 from registry import events, quotas, selectors, services
 from registry.events import AgentRoute
@@ -125,6 +125,11 @@ class GatewayNode:
         self.quotas = TenantQuotas()
         self.table = RoutingTable(settings)
         self.liveness = self._liveness()
+        #: Where this node reports its tenants' use (distributed mode; gateway.tenant_quotas).
+        self.use_board: UseBoard | None = None
+        if self.liveness is not None:
+            self.use_board = UseBoard(self.liveness.url,
+                                      cluster_of(django_settings.DATABASES["default"]))
         # On a broadcasting layer a move between two live nodes is a handover (both receive on
         # the agent's channel for a while: gateway.handover).
         broadcasting = self.liveness is not None and _broadcasts(self.layer)
@@ -314,6 +319,12 @@ class GatewayNode:
         await outbound.close_client()
         for task in list(self._adoptions):
             task.cancel()
+        if self.use_board is not None:
+            try:
+                await asyncio.to_thread(self.use_board.withdraw, self.settings.NODE_ID)
+            except Exception:
+                pass  # the report expires on its own
+            self.use_board.client.close()
         if self.liveness is not None:
             await asyncio.to_thread(self.liveness.stop)  # last: peers see this node gone
 
@@ -433,6 +444,21 @@ class GatewayNode:
             return
         liveness = self.liveness
         self.quotas.update(limits, len(liveness.live_nodes()) if liveness is not None else 1)
+        await self._report_use()
+
+    async def _report_use(self) -> None:
+        """Report what this node counts of the tenants' quotas to the cluster (distributed
+        mode: the console sums the reports, gateway.tenant_quotas); expiring after three
+        refreshes, so a dead node's report goes with it."""
+        board = self.use_board
+        if board is None:
+            return
+        fields = self.quotas.report()  # taken on the loop, which changes the counts
+        ttl = 3 * self.settings.A2A_TENANT_QUOTAS_REFRESH_SECONDS
+        try:
+            await asyncio.to_thread(board.publish, self.settings.NODE_ID, fields, ttl)
+        except Exception as exc:
+            logger.warning("tenant use report failed: %s: %s", type(exc).__name__, exc)
 
     async def _beat(self) -> None:
         try:

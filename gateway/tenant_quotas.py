@@ -13,17 +13,34 @@ bucket per tenant filled at ``limit / nodes`` per second, one second of it deep.
 ``ceil(limit / nodes)`` open at once on this node; a stream's slot is given back when it ends
 in any way (the entry's ``finally``: its caller gone, the agent's end, an error, the node's
 shutdown cancelling it).
+
+Seen cluster-wide (the console's *Tenants* page): in distributed mode each node reports what
+it counts (:meth:`TenantQuotas.report`) to a Redis hash of its own,
+``a2a:node:{cluster}:tenant-use:{node_id}``, on the same background beat, expiring after three
+beats; :func:`cluster_use` sums the reports of the cluster's nodes. Nothing of it is on the
+proxy path.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
-from registry.quotas import TenantLimits, count_refused
+from django.conf import settings
+
+from core.cluster import cluster_of
+from gateway.liveness import KNOWN_SET
+from registry.quotas import LIMIT_FIELDS, TenantLimits, count_refused, refused_counts
+
+logger = logging.getLogger(__name__)
 
 _MAX_TENANTS = 100_000
+USE_KEY = "a2a:node:{cluster}:tenant-use:"
+#: How long the console waits for Redis before it shows this node's own figures.
+REDIS_WAIT_SECONDS = 0.5
 
 
 class StreamSlot:
@@ -124,6 +141,18 @@ class TenantQuotas:
             return counts[2]
         return counts[1] if counts[0] == second - 1 else 0.0
 
+    def report(self) -> dict[str, str]:
+        """What this node counts, as the fields of its use report: ``c:<tenant>`` the calls
+        of the last full second (tenants with a call quota), ``s:<tenant>`` the streams open
+        now, ``r:<tenant>:<quota>`` the refusals of each quota since the process started."""
+        fields = {f"c:{tenant}": f"{self.calls_per_second(tenant):g}"
+                  for tenant, limits in list(self.limits.items())
+                  if limits.max_calls_per_second is not None}
+        fields.update((f"s:{tenant}", str(count)) for tenant, count in list(self.streams.items()))
+        fields.update((f"r:{tenant}:{quota}", str(count))
+                      for (tenant, quota), count in refused_counts().items())
+        return fields
+
     # --- streams --------------------------------------------------------------------------
 
     def open_stream(self, tenant: str) -> StreamSlot | str:
@@ -138,3 +167,101 @@ class TenantQuotas:
                         "streams open at once (max_concurrent_streams); retry when one ends")
         self.streams[tenant] = open_now + 1
         return StreamSlot(self, tenant)
+
+
+class TenantUse(NamedTuple):
+    """A tenant's use of its gateway quotas and its refusals, as :func:`cluster_use` or
+    :func:`node_use` found them."""
+
+    calls_per_second: float
+    streams: int
+    refused: dict[str, int]  # quota field -> refusals
+    #: How many nodes' counts are in the figures: the reports naming the tenant (cluster), or 1.
+    nodes: int
+    #: Whether the figures are the whole cluster's (False: this node's alone).
+    cluster: bool
+
+
+def node_use(quotas: TenantQuotas | None, tenant: str) -> TenantUse:
+    """``tenant``'s use as this process counts it (embedded mode, or Redis not answering)."""
+    refused = {quota: count for (slug, quota), count in refused_counts().items()
+               if slug == tenant}
+    if quotas is None:
+        return TenantUse(0.0, 0, refused, 1, False)
+    return TenantUse(quotas.calls_per_second(tenant), quotas.streams.get(tenant, 0), refused,
+                     1, False)
+
+
+class UseBoard:
+    """The nodes' use reports in Redis: one hash per node, replaced on each report."""
+
+    def __init__(self, url: str, cluster: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=REDIS_WAIT_SECONDS,
+                                           socket_connect_timeout=REDIS_WAIT_SECONDS)
+        self.prefix = USE_KEY.format(cluster=cluster)
+        self.known = KNOWN_SET.format(cluster=cluster)
+
+    def publish(self, node_id: str, fields: dict[str, str], ttl_seconds: float) -> None:
+        """Replace ``node_id``'s report with ``fields``, expiring after ``ttl_seconds``."""
+        key = self.prefix + node_id
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(key)
+        if fields:
+            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # str -> str
+            pipe.pexpire(key, max(int(ttl_seconds * 1000), 1))
+        pipe.execute()
+
+    def withdraw(self, node_id: str) -> None:
+        """A node stopping: its report goes with it."""
+        self.client.delete(self.prefix + node_id)
+
+    def read(self, tenant: str) -> TenantUse:
+        """``tenant``'s use summed over the reports of the cluster's known nodes."""
+        nodes = sorted(m.decode() for m in self.client.smembers(self.known))  # type: ignore[union-attr]  # bytes replies
+        fields = [f"c:{tenant}", f"s:{tenant}", *(f"r:{tenant}:{q}" for q in LIMIT_FIELDS)]
+        pipe = self.client.pipeline(transaction=False)
+        for node_id in nodes:
+            pipe.hmget(self.prefix + node_id, fields)
+        calls, streams, reporting = 0.0, 0, 0
+        refused = dict.fromkeys(LIMIT_FIELDS, 0)
+        for values in pipe.execute() if nodes else []:
+            if all(value is None for value in values):
+                continue  # gone, or nothing of this tenant's
+            reporting += 1
+            calls += float(values[0] or 0)
+            streams += int(values[1] or 0)
+            for quota, value in zip(LIMIT_FIELDS, values[2:], strict=True):
+                refused[quota] += int(value or 0)
+        return TenantUse(calls, streams, {q: n for q, n in refused.items() if n}, reporting,
+                         True)
+
+
+_boards: dict[str, UseBoard] = {}
+
+
+def use_board() -> UseBoard | None:
+    """The process's board: Redis's when ``REDIS_URL`` is set (distributed mode), else None."""
+    url = getattr(settings, "REDIS_URL", "") or ""
+    if not url:
+        return None
+    board = _boards.get(url)
+    if board is None:
+        board = _boards[url] = UseBoard(url, cluster_of(settings.DATABASES["default"]))
+    return board
+
+
+def cluster_use(quotas: TenantQuotas | None, tenant: str) -> TenantUse:
+    """``tenant``'s use across the cluster: the nodes' reports summed (distributed mode), else
+    (embedded mode, or Redis not answering within :data:`REDIS_WAIT_SECONDS`) this node's."""
+    board = use_board()
+    if board is None:
+        return node_use(quotas, tenant)
+    try:
+        return board.read(tenant)
+    except Exception as exc:  # shown as this node's figures, and said so
+        logger.warning("tenant use: Redis unreachable (%s: %s); showing this node's counts",
+                       type(exc).__name__, exc)
+        return node_use(quotas, tenant)
+

@@ -10,6 +10,7 @@ import os
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.db import connection
 from django.test import Client
@@ -303,6 +304,9 @@ def test_the_tenants_page_shows_quotas_and_use(world):
     for shown in ("calls/s: 5", "streams: 2", "registrations/min: 30", "agents: 1",
                   "registrations in the window: 0", "beta"):
         assert shown in listing, shown
+    # Calls and streams: the cluster's in distributed mode (the nodes' reports), else this
+    # node's, said so.
+    assert ("open streams: " if settings.REDIS_URL else "open streams (this node): 0") in listing
     assert 'name="max_calls_per_second"' in _client(root).get(
         _change("registry_tenant", "acme")).content.decode()
     ann = _client(_tenant_admin("ann", "acme"))

@@ -7,11 +7,15 @@ PostgreSQL and Redis (the ``node_b`` fixture of test_cluster). Distributed mode 
 
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 
 from gateway import runtime
 from registry import quotas, services
@@ -80,6 +84,29 @@ def test_a_tenants_quotas_hold_across_two_nodes(live_server_url, node_b,  # noqa
         streamed = httpx.post(f"{b}/a2a/t/acme/echo", headers=acme,
                               json=_rpc("message/stream"))
         assert streamed.status_code == 200 and "echo: hi" in streamed.text
+        with holder.stream("POST", f"{b}/a2a/t/acme/echo", headers=acme,
+                           json=_rpc("message/stream", "wait for me")) as held_b:
+            assert held_b.status_code == 200
+            lines_b = held_b.iter_lines()  # kept open, as the first one
+            next(line for line in lines_b if line.startswith("data:"))
+            time.sleep(1.1)  # node B's call bucket full again: the stream quota answers
+            _assert_429(httpx.post(f"{b}/a2a/t/acme/echo", headers=acme,
+                                   json=_rpc("message/stream")), "max_concurrent_streams", 2)
+            # The console (node A's) shows the cluster's use: both nodes' open streams and
+            # refusals, from node A's report and node B's (every 0.2 s).
+            _refresh()
+            mine = quotas.refused_counts()[("acme", "max_calls_per_second")]
+            root = Client()
+            root.force_login(User.objects.create_superuser("root", password="x"))
+
+            def tenants_page() -> str:
+                return root.get(reverse("admin:registry_tenant_changelist")).content.decode()
+
+            wait_until(lambda: "open streams: 2" in tenants_page(), timeout=5)
+            acme_row = next(row for row in tenants_page().split("<tr")[1:] if ">acme<" in row)
+            refused = re.search(r'class="field-refusals">[^<]*calls/s: (\d+)', acme_row)
+            assert refused is not None and int(refused.group(1)) > mine  # node B's counted
+            assert "(this node)" not in tenants_page()
 
     # Registrations per minute: one count for the cluster. Two on node A and one on node B
     # (a registration again counts), then the fourth is refused on either node.
