@@ -19,10 +19,9 @@ from registry.models import Agent
 from tests.a2a_agents import EchoAgent
 from tests.browser.test_admin_browser import (
     ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PASSWORD,
     in_thread,
+    operator_page,
     require_chromium,
 )
 from tests.conftest import make_client
@@ -48,7 +47,7 @@ def console_settings(settings):
 @pytest.mark.browser
 def test_operator_console_end_to_end(console_settings, live_server_url, echo_agent_factory):
     require_chromium()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     ARTIFACTS.mkdir(exist_ok=True)
     get_user_model().objects.create_superuser("operator", "op@example.com", PASSWORD)
@@ -61,156 +60,146 @@ def test_operator_console_end_to_end(console_settings, live_server_url, echo_age
     def shot(name: str) -> None:
         page.screenshot(path=str(ARTIFACTS / f"console-{name}.png"), full_page=True)
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(20_000)
-            page.goto(f"{base}/admin/login/?next=/admin/")
-            page.fill("#id_username", "operator")
-            page.fill("#id_password", PASSWORD)
-            page.click("input[type=submit]")
-            expect(page.locator("#console-dashboard")).to_be_visible()
-            if console_settings.EMBEDDED:  # nothing reads celery-beat's schedule there
-                expect(page.locator("#content")).not_to_contain_text("Periodic tasks")
+    with operator_page(base, height=1000, timeout_ms=20_000) as page:
+        expect(page.locator("#console-dashboard")).to_be_visible()
+        if console_settings.EMBEDDED:  # nothing reads celery-beat's schedule there
+            expect(page.locator("#content")).not_to_contain_text("Periodic tasks")
 
-            # --- register by URL: a bad URL is refused inline, the real one registers ---
-            page.goto(f"{base}/admin/registry/agent/add/")
-            page.fill("#id_agent_id", "echo-agent")
-            page.fill("#id_url", "http://169.254.169.254/")
-            page.click("#register-submit")
-            expect(page.locator(".field-url .errorlist")).to_contain_text("url:")
-            shot("register-error")
-            page.fill("#id_url", echo.url)
-            page.fill("#id_ttl_seconds", "600")
-            page.click("#register-submit")
-            expect(page.locator("ul.messagelist")).to_contain_text("Registered echo-agent")
-            expect(page.locator("#gateway-url")).to_have_text(f"{base}/a2a/echo-agent/")
-            shot("registered")
-            agent = in_thread(lambda: Agent.objects.get(agent_id="echo-agent"))
-            assert agent.source == Agent.Source.ADMIN and agent.ttl_seconds == 600
+        # --- register by URL: a bad URL is refused inline, the real one registers ---
+        page.goto(f"{base}/admin/registry/agent/add/")
+        page.fill("#id_agent_id", "echo-agent")
+        page.fill("#id_url", "http://169.254.169.254/")
+        page.click("#register-submit")
+        expect(page.locator(".field-url .errorlist")).to_contain_text("url:")
+        shot("register-error")
+        page.fill("#id_url", echo.url)
+        page.fill("#id_ttl_seconds", "600")
+        page.click("#register-submit")
+        expect(page.locator("ul.messagelist")).to_contain_text("Registered echo-agent")
+        expect(page.locator("#gateway-url")).to_have_text(f"{base}/a2a/echo-agent/")
+        shot("registered")
+        agent = in_thread(lambda: Agent.objects.get(agent_id="echo-agent"))
+        assert agent.source == Agent.Source.ADMIN and agent.ttl_seconds == 600
 
-            # --- real calls through the gateway ---
-            with httpx.Client(base_url=base, timeout=30,
-                              headers={"Authorization": f"Bearer {old_token}",
-                                       "Content-Type": "application/json"}) as http:
-                for i in range(CALLS):
-                    assert http.post("/a2a/echo-agent", content=rpc(f"hi {i}")).status_code == 200
-                bad = http.post("/a2a/echo-agent", content=b'{"jsonrpc": "2.0", "id": 1, '
-                                b'"method": "message/send", "params": "not an object"}')
-                assert bad.status_code in (200, 400, 500)
+        # --- real calls through the gateway ---
+        with httpx.Client(base_url=base, timeout=30,
+                          headers={"Authorization": f"Bearer {old_token}",
+                                   "Content-Type": "application/json"}) as http:
+            for i in range(CALLS):
+                assert http.post("/a2a/echo-agent", content=rpc(f"hi {i}")).status_code == 200
+            bad = http.post("/a2a/echo-agent", content=b'{"jsonrpc": "2.0", "id": 1, '
+                            b'"method": "message/send", "params": "not an object"}')
+            assert bad.status_code in (200, 400, 500)
 
-            # --- test message from the agent page ---
-            page.click("#action-test-message")
-            page.fill("#id_text", "hello from the console")
-            page.click("#test-message-submit")
-            expect(page.locator("#reply-status")).to_have_text("200")
-            expect(page.locator("#reply-executed")).to_have_text("true")
-            expect(page.locator("#reply-body")).to_contain_text("hello from the console")
-            shot("test-message")
+        # --- test message from the agent page ---
+        page.click("#action-test-message")
+        page.fill("#id_text", "hello from the console")
+        page.click("#test-message-submit")
+        expect(page.locator("#reply-status")).to_have_text("200")
+        expect(page.locator("#reply-executed")).to_have_text("true")
+        expect(page.locator("#reply-body")).to_contain_text("hello from the console")
+        shot("test-message")
 
-            # --- the dashboard counts every call once the node has flushed ---
-            expected = CALLS + 2  # the calls, the bad-params call, the test message
-            in_thread(lambda: _wait(lambda: (AgentMinute.objects.filter(agent_id="echo-agent")
-                                             .values_list("requests", flat=True)), expected))
-            page.goto(f"{base}/admin/")
-            expect(page.locator("#tile-requests .value")).to_have_text(str(expected))
-            expect(page.locator("#tile-active .value")).to_have_text("1")
-            expect(page.locator("#console-top-traffic td.requests").first).to_have_text(
-                str(expected))
-            expect(page.locator("#console-nodes")).to_contain_text("live")
-            expect(page.locator("#console-traffic svg.console-chart rect.req")).not_to_have_count(0)
-            shot("dashboard")
+        # --- the dashboard counts every call once the node has flushed ---
+        expected = CALLS + 2  # the calls, the bad-params call, the test message
+        in_thread(lambda: _wait(lambda: (AgentMinute.objects.filter(agent_id="echo-agent")
+                                         .values_list("requests", flat=True)), expected))
+        page.goto(f"{base}/admin/")
+        expect(page.locator("#tile-requests .value")).to_have_text(str(expected))
+        expect(page.locator("#tile-active .value")).to_have_text("1")
+        expect(page.locator("#console-top-traffic td.requests").first).to_have_text(
+            str(expected))
+        expect(page.locator("#console-nodes")).to_contain_text("live")
+        expect(page.locator("#console-traffic svg.console-chart rect.req")).not_to_have_count(0)
+        shot("dashboard")
 
-            # --- the agent list and page show the same traffic, and the health badge ---
-            page.goto(f"{base}/admin/registry/agent/")
-            row = page.locator("#result_list tbody tr").filter(has_text="echo-agent")
-            expect(row.locator("td.field-requests_15m")).to_have_text(str(expected))
-            expect(row.locator("td.field-status_display .badge")).to_have_text("active")
-            expect(row.locator("td.field-seen time")).to_have_attribute(
-                "title", re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"))
-            shot("agent-list")
-            page.goto(f"{base}/admin/registry/agent/id/echo-agent/")  # by agent id
-            expect(page.locator("#traffic-recent td.requests")).to_have_text(str(expected))
-            expect(page.locator("#snippet-curl")).to_contain_text(f"{base}/a2a/echo-agent/")
-            shot("agent-page")
+        # --- the agent list and page show the same traffic, and the health badge ---
+        page.goto(f"{base}/admin/registry/agent/")
+        row = page.locator("#result_list tbody tr").filter(has_text="echo-agent")
+        expect(row.locator("td.field-requests_15m")).to_have_text(str(expected))
+        expect(row.locator("td.field-status_display .badge")).to_have_text("active")
+        expect(row.locator("td.field-seen time")).to_have_attribute(
+            "title", re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"))
+        shot("agent-list")
+        page.goto(f"{base}/admin/registry/agent/id/echo-agent/")  # by agent id
+        expect(page.locator("#traffic-recent td.requests")).to_have_text(str(expected))
+        expect(page.locator("#snippet-curl")).to_contain_text(f"{base}/a2a/echo-agent/")
+        shot("agent-page")
 
-            # --- card history: a new card through the API, the diff, then refresh ---
-            changed = dict(echo.card_document, name="Echo Agent v2")
-            response = httpx.post(f"{base}/api/v1/agents", timeout=30,
-                                  headers={"Authorization": f"Bearer {admin_token}"},
-                                  json={"agent_id": "echo-agent", "url": echo.url,
-                                        "card": changed})
-            assert response.status_code == 200, response.text
-            page.reload()
-            page.click("#show-card-diff")
-            expect(page.locator("#card-diff")).to_contain_text("Echo Agent v2")
-            expect(page.locator("#card-diff span.diff_chg, #card-diff span.diff_add").first
-                   ).to_be_visible()
-            shot("card-diff")
-            page.goto(f"{base}/admin/registry/agent/id/echo-agent/")
-            page.click("#action-refresh-card")
-            expect(page.locator("ul.messagelist")).to_contain_text("Card refreshed: a new card")
-            assert in_thread(lambda: Agent.objects.get(agent_id="echo-agent").name) == \
-                "Echo Agent"
+        # --- card history: a new card through the API, the diff, then refresh ---
+        changed = dict(echo.card_document, name="Echo Agent v2")
+        response = httpx.post(f"{base}/api/v1/agents", timeout=30,
+                              headers={"Authorization": f"Bearer {admin_token}"},
+                              json={"agent_id": "echo-agent", "url": echo.url,
+                                    "card": changed})
+        assert response.status_code == 200, response.text
+        page.reload()
+        page.click("#show-card-diff")
+        expect(page.locator("#card-diff")).to_contain_text("Echo Agent v2")
+        expect(page.locator("#card-diff span.diff_chg, #card-diff span.diff_add").first
+               ).to_be_visible()
+        shot("card-diff")
+        page.goto(f"{base}/admin/registry/agent/id/echo-agent/")
+        page.click("#action-refresh-card")
+        expect(page.locator("ul.messagelist")).to_contain_text("Card refreshed: a new card")
+        assert in_thread(lambda: Agent.objects.get(agent_id="echo-agent").name) == \
+            "Echo Agent"
 
-            # --- rotate the caller's token: the new one works, the old one is refused ---
-            page.goto(f"{base}/admin/registry/apiclient/")
-            crow = page.locator("#result_list tbody tr").filter(has_text="shop-frontend")
-            expect(crow.locator("td.field-last_used time")).to_contain_text("ago")
-            crow.locator("input.action-select").check()
-            page.select_option("select[name=action]", "rotate")
-            page.click("button[name=index]")
-            message = page.locator("ul.messagelist").inner_text()
-            new_token = re.search(r"The new token of shop-frontend is: (\S+) ", message).group(1)
-            shot("rotate-token")
-            for token, status in ((new_token, 200), (old_token, 401)):
-                response = httpx.post(f"{base}/a2a/echo-agent", content=rpc("after rotation"),
-                                      timeout=30, headers={"Authorization": f"Bearer {token}",
-                                                           "Content-Type": "application/json"})
-                assert response.status_code == status, (status, response.text)
+        # --- rotate the caller's token: the new one works, the old one is refused ---
+        page.goto(f"{base}/admin/registry/apiclient/")
+        crow = page.locator("#result_list tbody tr").filter(has_text="shop-frontend")
+        expect(crow.locator("td.field-last_used time")).to_contain_text("ago")
+        crow.locator("input.action-select").check()
+        page.select_option("select[name=action]", "rotate")
+        page.click("button[name=index]")
+        message = page.locator("ul.messagelist").inner_text()
+        new_token = re.search(r"The new token of shop-frontend is: (\S+) ", message).group(1)
+        shot("rotate-token")
+        for token, status in ((new_token, 200), (old_token, 401)):
+            response = httpx.post(f"{base}/a2a/echo-agent", content=rpc("after rotation"),
+                                  timeout=30, headers={"Authorization": f"Bearer {token}",
+                                                       "Content-Type": "application/json"})
+            assert response.status_code == status, (status, response.text)
 
-            # --- discovery: run now twice with a config change, then compare snapshots ---
-            def configure(name: str, agent: EchoAgent) -> None:
-                AllowedHost.objects.get_or_create(host="127.0.0.1",
-                                                  defaults={"allow_http": True})
-                ConfiguredAgent.objects.create(local_name=name, url=agent.base_url,
-                                               description=f"{name}, reviewed")
+        # --- discovery: run now twice with a config change, then compare snapshots ---
+        def configure(name: str, agent: EchoAgent) -> None:
+            AllowedHost.objects.get_or_create(host="127.0.0.1",
+                                              defaults={"allow_http": True})
+            ConfiguredAgent.objects.create(local_name=name, url=agent.base_url,
+                                           description=f"{name}, reviewed")
 
-            in_thread(lambda: configure("echo_static", echo))
-            for expected_version, extra in ((1, None), (2, ("echo_second", other))):
-                if extra:
-                    in_thread(lambda extra=extra: configure(*extra))
-                page.goto(f"{base}/admin/discovery/cyclerun/")
-                page.click("#run-discovery-now")
-                page.click("#run-discovery-submit")
-                expect(page.locator("ul.messagelist")).to_contain_text(
-                    f"snapshot published: v{expected_version}")
-                if expected_version == 1:  # a session pins v1: it is kept, and not deletable
-                    response = httpx.post(f"{base}/api/v1/sessions", timeout=30,
-                                          headers={"Authorization": f"Bearer {admin_token}"},
-                                          json={"session_id": "s-1"})
-                    assert response.status_code in (200, 201), response.text
-            shot("discovery-cycles")
-            page.goto(f"{base}/admin/")
-            expect(page.locator("#console-discovery")).to_contain_text("v2")
-            page.goto(f"{base}/admin/discovery/snapshot/")
-            page.locator("#result_list input.action-select").nth(0).check()
-            page.locator("#result_list input.action-select").nth(1).check()
-            page.select_option("select[name=action]", "compare")
-            page.click("button[name=index]")
-            expect(page.locator("#diff-added")).to_contain_text("echo_second")
-            expect(page.locator("#diff-added h2")).to_have_text("Added (1)")
-            expect(page.locator("#diff-removed h2")).to_have_text("Removed (0)")
-            shot("snapshot-diff")
-            page.goto(f"{base}/admin/discovery/snapshot/")
-            page.get_by_role("link", name="1", exact=True).click()
-            expect(page.locator(".field-delete_note")).to_contain_text(
-                "Cannot be deleted: 1 session(s) pin this snapshot")
-            expect(page.locator("a.deletelink")).to_have_count(0)
-            shot("snapshot-pinned")
-        finally:
-            browser.close()
+        in_thread(lambda: configure("echo_static", echo))
+        for expected_version, extra in ((1, None), (2, ("echo_second", other))):
+            if extra:
+                in_thread(lambda extra=extra: configure(*extra))
+            page.goto(f"{base}/admin/discovery/cyclerun/")
+            page.click("#run-discovery-now")
+            page.click("#run-discovery-submit")
+            expect(page.locator("ul.messagelist")).to_contain_text(
+                f"snapshot published: v{expected_version}")
+            if expected_version == 1:  # a session pins v1: it is kept, and not deletable
+                response = httpx.post(f"{base}/api/v1/sessions", timeout=30,
+                                      headers={"Authorization": f"Bearer {admin_token}"},
+                                      json={"session_id": "s-1"})
+                assert response.status_code in (200, 201), response.text
+        shot("discovery-cycles")
+        page.goto(f"{base}/admin/")
+        expect(page.locator("#console-discovery")).to_contain_text("v2")
+        page.goto(f"{base}/admin/discovery/snapshot/")
+        page.locator("#result_list input.action-select").nth(0).check()
+        page.locator("#result_list input.action-select").nth(1).check()
+        page.select_option("select[name=action]", "compare")
+        page.click("button[name=index]")
+        expect(page.locator("#diff-added")).to_contain_text("echo_second")
+        expect(page.locator("#diff-added h2")).to_have_text("Added (1)")
+        expect(page.locator("#diff-removed h2")).to_have_text("Removed (0)")
+        shot("snapshot-diff")
+        page.goto(f"{base}/admin/discovery/snapshot/")
+        page.get_by_role("link", name="1", exact=True).click()
+        expect(page.locator(".field-delete_note")).to_contain_text(
+            "Cannot be deleted: 1 session(s) pin this snapshot")
+        expect(page.locator("a.deletelink")).to_have_count(0)
+        shot("snapshot-pinned")
 
     # The audit log kept the one failed call (A2A_AUDIT=errors) and nothing else of echo-agent
     # before the rotation.

@@ -21,9 +21,8 @@ from registry import services
 from registry.permissions import SYSTEM
 from tests.browser.test_admin_browser import (
     ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     PASSWORD,
+    operator_page,
     require_chromium,
 )
 from tests.registry.cards import card_03
@@ -141,7 +140,7 @@ def _seed() -> None:
 @pytest.mark.browser
 def test_console_pages_fit_the_width_and_headers_do_not_wrap(live_server_url):
     require_chromium()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     ARTIFACTS.mkdir(exist_ok=True)
     get_user_model().objects.create_superuser("operator", "op@example.com", PASSWORD)
@@ -162,67 +161,57 @@ def test_console_pages_fit_the_width_and_headers_do_not_wrap(live_server_url):
         "alerts": "/admin/discovery/alert/",
     }
     problems: dict[str, dict] = {}
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.set_default_timeout(20_000)
-            page.goto(f"{live_server_url}/admin/login/?next=/admin/")
-            page.fill("#id_username", "operator")
-            page.fill("#id_password", PASSWORD)
-            page.click("input[type=submit]")
-            page.wait_for_selector("#console-dashboard")
-            for width in WIDTHS:
-                page.set_viewport_size({"width": width, "height": 900})
-                for name, path in pages.items():
-                    page.goto(f"{live_server_url}{path}")
-                    page.wait_for_load_state("load")
-                    page.screenshot(path=str(ARTIFACTS / f"layout-{name}-{width}.png"),
-                                    full_page=True)
-                    found = page.evaluate(MEASURE, MAX_HEADER_LINES)
-                    if found["page"] or found["overflow"] or found["headers"]:
-                        problems[f"{name} at {width}px"] = found
-                    if name == "dashboard":
-                        # The sections use the width: none leaves most of the row empty.
-                        used = page.evaluate("""() => {
-                          const room = document.querySelector('#content')
-                                         .getBoundingClientRect().width;
-                          const sections = '#console-dashboard .console-section';
-                          return [...document.querySelectorAll(sections)]
-                            .map(s => [s.id, s.getBoundingClientRect().width / room]);
-                        }""")
-                        narrow = [(sid, round(r, 2)) for sid, r in used if r < 0.3]
-                        if narrow:
-                            problems[f"dashboard sections at {width}px"] = {"narrow": narrow}
-            # The dashboard flags the last cycle's broken configuration file.
-            page.goto(f"{live_server_url}/admin/")
-            expect(page.locator("#cycle-health")).to_have_text("config error")
-            expect(page.locator("#console-discovery")).to_contain_text("(kept)")
-            # The cycle list says what each cycle did: a kept snapshot is no failure, a broken
-            # configuration file is.
-            page.set_viewport_size({"width": 1440, "height": 900})
-            page.goto(f"{live_server_url}/admin/discovery/cyclerun/")
-            rows = page.locator("#result_list tbody tr")
-            expect(rows).to_have_count(3)
-            assert page.locator("#result_list img[alt=False]").count() == 0  # no red cross
-            broken, kept, published = (rows.nth(i) for i in range(3))  # newest first
-            expect(broken.locator("td.field-health_display")).to_have_text("config error")
-            expect(broken.locator("td.field-health_display .badge")).to_have_attribute(
-                "title", re.compile("mapping values are not allowed"))
-            expect(kept.locator("td.field-health_display")).to_have_text("ok")
-            expect(kept.locator("td.field-snapshot_display")).to_have_text("v4 kept (unchanged)")
-            expect(published.locator("td.field-snapshot_display")).to_have_text(
-                "v4 published (new)")
-            page.screenshot(path=str(ARTIFACTS / "layout-cycles-health.png"), full_page=True)
-            kept.locator("a").first.click()
-            expect(page.locator(".field-snapshot_display")).to_contain_text("v4 kept (unchanged)")
-            expect(page.locator(".field-health_display")).to_contain_text("ok")
-            expect(page.locator(".field-summary_text")).to_contain_text("snapshot unchanged")
-            assert page.locator("#content img[alt=False]").count() == 0
-            expect(page.locator("#content")).not_to_contain_text("A new snapshot was published")
-            page.screenshot(path=str(ARTIFACTS / "layout-cycle-detail.png"), full_page=True)
-        finally:
-            browser.close()
+    with operator_page(live_server_url, width=1280, timeout_ms=20_000) as page:
+        page.wait_for_selector("#console-dashboard")
+        for width in WIDTHS:
+            page.set_viewport_size({"width": width, "height": 900})
+            for name, path in pages.items():
+                page.goto(f"{live_server_url}{path}")
+                page.wait_for_load_state("load")
+                page.screenshot(path=str(ARTIFACTS / f"layout-{name}-{width}.png"),
+                                full_page=True)
+                found = page.evaluate(MEASURE, MAX_HEADER_LINES)
+                if found["page"] or found["overflow"] or found["headers"]:
+                    problems[f"{name} at {width}px"] = found
+                if name == "dashboard":
+                    # The sections use the width: none leaves most of the row empty.
+                    used = page.evaluate("""() => {
+                      const room = document.querySelector('#content')
+                                     .getBoundingClientRect().width;
+                      const sections = '#console-dashboard .console-section';
+                      return [...document.querySelectorAll(sections)]
+                        .map(s => [s.id, s.getBoundingClientRect().width / room]);
+                    }""")
+                    narrow = [(sid, round(r, 2)) for sid, r in used if r < 0.3]
+                    if narrow:
+                        problems[f"dashboard sections at {width}px"] = {"narrow": narrow}
+        # The dashboard flags the last cycle's broken configuration file.
+        page.goto(f"{live_server_url}/admin/")
+        expect(page.locator("#cycle-health")).to_have_text("config error")
+        expect(page.locator("#console-discovery")).to_contain_text("(kept)")
+        # The cycle list says what each cycle did: a kept snapshot is no failure, a broken
+        # configuration file is.
+        page.set_viewport_size({"width": 1440, "height": 900})
+        page.goto(f"{live_server_url}/admin/discovery/cyclerun/")
+        rows = page.locator("#result_list tbody tr")
+        expect(rows).to_have_count(3)
+        assert page.locator("#result_list img[alt=False]").count() == 0  # no red cross
+        broken, kept, published = (rows.nth(i) for i in range(3))  # newest first
+        expect(broken.locator("td.field-health_display")).to_have_text("config error")
+        expect(broken.locator("td.field-health_display .badge")).to_have_attribute(
+            "title", re.compile("mapping values are not allowed"))
+        expect(kept.locator("td.field-health_display")).to_have_text("ok")
+        expect(kept.locator("td.field-snapshot_display")).to_have_text("v4 kept (unchanged)")
+        expect(published.locator("td.field-snapshot_display")).to_have_text(
+            "v4 published (new)")
+        page.screenshot(path=str(ARTIFACTS / "layout-cycles-health.png"), full_page=True)
+        kept.locator("a").first.click()
+        expect(page.locator(".field-snapshot_display")).to_contain_text("v4 kept (unchanged)")
+        expect(page.locator(".field-health_display")).to_contain_text("ok")
+        expect(page.locator(".field-summary_text")).to_contain_text("snapshot unchanged")
+        assert page.locator("#content img[alt=False]").count() == 0
+        expect(page.locator("#content")).not_to_contain_text("A new snapshot was published")
+        page.screenshot(path=str(ARTIFACTS / "layout-cycle-detail.png"), full_page=True)
     report = "\n".join(f"{where}: {found}" for where, found in problems.items())
     (ARTIFACTS / "layout-problems.txt").write_text(report)
     assert problems == {}, report
