@@ -41,12 +41,8 @@ NODE_B = {"A2A_GRPC_PORT": "0", "A2A_NODE_LIVENESS_TTL_SECONDS": str(B_TTL_SECON
 
 @pytest.fixture
 def own_grpc_agent():
-    agent = OwnGrpcAgent()
-    agent.server.start()
-    try:
+    with OwnGrpcAgent() as agent:
         yield agent
-    finally:
-        agent.server.stop(None)
 
 
 def request(agent_id: str, text: str) -> a2a_pb2.SendMessageRequest:

@@ -147,6 +147,13 @@ class OwnGrpcAgent:
                                                      protocol_version="1.0")])
         self.card_document = card_json(card, "1.0")
 
+    def __enter__(self) -> OwnGrpcAgent:
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.stop(None)
+
     @staticmethod
     def reply_to(text: str) -> a2a_pb2.Message:
         """An echo, or for "big" a message above the response cap."""
@@ -236,12 +243,8 @@ class Listener:
 
 @pytest.fixture(scope="module")
 def own_grpc_agent():
-    agent = OwnGrpcAgent()
-    agent.server.start()
-    try:
+    with OwnGrpcAgent() as agent:
         yield agent
-    finally:
-        agent.server.stop(None)
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,7 @@ from django.db import connection
 
 from push.models import PushDelivery
 from tests import faults
-from tests.a2a_agents import sdk_client
-from tests.push.test_relay import PUSHES, _request
+from tests.push.test_relay import PUSHES, send_task
 from tests.push.webhooks import db, verified_claims, wait_for
 
 COUNTERS = ("delivered", "retried", "dead")
@@ -79,9 +78,7 @@ async def test_a_celery_worker_delivers_in_order_after_refusals(
     target = register_agent(agent)
     name = f"celery-{os.urandom(3).hex()}"
     webhook.fail_first(name, 2)
-    async with sdk_client(target.gateway_base, streaming=False, headers=caller.auth) as client:
-        async for _ in client.send_message(_request("task celery", webhook.url(name), "t")):
-            pass
+    await send_task(target, caller, "task celery", webhook.url(name), "t")
     try:
         got = wait_for(lambda: len(webhook.delivered(name)) >= PUSHES
                        and webhook.delivered(name), timeout=60, what="the worker's deliveries")

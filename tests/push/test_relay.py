@@ -38,6 +38,14 @@ def _request(text: str, url: str, token: str) -> SendMessageRequest:
     return request
 
 
+async def send_task(target, caller, text: str, url: str, token: str) -> None:
+    """Send ``text`` to ``target`` through the gateway as ``caller`` (the SDK's client), with a
+    push config for the webhook ``url`` and ``token`` (:func:`_request`), and read the answer."""
+    async with sdk_client(target.gateway_base, streaming=False, headers=caller.auth) as client:
+        async for _ in client.send_message(_request(text, url, token)):
+            pass
+
+
 def _relayed_config(agent, method: str) -> dict:
     [arrived] = [r for r in agent.requests if r.rpc_method == method]
     params = orjson.loads(arrived.body)["params"]
@@ -52,10 +60,7 @@ async def test_pushes_reach_the_callers_webhook_in_order_signed(
     agent = echo_agent_factory(card_shape=shape, push=True, steps=2, step_delay=0.05)
     target = register_agent(agent)
     name = f"ok-{os.urandom(3).hex()}"
-    async with sdk_client(target.gateway_base, streaming=False, headers=caller.auth) as client:
-        async for _ in client.send_message(_request("task relay", webhook.url(name),
-                                                    "caller-token")):
-            pass
+    await send_task(target, caller, "task relay", webhook.url(name), "caller-token")
 
     # The agent never saw the caller's webhook, token or credentials: the relay's instead.
     relayed = _relayed_config(agent, method)
@@ -99,9 +104,7 @@ async def test_a_webhook_failing_for_a_while_gets_everything_in_order(
     target = register_agent(agent)
     name = f"flaky-{os.urandom(3).hex()}"
     webhook.fail_first(name, 3)
-    async with sdk_client(target.gateway_base, streaming=False, headers=caller.auth) as client:
-        async for _ in client.send_message(_request("task flaky", webhook.url(name), "t")):
-            pass
+    await send_task(target, caller, "task flaky", webhook.url(name), "t")
     got = wait_for(lambda: len(webhook.delivered(name)) >= PUSHES and webhook.delivered(name),
                    what="the pushes after the webhook recovered")
     claims = [verified_claims(live_server_url, r) for r in got]
@@ -122,9 +125,7 @@ async def test_attempts_exhausted_are_dead_and_the_queue_goes_on(
     target = register_agent(agent)
     name = f"down-{os.urandom(3).hex()}"
     webhook.always_fail(name)
-    async with sdk_client(target.gateway_base, streaming=False, headers=caller.auth) as client:
-        async for _ in client.send_message(_request("task down", webhook.url(name), "t")):
-            pass
+    await send_task(target, caller, "task down", webhook.url(name), "t")
 
     def dead():
         rows = list(PushDelivery.objects.filter(agent_id=target.agent_id).order_by("sequence"))
