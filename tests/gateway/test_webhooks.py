@@ -108,10 +108,15 @@ def _spelled_otherwise(url: str) -> list[tuple[str, bytes]]:
                   "tasks/pushNotificationConfig/set", taskId="t1",
                   push_notification_config={"url": url}))),
               ("SendMessage", orjson.dumps(rpc("SendMessage", pad="x" * 40_000, **snake_v1)))]
-    escaped = orjson.dumps(rpc("message/send", **{
-        "message": message, "configuration": {"pushNotificationConfig": {"url": url}}}))
-    escaped = escaped.replace(b'"pushNotificationConfig"', b'"push\\u004eotificationConfig"')
-    return [*bodies, ("message/send", escaped)]
+    escaped = []
+    for pad in ("", "x" * 40_000):  # small, and above the lazy-parse threshold
+        body = orjson.dumps(rpc("message/send", pad=pad, **{
+            "message": message, "configuration": {"pushNotificationConfig": {"url": url}}}))
+        # The "o" escaped: the body no longer holds the key's letters as they are.
+        body = body.replace(b'"pushNotificationConfig"', b'"pushN\\u006ftificationConfig"')
+        assert b"otification" not in body
+        escaped.append(("message/send", body))
+    return [*bodies, *escaped]
 
 
 def test_a_config_key_spelled_otherwise_is_checked_too(gw, agent):
