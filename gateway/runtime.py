@@ -435,16 +435,18 @@ class GatewayNode:
 
     async def _refresh_quotas(self) -> None:
         """Read the tenants' quotas again (worker thread) and count the live nodes sharing
-        them (gateway.tenant_quotas); a failed read keeps the quotas known."""
+        them (gateway.tenant_quotas); a failed read keeps the quotas known. Then report this
+        node's use (distributed mode), whether the read succeeded or not."""
         try:
             limits = await database_sync_to_async(quotas.tenant_limits,
                                                   thread_sensitive=False)()
         except Exception as exc:
             logger.warning("tenant quotas refresh failed: %s: %s", type(exc).__name__, exc)
-            return
-        liveness = self.liveness
-        self.quotas.update(limits, len(liveness.live_nodes()) if liveness is not None else 1)
-        await self._report_use()
+        else:
+            liveness = self.liveness
+            self.quotas.update(limits,
+                               len(liveness.live_nodes()) if liveness is not None else 1)
+        await self._report_use()  # what it counts goes on being seen either way
 
     async def _report_use(self) -> None:
         """Report what this node counts of the tenants' quotas to the cluster (distributed
