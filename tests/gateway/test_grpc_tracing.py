@@ -22,21 +22,18 @@ from a2a.compat.v0_3 import a2a_v0_3_pb2 as pb03
 from a2a.compat.v0_3 import a2a_v0_3_pb2_grpc as grpc03
 from a2a.types import a2a_pb2
 from a2a.types import a2a_pb2_grpc as grpc10
-from opentelemetry.trace import SpanKind
 
 from gateway import tracing as gateway_tracing
 from tests.a2a_agents import user_message
 from tests.gateway import test_grpc_binding as grpc_tests
 from tests.gateway import test_tracing as tracing_tests
 from tests.gateway.test_grpc_binding import auth, on_node, status_of
-from tests.gateway.test_streaming import wait_until
 from tests.gateway.test_tracing import (
-    CALLER_SPAN,
     TRACE_ID,
     TRACEPARENT,
     _hex,
     _traceparent_parts,
-    by_name,
+    the_pair,
 )
 
 # Node-local paths (the pass-through and the gRPC-only agent's calls run on the node taking
@@ -55,21 +52,6 @@ OWN_GRPC = [("GRPC", "1.0"), ("JSONRPC", "1.0")]
 def traced(caller) -> tuple[tuple[str, str], ...]:
     return (*auth(caller).items(), ("traceparent", TRACEPARENT), ("tracestate", "k=v"))
 
-
-def the_pair(exporter, method: str):
-    """The call's entry (SERVER) and agent call (CLIENT) spans, once both ended; the entry
-    continues the caller's trace and the agent call is its child."""
-    wait_until(lambda: by_name(exporter, f"a2a {method}")
-               and by_name(exporter, f"a2a.agent {method}"), timeout=5)
-    (entry,) = by_name(exporter, f"a2a {method}")
-    (client,) = by_name(exporter, f"a2a.agent {method}")
-    assert entry.kind == SpanKind.SERVER and client.kind == SpanKind.CLIENT
-    assert _hex(entry.context.trace_id, 32) == TRACE_ID
-    assert _hex(entry.parent.span_id, 16) == CALLER_SPAN and entry.parent.is_remote
-    assert entry.context.trace_state.get("k") == "v"
-    assert client.context.trace_id == entry.context.trace_id
-    assert client.parent.span_id == entry.context.span_id
-    return entry, client
 
 
 def assert_agent_got(traceparent: str | None, tracestate: str | None, client) -> None:

@@ -67,6 +67,22 @@ def _hex(value: int, width: int) -> str:
     return format(value, f"0{width}x")
 
 
+def the_pair(exporter, method: str):
+    """The call's entry (SERVER) and agent call (CLIENT) spans, once both ended; the entry
+    continues the caller's trace and the agent call is its child."""
+    wait_until(lambda: by_name(exporter, f"a2a {method}")
+               and by_name(exporter, f"a2a.agent {method}"), timeout=5)
+    (entry,) = by_name(exporter, f"a2a {method}")
+    (client,) = by_name(exporter, f"a2a.agent {method}")
+    assert entry.kind == SpanKind.SERVER and client.kind == SpanKind.CLIENT
+    assert _hex(entry.context.trace_id, 32) == TRACE_ID
+    assert _hex(entry.parent.span_id, 16) == CALLER_SPAN and entry.parent.is_remote
+    assert entry.context.trace_state.get("k") == "v"
+    assert client.context.trace_id == entry.context.trace_id
+    assert client.parent.span_id == entry.context.span_id
+    return entry, client
+
+
 def by_name(exporter: InMemorySpanExporter, name: str) -> list:
     return [s for s in exporter.get_finished_spans() if s.name == name]
 
@@ -92,18 +108,8 @@ def test_call_continues_the_callers_trace_to_the_agent(
         headers={**caller.auth, "traceparent": TRACEPARENT, "tracestate": "k=v"},
     )
     assert r.status_code == 200 and r.headers["x-a2a-executed"] == "true", r.text
-    wait_until(lambda: by_name(spans, "a2a message/send"), timeout=5)
-
-    (entry,) = by_name(spans, "a2a message/send")
-    (outbound,) = by_name(spans, "a2a.agent message/send")
-    assert entry.kind == SpanKind.SERVER and outbound.kind == SpanKind.CLIENT
-    # The entry span continues the caller's trace ...
-    assert _hex(entry.context.trace_id, 32) == TRACE_ID
-    assert _hex(entry.parent.span_id, 16) == CALLER_SPAN and entry.parent.is_remote
-    assert entry.context.trace_state.get("k") == "v"
-    # ... the subscriber's span is its child ...
-    assert outbound.context.trace_id == entry.context.trace_id
-    assert outbound.parent.span_id == entry.context.span_id
+    # The entry span continues the caller's trace, the subscriber's span is its child ...
+    entry, outbound = the_pair(spans, "message/send")
     # ... and the agent got a traceparent whose parent is the subscriber's span.
     arrived = echo_agent.recorder.rpc("message/send")[-1]
     trace_id, parent_id = _traceparent_parts(arrived.header("traceparent"))
