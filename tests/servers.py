@@ -302,3 +302,13 @@ def wait_for_ok(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError(f"{url} did not come up")
+
+
+def flush_console_now() -> None:
+    """Write the live node's pending statistics and audit rows now: its own flush job's one
+    step, run on the node's event loop. Tests that count rows per flush set
+    ``A2A_STATS_FLUSH_SECONDS`` long and flush here, so no timed flush splits their calls."""
+    from console import flusher
+    from gateway import runtime
+
+    asyncio.run_coroutine_threadsafe(flusher.flush_once(), runtime.current_node().loop).result(30)

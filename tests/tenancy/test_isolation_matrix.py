@@ -44,7 +44,7 @@ from tests.a2a_agents import EchoAgent, user_message
 from tests.identity_provider import AUDIENCE, IdentityProvider, SigningKey
 from tests.mcp_bridge.clients import all_tools, run
 from tests.push.webhooks import Webhook
-from tests.servers import free_port, serve_app
+from tests.servers import flush_console_now, free_port, serve_app
 
 #: A's callers: an API key (register, call), a JWT with the tenant claim ``acme``, and an
 #: ``admin`` API key of acme (admin of its tenant only: no more of other tenants than a caller).
@@ -235,23 +235,13 @@ def world(django_db_setup, django_db_blocker):
                                                                       "vault_url", "vault_card")}},
             http=http, agents=agents)
         world.admin_cookies = _tenant_admin_session()
-        _flush()  # the registrations' audit rows, the calls' statistics
+        flush_console_now()  # the registrations' audit rows, the calls' statistics
         try:
             yield world
         finally:
             stack.close()
             indexer.settle_deferred()
             call_command("flush", interactive=False, verbosity=0)
-
-
-def _flush() -> None:
-    """Write the node's pending statistics and audit rows now (its flush job, on its loop)."""
-    import asyncio
-
-    from console import flusher
-    from gateway import runtime
-
-    asyncio.run_coroutine_threadsafe(flusher.flush_once(), runtime.current_node().loop).result(30)
 
 
 def _tenant_admin_session() -> dict[str, str]:
@@ -727,7 +717,7 @@ def _with_another_beta_agent(world: World, ask: Callable[[], Any], *,
 
             _post_ok(world.http, f"{world.base}/a2a/t/beta/vault-two", world.tokens["beta"],
                      _rpc("message/send", _msg("hi")))
-            _flush()
+            flush_console_now()
             for model in (AgentMinute, CallRecord, RegistryChange):  # B's rows, to be left out
                 assert model.objects.filter(agent_id="beta.vault-two").exists(), model
         return ask()
@@ -876,7 +866,7 @@ def test_tenant_admin_gets_beta_pages_as_nonexistent(world, page):
     "/admin/push/pushdelivery/", "/admin/push/relayedconfig/"])
 def test_tenant_admin_lists_and_dashboard_show_nothing_of_beta(world, page):
     """Absent, and counted nowhere: the page is the same once B has one more agent, called."""
-    _flush()
+    flush_console_now()
     before = _admin_get(world, page)
     answer = _with_another_beta_agent(world, lambda: _admin_get(world, page), traffic=True)
     assert answer == before
