@@ -50,6 +50,7 @@ from gateway.binding import BindingCaller
 from gateway.cards import EXTENDED_CARD_ANONYMOUS, grpc_gateway_url, rewrite_core_card
 from gateway.exchange import discard
 from gateway.grpc_binding import outbound_translate, passthrough, translate
+from gateway.grpc_binding.frame_guard import caller_address
 from gateway.grpc_binding.translate import ServiceMethod, TranslationError, Unsupported
 from gateway.headers import scan_request_headers
 from gateway.resume import STREAM_ID_HEADER
@@ -308,13 +309,14 @@ def _valid_metadata(name: bytes, value: bytes) -> bool:
 
 
 def _peer(context: Any) -> tuple[str, int]:
-    """The caller's address from gRPC's peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``)."""
+    """The caller's address from gRPC's peer string (``ipv4:1.2.3.4:5``, ``ipv6:[::1]:5``):
+    the frame guard's caller behind its loopback end."""
     peer = context.peer() or ""
     kind, _, rest = peer.partition(":")
     host, _, port = rest.rpartition(":")
     if kind not in ("ipv4", "ipv6") or not host:
         return (peer or "-", 0)
-    return (host.strip("[]"), int(port) if port.isdigit() else 0)
+    return caller_address(host.strip("[]"), int(port) if port.isdigit() else 0)
 
 
 def _timeout(context: Any) -> float:

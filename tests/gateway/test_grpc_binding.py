@@ -310,3 +310,47 @@ async def test_many_calls_on_one_channel_all_go_through(grpc_address, echo_agent
                 assert events and get_message_text(events[-1].message) == "echo: hello"
 
     await asyncio.wait_for(on_node(calls()), 120)
+
+
+def test_a_caller_is_named_by_its_own_address_behind_the_frame_guard(
+        grpc_address, echo_agent_factory, register_agent, settings):
+    """grpcio sees every call from the frame guard's loopback end; the gateway still names the
+    caller by its own address. A call without a token from 127.0.0.2 (raw HTTP/2 on a socket
+    bound there) is refused, and its call-audit row names ``address:127.0.0.2``."""
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    from console.models import CallRecord
+    from tests.servers import flush_console_now
+
+    target = register_agent(echo_agent_factory(card_shape="both"))
+    body = a2a_pb2.SendMessageRequest(tenant=target.agent_id,
+                                      message=user_message("hello").message).SerializeToString()
+    host, port = grpc_address.rsplit(":", 1)
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"),
+                          (":path", "/lf.a2a.v1.A2AService/SendMessage"),
+                          (":authority", grpc_address), ("content-type", "application/grpc"),
+                          ("te", "trailers")])
+    conn.send_data(1, b"\x00" + len(body).to_bytes(4, "big") + body, end_stream=True)
+    status = None
+    with socket.create_connection((host, int(port)), timeout=10,
+                                  source_address=("127.0.0.2", 0)) as sock:
+        sock.sendall(conn.data_to_send())
+        while status is None:
+            data = sock.recv(65536)
+            assert data, "the node closed the connection without answering"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived | h2.events.TrailersReceived):
+                    status = dict(event.headers).get("grpc-status", status)
+            sock.sendall(conn.data_to_send())
+    assert status == str(grpc.StatusCode.UNAUTHENTICATED.value[0])
+    flush_console_now()
+    rows = list(CallRecord.objects.filter(agent_id=target.agent_id)
+                .values_list("caller", "outcome"))
+    assert rows == [("address:127.0.0.2", "unauthenticated")]

@@ -11,11 +11,10 @@ another connection must be served meanwhile and after:
 - a header block far above the metadata limit (HEADERS and CONTINUATIONs, one huge field);
 - a header block of a huge number of one-byte (indexed) fields;
 - rapid reset (complete requests each cancelled at once, HEADERS + DATA + RST_STREAM);
-- a SETTINGS flood, never reading the acknowledgements.
-
-Two floods grpcio's core does not bound (:data:`UNBOUNDED_IN_GRPCIO`, docs/limits.md): a
-CONTINUATION flood (a header block that never ends, each frame full of new fields) and a PING
-flood; their tests run only when asked for.
+- a SETTINGS flood, never reading the acknowledgements;
+- a CONTINUATION flood (a header block that never ends, each frame full of new fields) and a
+  PING flood from a peer that never reads: grpcio's core bounds neither, the node's frame guard
+  (gateway/grpc_binding/frame_guard.py) closes such a connection.
 """
 
 from __future__ import annotations
@@ -65,18 +64,6 @@ RSS_GROWTH_MIB = 48
 IDLE_CPU_SECONDS = 0.3
 #: Each flood's bound in time (it stops earlier once the node closes the connection).
 FLOOD_SECONDS = 4.0
-
-#: Not bounded by grpcio's core, whatever the listener's options (docs/limits.md, "HTTP/2
-#: floods"): measured on this machine, a PING flood of a few MiB from a peer that never reads
-#: grew the node by up to about 1 GiB (grpcio 1.76.0, the pinned version, and 1.78.2; 1.82.3
-#: and 1.84.2 bounded it), and a CONTINUATION flood kept up to about 250 MiB per 700 MiB sent,
-#: at random, in every version tried (1.76.0 to 1.85.3). Run them with
-#: ``TEST_UNBOUNDED_H2_FLOODS=1`` (they fail at times): a grpcio that bounds both lets the
-#: marker go.
-UNBOUNDED_IN_GRPCIO = pytest.mark.skipif(
-    not os.environ.get("TEST_UNBOUNDED_H2_FLOODS"),
-    reason="grpcio's core does not bound this flood (docs/limits.md, 'HTTP/2 floods')")
-
 
 def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
@@ -279,7 +266,6 @@ def test_a_header_block_far_above_the_metadata_limit_is_refused(hostile):
     hostile.echo()
 
 
-@UNBOUNDED_IN_GRPCIO
 def test_a_continuation_flood_is_bounded(hostile):
     """A header block that never ends (CVE-2024's CONTINUATION flood): frame after frame of
     new fields, never END_HEADERS, for up to ``FLOOD_SECONDS``. The node neither keeps them
@@ -404,11 +390,11 @@ def test_rapid_reset_is_bounded(hostile):
     hostile.echo()
 
 
-@pytest.mark.parametrize("kind", ["SETTINGS", pytest.param("PING", marks=UNBOUNDED_IN_GRPCIO)])
+@pytest.mark.parametrize("kind", ["SETTINGS", "PING"])
 def test_settings_and_ping_floods_are_bounded(hostile, kind):
     """Frames each calling for an acknowledgement, sent for up to ``FLOOD_SECONDS`` by a peer
     that never reads them: the acknowledgements cannot pile up in the node (it stops reading,
-    or closes the connection: ``too_many_pings`` for PINGs)."""
+    or closes the connection: the frame guard's PING limit)."""
     connection = RawConnection(hostile.address)
     batch = b"".join(
         (SettingsFrame(0, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 65535})

@@ -473,3 +473,43 @@ def test_a_caller_that_abandons_a_passed_through_stream_frees_the_agent(hostile,
             assert own_grpc_agent.calls == before + 3  # the refused ones never reached it
     finally:
         hostile.agent_id = "hostile"
+
+
+def test_connections_beyond_the_limit_are_closed_at_once():
+    """``A2A_HTTP_MAX_CONNECTIONS`` bounds the gRPC listener's connections too (its own
+    count): with 4 held open (a preface each, nothing more), a fifth is closed at once and a
+    call on it fails ``UNAVAILABLE``; once one of the 4 leaves, a call gets through to the
+    gateway (refused ``UNAUTHENTICATED``: it has no token)."""
+    import socket
+
+    def held(port: int) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        assert sock.recv(9)  # the node's SETTINGS: the connection is open
+        return sock
+
+    def call(port: int) -> grpc.StatusCode:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=[
+                ("grpc.use_local_subchannel_pool", 1)]) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                grpc10.A2AServiceStub(channel).SendMessage(
+                    a2a_pb2.SendMessageRequest(tenant="anyone"), timeout=5)
+            return refused.value.code()
+
+    port = free_port()
+    with running_node("uvicorn", A2A_GRPC_PORT=str(port), A2A_HTTP_MAX_CONNECTIONS="4"):
+        socks = [held(port) for _ in range(4)]
+        try:
+            extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+            assert extra.recv(9) == b""  # closed without a byte
+            extra.close()
+            assert call(port) == grpc.StatusCode.UNAVAILABLE
+            socks.pop().close()
+            deadline = time.monotonic() + 5
+            while (code := call(port)) == grpc.StatusCode.UNAVAILABLE \
+                    and time.monotonic() < deadline:
+                time.sleep(0.1)  # the node sees the close
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+        finally:
+            for sock in socks:
+                sock.close()
