@@ -223,7 +223,7 @@ def dashboard(*, window_minutes: int = 15, tenant: str | None = None) -> dict:
     cycle = CycleRun.objects.order_by("-started_at").first() if tenant is None else None
     totals = scope(AgentMinute.objects.filter(minute__gte=minute_floor(since)), tenant,
                    key_field="agent_id").aggregate(last=Max("last_call_at"))
-    alerts = Alert.objects.filter(acknowledged=False) if tenant is None else Alert.objects.none()
+    alerts = scope(Alert.objects.filter(acknowledged=False), tenant)
     return {
         "now": now,
         "platform": tenant is None,  # the nodes and discovery are shown to platform admins

@@ -28,14 +28,13 @@ _QS = TypeVar("_QS", bound=QuerySet)
 PLATFORM_APPS = frozenset({"auth", "django_celery_beat"})
 #: Models only platform admins see: the cluster's nodes (agent counts of every tenant) and
 #: discovery's shared machinery (the allowlist, the tag vocabulary, the policy, the card cache
-#: and endpoint health, session pins, alerts, cycles). A tenant's own discovery rows
-#: (configured agents, source feeds, needs, snapshots) are in console.discovery_admin; the
+#: and endpoint health, cycles). A tenant's own discovery rows (configured agents, source
+#: feeds, needs, snapshots, session pins, its alerts) are in console.discovery_admin; the
 #: tenants' page shows a tenant admin its own tenant, read-only (console.tenant_admin).
 PLATFORM_MODELS = frozenset({
     "registry.Node", "discovery.AllowedHost", "discovery.CapabilityTag",
     "discovery.DiscoveryPolicy", "discovery.CardCacheEntry", "discovery.EndpointHealth",
-    "discovery.SessionPin", "discovery.Alert", "discovery.CycleRun",
-    "discovery.CatalogListing", "discovery.CardBlob",
+    "discovery.CycleRun", "discovery.CatalogListing", "discovery.CardBlob",
 })
 
 

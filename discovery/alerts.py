@@ -4,8 +4,12 @@ counted in a Prometheus metric and, when ``settings.DISCOVERY_ALERT_WEBHOOK_URL`
 POSTed there as JSON.
 
 A condition that persists (a cap that keeps biting, a collision that stays) raises one alert,
-not one per cycle: an alert is skipped while the latest one of its kind and subject carries the
-same fingerprint.
+not one per cycle: an alert is skipped while the latest one of its kind, subject and tenant
+carries the same fingerprint.
+
+An alert raised by a tenant's part of a cycle (its sources refused, its collisions, its cap,
+its signatures) is that tenant's, for its admins to see; card changes and fetch failures of the
+card cache, which every tenant shares, are the platform's (``tenant`` None).
 """
 
 from __future__ import annotations
@@ -32,28 +36,30 @@ def _fingerprint(kind: str, subject: str, details: dict[str, Any]) -> str:
 
 def alert_raise(
     *, kind: str, subject: str, message: str, details: dict[str, Any] | None = None,
-    dedupe: bool = True,
+    dedupe: bool = True, tenant: str | None = None,
 ) -> Alert | None:
-    """Record an alert unless the same condition was the last one reported for ``subject``."""
+    """Record an alert unless the same condition was the last one reported for ``subject`` in
+    ``tenant`` (None: the platform's)."""
     details = details or {}
     fingerprint = _fingerprint(kind, subject, details)
     if dedupe:
         last = (
-            Alert.objects.filter(kind=kind, subject=subject[:2048])
+            Alert.objects.filter(kind=kind, subject=subject[:2048], tenant_id=tenant)
             .order_by("-created_at", "-id").values_list("fingerprint", flat=True).first()
         )
         if last == fingerprint:
             return None
     alert = Alert.objects.create(
         kind=kind, subject=subject[:2048], message=message, details=details,
-        fingerprint=fingerprint,
+        fingerprint=fingerprint, tenant_id=tenant,
     )
     metrics.ALERTS.labels(kind=kind).inc()
-    logger.warning("discovery alert %s: %s", kind, message)
+    logger.warning("discovery alert %s%s: %s", kind, f" (tenant {tenant})" if tenant else "",
+                   message)
     if settings.DISCOVERY_ALERT_WEBHOOK_URL:
         payload = {
-            "kind": kind, "subject": alert.subject, "message": message, "details": details,
-            "created_at": alert.created_at.isoformat(),
+            "kind": kind, "tenant": tenant, "subject": alert.subject, "message": message,
+            "details": details, "created_at": alert.created_at.isoformat(),
         }
         transaction.on_commit(lambda: _post(payload))
     return alert
@@ -107,7 +113,7 @@ def alerts_for_card_change(
 
 def alert_signature(
     *, local_name: str, card_url: str, status: str, detail: str, sha256: str,
-    kept_sha256: str | None,
+    kept_sha256: str | None, tenant: str | None = None,
 ) -> Alert | None:
     """A fetched card's signature is not valid (docs/signatures.md). ``kept_sha256``: the last
     valid version discovery keeps serving instead; None: the card was left out."""
@@ -118,4 +124,5 @@ def alert_signature(
                 + (f" ({detail})" if detail else "") + f"; {outcome}",
         details={"local_name": local_name, "status": status, "card_sha256": sha256,
                  "kept_sha256": kept_sha256},
+        tenant=tenant,
     )

@@ -304,7 +304,7 @@ def _signature_gate(entries: dict[int, tuple[EndpointRecord, CardEntry]], tenant
             alerts.alert_signature(
                 local_name=record.local_name, card_url=record.card_url or record.base_url,
                 status=verdict.status, detail=verdict.detail, sha256=entry.sha256,
-                kept_sha256=kept.sha256 if kept is not None else None,
+                kept_sha256=kept.sha256 if kept is not None else None, tenant=tenant,
             )
         if kept is not None:
             out[key] = _Signed(kept.card, kept.card_raw.encode(), kept.sha256, True)
@@ -334,6 +334,7 @@ def _upsert_agents(kept: list[SelectedAgent], ttl: int, tenant: str) -> list[Sel
                         f"registered by "
                         f"another source ({row.source}); left out",
                 details={"local_name": agent.local_name, "card_url": agent.card_url},
+                tenant=tenant,
             )
             continue
         endpoint = card_endpoint(agent.card or {})
@@ -350,6 +351,7 @@ def _upsert_agents(kept: list[SelectedAgent], ttl: int, tenant: str) -> list[Sel
                     kind=Alert.Kind.REFUSED, subject=agent.card_url,
                     message=f"{agent.local_name}: the registry refused it: {exc}",
                     details={"local_name": agent.local_name, "error": str(exc)},
+                    tenant=tenant,
                 )
                 continue
         out.append(agent)
@@ -468,13 +470,14 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
             kind=Alert.Kind.REFUSED, subject=record.base_url,
             message=f"{record.local_name} ({record.source}): {reason}",
             details={"local_name": record.local_name, "source": record.source, "reason": reason},
+            tenant=tenant,
         )
     for record, other in resolved.collisions:
         alerts.alert_raise(
             kind=Alert.Kind.NAME_COLLISION, subject=record.base_url,
             message=f"{record.local_name} ({record.source}, {record.base_url}) collides with "
                     f"{other.local_name} ({other.source}, {other.base_url}); refused",
-            details={"local_name": record.local_name, "kept": other.base_url},
+            details={"local_name": record.local_name, "kept": other.base_url}, tenant=tenant,
         )
 
     fetchable = [r for r in resolved.admitted if r.inline_card is None]
@@ -548,6 +551,7 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
                 kind=Alert.Kind.REFUSED, subject=record.card_url,
                 message=f"{record.local_name}: card endpoint {endpoint}: {reason}",
                 details={"local_name": record.local_name, "endpoint": endpoint, "reason": reason},
+                tenant=tenant,
             )
             continue
         candidates.append(SelectedAgent(
@@ -567,6 +571,7 @@ def _cycle(report: CycleReport, cache: CardCache, progress: Progress | None,
                     + (" ..." if len(left_out) > 20 else ""),
             details={"max_agents": policy.max_agents,
                      "left_out": sorted(a.local_name for a in left_out)},
+            tenant=tenant,
         )
     ttl = settings.DISCOVERY_AGENT_TTL_SECONDS
     kept = _upsert_agents(kept, ttl, tenant)

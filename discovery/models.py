@@ -330,7 +330,9 @@ class SessionPin(models.Model):
 
 
 class Alert(models.Model):
-    """Something an operator should know: stored, logged, counted, optionally sent to a hook."""
+    """Something an operator should know: stored, logged, counted, optionally sent to a hook.
+    A tenant's cycle raises its alerts in that tenant; what the tenants share (card changes
+    and fetch failures of the card cache) raises platform alerts (no tenant)."""
 
     class Kind(models.TextChoices):
         SKILLS_CHANGED = "skills_changed", "skill list changed"
@@ -342,6 +344,12 @@ class Alert(models.Model):
         SIGNATURE_INVALID = "signature_invalid", "card signature not valid"
 
     kind = models.CharField(max_length=20, choices=Kind.choices, db_index=True)
+    tenant = models.ForeignKey(
+        "registry.Tenant", on_delete=models.CASCADE, null=True, blank=True,
+        related_name="discovery_alerts",
+        help_text="The tenant whose discovery raised it (its sources, needs, snapshot); empty: "
+                  "the platform's (the shared card cache and endpoint health).",
+    )
     subject = models.CharField(max_length=2048)
     message = models.TextField()
     details = models.JSONField(default=dict, blank=True)

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db
 
 ACME_PERMS = ("agent", "apiclient", "callrecord", "registrychange", "pushdelivery",
               "relayedconfig", "tenant", "node", "alert", "configuredagent", "sourcefeed",
-              "need", "snapshot")
+              "need", "snapshot", "sessionpin")
 
 
 def _tenant_admin(username: str, *tenants: str) -> User:
@@ -130,10 +130,9 @@ def test_a_tenant_admin_sees_and_opens_only_its_tenants_rows(world):
         assert ann.get(reverse(f"admin:{name}", args=[bravo.pk])).status_code == 404
     assert ann.get(reverse("admin:registry_agent_by_id", args=["beta.bravo"])).status_code == 404
     # The platform's pages are absent, and no filter lists the tenants.
-    for name in ("registry_node_changelist", "discovery_alert_changelist"):
-        assert ann.get(reverse(f"admin:{name}")).status_code == 404, name
+    assert ann.get(reverse("admin:registry_node_changelist")).status_code == 404
     index = ann.get(reverse("admin:index")).content.decode()
-    assert 'id="console-nodes"' not in index and 'id="tile-alerts"' not in index
+    assert 'id="console-nodes"' not in index and 'id="console-discovery"' not in index
     clients = ann.get(reverse("admin:registry_apiclient_changelist")).content.decode()
     assert "beta" not in clients
 
@@ -357,8 +356,61 @@ def test_a_tenant_admin_edits_its_tenants_discovery_rows(world):
     index = ann.get(reverse("admin:index")).content.decode()
     assert reverse("admin:discovery_configuredagent_changelist") in index
     for name in ("discovery_allowedhost_changelist", "discovery_cyclerun_changelist",
-                 "discovery_sessionpin_changelist", "discovery_capabilitytag_changelist"):
+                 "discovery_capabilitytag_changelist"):
         assert ann.get(reverse(f"admin:{name}")).status_code == 404, name
     root = _client(User.objects.create_superuser("root", password="x"))
     html = root.get(reverse("admin:discovery_configuredagent_changelist")).content.decode()
     assert "acme_agent" in html and "beta_agent" in html
+
+
+def test_a_tenant_admin_sees_its_tenants_alerts_and_sessions(world):
+    """Its tenant's discovery alerts (listed, opened, acknowledged, counted on the dashboard)
+    and session pins (listed, opened read-only, ended); another tenant's and the platform's
+    alerts are 404s and counted nowhere."""
+    from discovery.models import Alert, SessionPin, Snapshot
+
+    alerts, pins = {}, {}
+    for tenant in ("acme", "beta", None):
+        alerts[tenant] = Alert.objects.create(
+            tenant_id=tenant, kind=Alert.Kind.CAP_REACHED, subject="snapshot",
+            message=f"cap of {tenant or 'platform'}")
+    for tenant in ("acme", "beta"):
+        snap = Snapshot.objects.create(tenant_id=tenant, version=1, digest=f"{tenant}-digest")
+        pins[tenant] = SessionPin.objects.create(tenant_id=tenant, snapshot=snap,
+                                                 session_id=f"{tenant}-session")
+    ann = _client(_tenant_admin("ann", "acme"))
+
+    listing = ann.get(reverse("admin:discovery_alert_changelist")).content.decode()
+    assert "cap of acme" in listing
+    assert "cap of beta" not in listing and "cap of platform" not in listing
+    assert ann.get(_change("discovery_alert", alerts["acme"].pk)).status_code == 200
+    for other in ("beta", None):
+        assert ann.get(_change("discovery_alert", alerts[other].pk)).status_code == 404
+    index = ann.get(reverse("admin:index")).content.decode()
+    assert 'id="tile-alerts"><span class="value">1</span>' in index
+    # Acknowledging: its own alert; another tenant's selected by id stays as it was.
+    response = ann.post(reverse("admin:discovery_alert_changelist"), {
+        "action": "acknowledge",
+        "_selected_action": [alerts["acme"].pk, alerts["beta"].pk, alerts[None].pk]})
+    assert response.status_code == 302
+    acknowledged = dict(Alert.objects.values_list("message", "acknowledged"))
+    assert acknowledged == {"cap of acme": True, "cap of beta": False,
+                            "cap of platform": False}
+
+    sessions = ann.get(reverse("admin:discovery_sessionpin_changelist")).content.decode()
+    assert "acme-session" in sessions and "beta-session" not in sessions
+    assert ann.get(_change("discovery_sessionpin", pins["beta"].pk)).status_code == 404
+    page = ann.get(_change("discovery_sessionpin", pins["acme"].pk)).content.decode()
+    assert "acme-session" in page and 'name="snapshot"' not in page  # not repinned by hand
+    assert ann.post(reverse("admin:discovery_sessionpin_delete", args=[pins["beta"].pk]),
+                    {"post": "yes"}).status_code == 404
+    ended = ann.post(reverse("admin:discovery_sessionpin_delete", args=[pins["acme"].pk]),
+                     {"post": "yes"})
+    assert ended.status_code == 302
+    assert set(SessionPin.objects.values_list("session_id", flat=True)) == {"beta-session"}
+
+    root = _client(User.objects.create_superuser("root", password="x"))
+    listing = root.get(reverse("admin:discovery_alert_changelist")).content.decode()
+    assert "cap of beta" in listing and "(platform)" in listing
+    index = root.get(reverse("admin:index")).content.decode()
+    assert 'id="tile-alerts"><span class="value">2</span>' in index  # beta's and the platform's

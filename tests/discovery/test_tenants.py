@@ -4,15 +4,18 @@ own, and the snapshot and session API answers each tenant's callers with its own
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from prometheus_client import REGISTRY
 
 from discovery.loop import TENANT_LINE, run_cycle
-from discovery.models import ConfiguredAgent, Snapshot
+from discovery.models import Alert, ConfiguredAgent, Snapshot
 from registry import services
 from registry.models import Agent
 from tests.discovery.servers import make_card, skill
+from tests.servers import serve_app
 
 
 def _client(base: str, tenant: str, scopes: list[str]) -> httpx.Client:
@@ -68,6 +71,62 @@ def test_one_cycle_serves_each_tenant_into_its_own_namespace(two_tenants, card_s
     assert gauge("a2a_discovery_tenant_snapshot_version", {"tenant": "default"}) == 1
     assert gauge("a2a_discovery_tenant_snapshot_agents", {"tenant": "acme"}) == 1
     assert gauge("a2a_discovery_snapshot_version") == 1
+
+
+class _Hook:
+    """A loopback alert webhook: the JSON bodies POSTed to it."""
+
+    def __init__(self) -> None:
+        self.posted: list[dict] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.posted.append(json.loads(body))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.mark.django_db
+def test_a_tenants_alerts_are_its_own_and_raised_once(card_server, configure, cache, clock,
+                                                      settings,
+                                                      django_capture_on_commit_callbacks):
+    """Each tenant's cap bites: one alert each, in its tenant (its admins see it; the webhook
+    is told whose), not raised again by the next cycle while the condition stays -- two
+    tenants' alerts of one kind and subject no longer take each other for a change."""
+    hook = _Hook()
+    with serve_app(hook, lifespan="off") as server:
+        settings.DISCOVERY_ALERT_WEBHOOK_URL = f"{server.url}/alerts"
+        _two_capped_tenants(card_server, configure, cache, clock,
+                            django_capture_on_commit_callbacks)
+    caps = Alert.objects.filter(kind=Alert.Kind.CAP_REACHED)
+    assert sorted((a.tenant_id, a.details["left_out"]) for a in caps) == [
+        ("acme", ["acme_1"]), ("default", ["agent_1"])]
+    assert sorted((p["kind"], p["tenant"], p["details"]["left_out"]) for p in hook.posted) == [
+        ("cap_reached", "acme", ["acme_1"]), ("cap_reached", "default", ["agent_1"])]
+
+
+def _two_capped_tenants(card_server, configure, cache, clock, on_commit) -> None:
+    """The default tenant and acme each find two agents under a cap of one; three cycles."""
+    services.tenant_create(slug="acme")
+    static = []
+    for i in range(2):
+        card_server.set_card(f"/d/{i}", make_card(f"D{i}", card_server.base(f"/d/{i}"),
+                                                  [skill("s", "x")]))
+        card_server.set_card(f"/a/{i}", make_card(f"A{i}", card_server.base(f"/a/{i}"),
+                                                  [skill("s", "y")]))
+        static.append({"local_name": f"agent_{i}", "url": card_server.base(f"/d/{i}")})
+        ConfiguredAgent.objects.create(tenant_id="acme", local_name=f"acme_{i}",
+                                       url=card_server.base(f"/a/{i}"))
+    configure(static=static, max_agents=1)
+    for _ in range(3):
+        with on_commit(execute=True):
+            run_cycle(cache=cache)
+        clock.advance(301)
 
 
 def test_snapshots_and_sessions_answer_each_tenant_its_own(live_server_url, api, two_tenants):

@@ -128,7 +128,7 @@ def world(django_db_setup, django_db_blocker):
     from ard import indexer
     from config.asgi import application
     from core import lifecycle
-    from discovery.models import SessionPin, Snapshot
+    from discovery.models import Alert, SessionPin, Snapshot
     from registry import services
     from registry.models import Agent
 
@@ -207,6 +207,8 @@ def world(django_db_setup, django_db_blocker):
                      "card_sha256": "0" * 64}])
         session = SessionPin.objects.create(tenant_id="beta", session_id=f"beta-s-{uuid.uuid4()}",
                                             snapshot=snapshot, client_id=b_client.client_id)
+        Alert.objects.create(tenant_id="beta", kind=Alert.Kind.CAP_REACHED, subject="snapshot",
+                             message="the cap of 1 agents left out vault_keeper")
         real = {"vault_url": agents["vault"].url, "vault_card": agents["vault"].card_document,
                 "task": b_task, "stream": b_stream, "relay": b_relay["url"].rsplit("/", 1)[1],
                 "config": "beta-hook-7f3a-cfg", "digest": snapshot.digest,
@@ -251,7 +253,7 @@ def _tenant_admin_session() -> dict[str, str]:
 
     group = Group.objects.create(name="tenant:acme")
     group.permissions.set(Permission.objects.filter(
-        content_type__app_label__in=["registry", "console", "push"]))
+        content_type__app_label__in=["registry", "console", "push", "discovery"]))
     user = User.objects.create_user("ann-admin", password="x", is_staff=True)
     user.groups.add(group)
     client = Client()
@@ -778,10 +780,12 @@ def test_metrics_refuse_tenant_callers_alike(world, cred):
 # --- the console: a tenant admin of A -----------------------------------------------------------
 
 
-def _audit_pk(world: World, tenant: str, model: str = "RegistryChange") -> str:
-    from console import models
+def _audit_pk(world: World, tenant: str, model: str = "RegistryChange",
+              app: str = "console") -> str:
+    """The first of ``tenant``'s rows of ``app``'s ``model`` (audit rows, discovery's)."""
+    from django.apps import apps
 
-    rows = getattr(models, model).objects.filter(tenant=tenant)
+    rows = apps.get_model(app, model).objects.filter(tenant=tenant)
     return str(rows.values_list("pk", flat=True)[0])
 
 
@@ -810,7 +814,29 @@ ADMIN_PAGES = {
     "call audit row": lambda w, t: f"/admin/console/callrecord/{t['call_pk']}/change/",
     "push delivery page": lambda w, t: f"/admin/push/pushdelivery/{t['delivery_pk']}/change/",
     "relayed config page": lambda w, t: f"/admin/push/relayedconfig/{t['relay']}/change/",
+    "snapshot page": lambda w, t: f"/admin/discovery/snapshot/{t['snapshot_pk']}/change/",
+    "session pin page": lambda w, t: f"/admin/discovery/sessionpin/{t['pin_pk']}/change/",
+    "discovery alert page": lambda w, t: f"/admin/discovery/alert/{t['alert_pk']}/change/",
 }
+#: Discovery's rows of a tenant the console shows its admins: the target key of each.
+DISCOVERY_ROWS = {"snapshot_pk": "Snapshot", "pin_pk": "SessionPin", "alert_pk": "Alert"}
+
+
+@pytest.fixture
+def acme_discovery_rows(world):
+    """A's own snapshot, session pin and alert, for the console's control probes; removed
+    after the test (a current snapshot of A's would change how A's session probes answer)."""
+    from discovery.models import Alert, SessionPin, Snapshot
+
+    snapshot = Snapshot.objects.create(tenant_id="acme", version=1, digest=os.urandom(32).hex())
+    SessionPin.objects.create(tenant_id="acme", session_id="acme-s-1", snapshot=snapshot)
+    alert = Alert.objects.create(tenant_id="acme", kind=Alert.Kind.CAP_REACHED,
+                                 subject="snapshot",
+                                 message="the cap of 1 agents left out acme_two")
+    yield
+    alert.delete()
+    snapshot.pins.all().delete()
+    snapshot.delete()
 
 
 def _admin_get(world: World, path: str) -> Answer:
@@ -828,7 +854,7 @@ def _admin_get(world: World, path: str) -> Answer:
 
 
 @pytest.mark.parametrize("page", list(ADMIN_PAGES))
-def test_tenant_admin_gets_beta_pages_as_nonexistent(world, page):
+def test_tenant_admin_gets_beta_pages_as_nonexistent(world, acme_discovery_rows, page):
     real_t, ghost_t = _target(world, "real", "apikey"), _target(world, "ghost", "apikey")
     real_t["audit_pk"] = _audit_pk(world, "beta")
     ghost_t["audit_pk"] = str(int(real_t["audit_pk"]) + 9000)
@@ -836,7 +862,11 @@ def test_tenant_admin_gets_beta_pages_as_nonexistent(world, page):
     ghost_t["call_pk"] = str(int(real_t["call_pk"]) + 9000)
     real_t["delivery_pk"] = _delivery_pk(world, "beta.vault", real_t["relay"])
     ghost_t["delivery_pk"] = str(int(real_t["delivery_pk"]) + 9000)
-    typed = ("agent_pk", "key", "client_pk", "audit_pk", "call_pk", "delivery_pk", "relay")
+    for key, model in DISCOVERY_ROWS.items():
+        real_t[key] = _audit_pk(world, "beta", model, app="discovery")
+        ghost_t[key] = str(int(real_t[key]) + 9000)
+    typed = ("agent_pk", "key", "client_pk", "audit_pk", "call_pk", "delivery_pk", "relay",
+             *DISCOVERY_ROWS)
     real = _normal(_admin_get(world, ADMIN_PAGES[page](world, real_t)),
                    sorted({real_t[k] for k in typed}, key=len, reverse=True))
     ghost = _normal(_admin_get(world, ADMIN_PAGES[page](world, ghost_t)),
@@ -852,7 +882,9 @@ def test_tenant_admin_gets_beta_pages_as_nonexistent(world, page):
            "client_pk": str(ApiClient.objects.get(name="acme-app").pk),
            "audit_pk": _audit_pk(world, "acme"), "relay": world.own["apikey"]["relay"],
            "call_pk": _audit_pk(world, "acme", "CallRecord"),
-           "delivery_pk": _delivery_pk(world, "acme.echo", world.own["apikey"]["relay"])}
+           "delivery_pk": _delivery_pk(world, "acme.echo", world.own["apikey"]["relay"]),
+           **{key: _audit_pk(world, "acme", model, app="discovery")
+              for key, model in DISCOVERY_ROWS.items()}}
     answer = _admin_get(world, ADMIN_PAGES[page](world, own))
     # Some agent pages act and go back to the agent's page.
     assert answer.status == "200" or ("location", f"/admin/registry/agent/{own['agent_pk']}"
@@ -863,8 +895,10 @@ def test_tenant_admin_gets_beta_pages_as_nonexistent(world, page):
     "/admin/", "/admin/registry/agent/", "/admin/registry/agent/?q=Keeper",
     "/admin/registry/apiclient/", "/admin/registry/apiclient/?q=beta-ap",
     "/admin/console/registrychange/", "/admin/console/callrecord/",
-    "/admin/push/pushdelivery/", "/admin/push/relayedconfig/"])
-def test_tenant_admin_lists_and_dashboard_show_nothing_of_beta(world, page):
+    "/admin/push/pushdelivery/", "/admin/push/relayedconfig/", "/admin/discovery/snapshot/",
+    "/admin/discovery/sessionpin/", "/admin/discovery/alert/"])
+def test_tenant_admin_lists_and_dashboard_show_nothing_of_beta(world, acme_discovery_rows,
+                                                                page):
     """Absent, and counted nowhere: the page is the same once B has one more agent, called."""
     flush_console_now()
     before = _admin_get(world, page)
@@ -879,6 +913,8 @@ def test_tenant_admin_lists_and_dashboard_show_nothing_of_beta(world, page):
     # A's own agent): what A wrote, not what it learnt. Everything else of B's must not.
     _no_leak(world, answer.text(), besides=("task", "config"))
     assert "beta" not in answer.body.replace("beta.shared", ""), page
+    own = {"/admin/discovery/sessionpin/": "acme-s-1", "/admin/discovery/alert/": "acme_two"}
+    assert own.get(page, "") in answer.body, page  # A's own rows are listed
 
 
 # --- publishing: B shares an agent with A --------------------------------------------------------
