@@ -15,7 +15,7 @@ from discovery.models import Alert, ConfiguredAgent, Snapshot
 from registry import services
 from registry.models import Agent
 from tests.discovery.servers import make_card, skill
-from tests.servers import serve_app
+from tests.servers import read_body, serve_app
 
 
 def _client(base: str, tenant: str, scopes: list[str]) -> httpx.Client:
@@ -80,13 +80,7 @@ class _Hook:
         self.posted: list[dict] = []
 
     async def __call__(self, scope, receive, send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.posted.append(json.loads(body))
+        self.posted.append(json.loads(await read_body(receive)))
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 

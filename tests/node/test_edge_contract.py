@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers import ROOT, free_port, refuses_connections, serve_app
+from tests.servers import ROOT, free_port, read_body, refuses_connections, serve_app
 from tests.servers import fresh_env as _env
 from tests.servers import run_manage as _manage
 from tests.servers import wait_for_ok as _wait_for
@@ -352,12 +352,7 @@ class SlowAgent:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.received.set()
         await asyncio.sleep(self.delay)
         out = json.dumps({"jsonrpc": "2.0", "id": json.loads(body)["id"],
