@@ -61,13 +61,16 @@ class Handover:
     ``standby`` (a new owner before its takeover) or ``draining`` (an old owner after a new
     owner's takeover)."""
 
+    # A node holds one per agent it owns and almost all of them stay active for life: what
+    # only a new owner needs (its publish callable, its nonce, its two events) is made by
+    # :meth:`standby`, so an active one is 80 bytes (scale bench: 10,000 subscribers).
     __slots__ = ("name", "publish", "mode", "nonce", "_probe_heard", "_takeover_heard")
 
-    def __init__(self, name: str, publish: Publish) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.publish = publish
         self.mode = ACTIVE
-        self.nonce = f"{_NONCE_PREFIX}{next(_nonces):x}"  # unique per subscriber ever made
+        self.publish: Publish | None = None
+        self.nonce: str | None = None
         self._probe_heard: asyncio.Event | None = None
         self._takeover_heard: asyncio.Event | None = None
 
@@ -79,10 +82,12 @@ class Handover:
     def draining(self) -> bool:
         return self.mode == DRAINING
 
-    def standby(self) -> None:
+    def standby(self, publish: Publish) -> None:
         """A new owner, from the moment it subscribes: it answers no Query from the broker until
-        :meth:`take_over` hears its takeover."""
+        :meth:`take_over` hears its takeover, signalled through ``publish``."""
         self.mode = STANDBY
+        self.publish = publish
+        self.nonce = f"{_NONCE_PREFIX}{next(_nonces):x}"  # unique per subscriber ever made
         self._probe_heard = asyncio.Event()
         self._takeover_heard = asyncio.Event()
 
@@ -90,19 +95,20 @@ class Handover:
         """A new owner in standby: probe until its subscription hears its own probe, publish
         the takeover, go active when it comes back (or after HANDOVER_SIGNAL_SECONDS)."""
         probe_heard, takeover_heard = self._probe_heard, self._takeover_heard
-        if probe_heard is None or takeover_heard is None:
+        publish, nonce = self.publish, self.nonce
+        if probe_heard is None or takeover_heard is None or publish is None or nonce is None:
             raise RuntimeError("take_over() without standby()")
-        base = {env.TAG_NONCE: self.nonce, env.TAG_REQUEST_ID: "", env.TAG_REPLY_CHANNEL: ""}
+        base = {env.TAG_NONCE: nonce, env.TAG_REQUEST_ID: "", env.TAG_REPLY_CHANNEL: ""}
         try:
             async with asyncio.timeout(HANDOVER_SIGNAL_SECONDS):
                 while not probe_heard.is_set():
-                    await self.publish({**base, env.TAG_METHOD: env.PROBE_METHOD})
+                    await publish({**base, env.TAG_METHOD: env.PROBE_METHOD})
                     try:
                         async with asyncio.timeout(PROBE_INTERVAL_SECONDS):
                             await probe_heard.wait()
                     except TimeoutError:
                         pass
-                await self.publish({**base, env.TAG_METHOD: env.TAKEOVER_METHOD})
+                await publish({**base, env.TAG_METHOD: env.TAKEOVER_METHOD})
                 await takeover_heard.wait()
         except TimeoutError:
             logger.warning("%s: takeover not confirmed in %g s; going active", self.name,
@@ -114,7 +120,7 @@ class Handover:
         """A control message received on the channel. True when it made this subscriber start
         draining (another subscriber's takeover)."""
         method = tags.get(env.TAG_METHOD)
-        mine = tags.get(env.TAG_NONCE) == self.nonce
+        mine = self.nonce is not None and tags.get(env.TAG_NONCE) == self.nonce
         if method == env.PROBE_METHOD:
             if mine and self._probe_heard is not None:
                 self._probe_heard.set()

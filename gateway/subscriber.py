@@ -53,6 +53,10 @@ EARLY_CANCELS = 1024
 #: CANCEL_RETRIES times): its cancellation was swallowed by something it awaited.
 CANCEL_RETRY_SECONDS = 0.5
 CANCEL_RETRIES = 20
+#: The subscribers' background tasks (answers, acks, notices), referenced until they end: one
+#: set for all of them, since nothing waits on or cancels them per subscriber (a set each cost
+#: 216 bytes a subscriber, with a subscriber per owned agent).
+_BACKGROUND: set[asyncio.Task[Any]] = set()
 
 
 class VirtualSubscriber(AgentCalls):
@@ -69,18 +73,19 @@ class VirtualSubscriber(AgentCalls):
         self.streams: dict[str, asyncio.Task[Any]] = {}
         self._stream_sinks: dict[str, BrokerSink] = {}  # flow-controlled streams (broker)
         self._cancel_requested: dict[str, Any] = {}  # request id -> the stream's JSON-RPC id
-        #: stream_cancels for request ids with no stream here (oldest first, bounded)
-        self._cancelled_early: dict[str, bool] = {}
+        #: stream_cancels for request ids with no stream here (oldest first, bounded; made on
+        #: the first, as most subscribers never see one)
+        self._cancelled_early: dict[str, bool] | None = None
         # Resumable streams (A2A_SSE_RESUME_SECONDS > 0): by public stream id, and by the
         # request id of each caller connection attached to one (gateway.resume).
         self._replays: dict[str, ReplayStream] = {}
         self._attached: dict[str, ReplayStream] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = _BACKGROUND
         self._receiver: asyncio.Task[Any] | None = None
         self._stopping = False
         self.sse_active = 0  # read by the metrics collector at scrape time
         self._client: outbound.Client | None = None  # the loop's shared client, looked up once
-        self.handover = Handover(self.client_id, self._publish)
+        self.handover = Handover(self.client_id)
         self._drained: asyncio.Event | None = None  # set when draining and nothing runs
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -92,7 +97,7 @@ class VirtualSubscriber(AgentCalls):
         loop = asyncio.get_running_loop()
         self._receiver = loop.create_task(self._receive_loop(after), name=self.client_id)
         if standby:
-            self.handover.standby()
+            self.handover.standby(self._publish)
             spawn(self._tasks, self.handover.take_over())
 
     async def _publish(self, tags: dict[str, str]) -> None:
@@ -231,7 +236,8 @@ class VirtualSubscriber(AgentCalls):
         if method == env.RESUME_METHOD:
             self._resume(query, sink, local)
             return
-        if not local and self._cancelled_early.pop(request_id, None) is not None:
+        if not local and (early := self._cancelled_early) and \
+                early.pop(request_id, None) is not None:
             return  # its caller left (stream_cancel came first): nobody wants the answer
         if tracing.ENABLED:  # a child span of the entry node's; the agent gets its context
             path = tags.get(env.TAG_HTTP_PATH)
@@ -322,6 +328,8 @@ class VirtualSubscriber(AgentCalls):
             # Its Query may still be on the way (a layer need not keep one sender's messages
             # in order): remembered, bounded, so that Query is dropped instead of run.
             early = self._cancelled_early
+            if early is None:
+                early = self._cancelled_early = {}
             early[request_id] = True
             if len(early) > EARLY_CANCELS:
                 del early[next(iter(early))]

@@ -45,13 +45,13 @@ class Channel:
 
 async def test_every_query_is_answered_once_across_the_takeover():
     channel = Channel()
-    old = Handover("old", channel.publish)
-    new = Handover("new", channel.publish)
+    old = Handover("old")
+    new = Handover("new")
     tasks = [channel.subscribe("old", old)]
     for n in range(5):
         await channel.publish({"query": f"before-{n}"})
     tasks.append(channel.subscribe("new", new))
-    new.standby()
+    new.standby(channel.publish)
     taking = asyncio.get_running_loop().create_task(new.take_over())
     for n in range(50):  # Queries keep arriving while the signals cross the channel
         await channel.publish({"query": f"during-{n}"})
@@ -78,8 +78,8 @@ async def test_a_new_owner_nobody_hears_goes_active_after_the_signal_time(monkey
     async def lost(tags: dict[str, str]) -> None:
         sent.append(tags[env.TAG_METHOD])
 
-    new = Handover("new", lost)
-    new.standby()
+    new = Handover("new")
+    new.standby(lost)
     assert not new.active
     await asyncio.wait_for(new.take_over(), 2)
     assert new.active
@@ -89,11 +89,7 @@ async def test_a_new_owner_nobody_hears_goes_active_after_the_signal_time(monkey
 
 async def test_an_old_owner_never_told_drains_after_the_signal_time(monkeypatch):
     monkeypatch.setattr(handover, "HANDOVER_SIGNAL_SECONDS", 0.2)
-
-    async def nowhere(tags: dict[str, str]) -> None:
-        pass
-
-    old = Handover("old", nowhere)
+    old = Handover("old")
     await asyncio.wait_for(old.until_taken_over(), 2)
     assert old.draining and not old.active
 
@@ -102,10 +98,14 @@ async def test_its_own_signals_and_repeats_do_not_drain_it():
     async def nowhere(tags: dict[str, str]) -> None:
         pass
 
-    side = Handover("one", nowhere)
+    side = Handover("one")
+    side.standby(nowhere)
     own = {env.TAG_NONCE: side.nonce}
     assert side.heard({**own, env.TAG_METHOD: env.PROBE_METHOD}) is False
+    assert not side.active
     assert side.heard({**own, env.TAG_METHOD: env.TAKEOVER_METHOD}) is False
+    assert side.active
+    assert side.heard({**own, env.TAG_METHOD: env.TAKEOVER_METHOD}) is False  # a repeat
     assert side.active
     other = {env.TAG_NONCE: "someone-else", env.TAG_METHOD: env.TAKEOVER_METHOD}
     assert side.heard({**other, env.TAG_METHOD: env.PROBE_METHOD}) is False  # a probe: nothing
@@ -113,9 +113,14 @@ async def test_its_own_signals_and_repeats_do_not_drain_it():
     assert side.heard(other) is False  # already draining
 
 
-async def test_take_over_needs_standby_first():
-    async def nowhere(tags: dict[str, str]) -> None:
-        pass
+async def test_an_owner_never_on_standby_takes_no_signal_for_its_own():
+    """Only a new owner has a nonce: a signal naming none, or an empty one, is another's."""
+    for nonce in (None, ""):
+        side = Handover("old")
+        assert side.heard({env.TAG_NONCE: nonce, env.TAG_METHOD: env.TAKEOVER_METHOD}) is True
+        assert side.draining
 
+
+async def test_take_over_needs_standby_first():
     with pytest.raises(RuntimeError):
-        await Handover("x", nowhere).take_over()
+        await Handover("x").take_over()
