@@ -40,15 +40,19 @@ def tenant_exists(*, slug: str) -> bool:
     return slug == DEFAULT_TENANT or Tenant.objects.filter(slug=slug).exists()
 
 
-def shared_tenants(*, agent_pks: list[int]) -> dict[int, tuple[str, ...]]:
+def shared_tenants(*, agent_pks: list[int] | None = None, agents: QuerySet[Agent] | None = None
+                   ) -> dict[int, tuple[str, ...]]:
     """``agent pk -> the tenants it is shared with`` (one query; agents sharing with none are
-    absent)."""
+    absent), for the agents of ``agent_pks`` or of the query ``agents`` (a subquery)."""
     found: dict[int, list[str]] = {}
-    if not agent_pks:
-        return {}
     through = Agent.shared_with.through
-    for pk, tenant in through.objects.filter(agent_id__in=agent_pks).values_list(
-            "agent_id", "tenant_id").order_by("tenant_id"):
+    if agents is not None:
+        shares = through.objects.filter(agent__in=agents)
+    elif agent_pks:
+        shares = through.objects.filter(agent_id__in=agent_pks)
+    else:
+        return {}
+    for pk, tenant in shares.values_list("agent_id", "tenant_id").order_by("tenant_id"):
         found.setdefault(pk, []).append(tenant)
     return {pk: tuple(tenants) for pk, tenants in found.items()}
 
@@ -193,12 +197,12 @@ _ROUTE_COLUMNS = (
 )
 
 
-def _routes(rows, *, pause_every: int = 0) -> list[AgentRoute]:
+def _routes(rows, shared: dict[int, tuple[str, ...]], *, pause_every: int = 0
+            ) -> list[AgentRoute]:
+    """``rows``: :data:`_ROUTE_COLUMNS` (an iterable: a full read streams them);
+    ``shared``: :func:`shared_tenants` of the shared agents among them."""
     # Node ids and owners repeat across thousands of routes: one string each, not one per row.
     intern = sys.intern
-    rows = list(rows)
-    shared = shared_tenants(agent_pks=[row[-1] for row in rows
-                                       if row[-2] == Agent.Visibility.SHARED])
     routes: list[AgentRoute] = []
     append = routes.append
     for count, (
@@ -226,6 +230,8 @@ def _routes(rows, *, pause_every: int = 0) -> list[AgentRoute]:
 
 #: How long a full routing read sleeps every ``pause_every`` rows (see :func:`_routes`).
 _GIL_PAUSE_SECONDS = 0.0005
+#: Rows a full routing read fetches at a time.
+_ROUTE_CHUNK_ROWS = 2000
 
 
 def agent_routes(*, pause_every: int = 0) -> list[AgentRoute]:
@@ -236,9 +242,12 @@ def agent_routes(*, pause_every: int = 0) -> list[AgentRoute]:
     ``pause_every``: a running node's full resync (in a worker thread) lets the event loop's
     thread run every that many rows.
     """
-    return _routes(
-        Agent.objects.routable().values_list(*_ROUTE_COLUMNS), pause_every=pause_every
-    )
+    routable = Agent.objects.routable()
+    shared = shared_tenants(agents=routable.filter(visibility=Agent.Visibility.SHARED))
+    # Streamed in chunks: 100,000 rows of routing columns read into one list first raised the
+    # process's peak memory by tens of MiB on every full resync (bench/scale_bench.py).
+    rows = routable.values_list(*_ROUTE_COLUMNS).iterator(chunk_size=_ROUTE_CHUNK_ROWS)
+    return _routes(rows, shared, pause_every=pause_every)
 
 
 @dataclass(frozen=True)
@@ -283,7 +292,9 @@ def agent_route_changes(*, since: datetime) -> RouteChanges:
     )
     changed = {agent_key(row[9], row[0]) for row in routable}
     gone.update(deleted - changed)
-    return RouteChanges(routes=_routes(routable), gone=sorted(gone))
+    shared = shared_tenants(agent_pks=[row[-2] for row in routable
+                                       if row[-3] == Agent.Visibility.SHARED])
+    return RouteChanges(routes=_routes(routable, shared), gone=sorted(gone))
 
 
 def actor_from_token(*, token: str) -> Actor | None:

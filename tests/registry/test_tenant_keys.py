@@ -186,3 +186,21 @@ def test_tenant_quotas_name_themselves(two_tenants):
         for n in range(2)])
     assert all(isinstance(r, PermissionDenied) for r in results), results
     quotas.forget_tenant_limits()
+
+
+def test_every_read_of_a_shared_agents_route_names_whom_it_is_shared_with(two_tenants):
+    """The route a registration publishes, a full resync's and an incremental resync's agree:
+    watchers (MCP's change notifications) compare them, so a read that lost ``shared_with``
+    announced a change on every resync."""
+    since = timezone.now() - timedelta(seconds=1)
+    secret = _register(two_tenants["beta"], "secret")
+    _register(two_tenants["beta"], "plain")
+    services.agent_update(actor=two_tenants["beta"], agent_id="secret", visibility="shared",
+                          shared_with=["acme"])
+    secret.refresh_from_db()
+    published = selectors.agent_route(secret)
+    full = {r.agent_id: r for r in selectors.agent_routes()}
+    changed = {r.agent_id: r for r in selectors.agent_route_changes(since=since).routes}
+    assert published.shared_with == ("acme",)
+    assert full["beta.secret"] == published and changed["beta.secret"] == published
+    assert full["beta.plain"].shared_with == () == changed["beta.plain"].shared_with
