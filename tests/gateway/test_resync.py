@@ -217,3 +217,36 @@ async def test_table_watchers_hear_what_events_and_resyncs_changed(node):
     await run(_register)("unwatched", lost=False)
 
     assert heard == [{"watched-event"}, {"watched-missed"}, {"watched-missed"}]
+
+
+def _shared_agent() -> tuple:
+    """Tenants acme and beta; beta's agent ``secret`` shared with acme (its event delivered);
+    acme's caller."""
+    for slug in ("acme", "beta"):
+        services.tenant_create(slug=slug)
+    beta = selectors.actor_from_token(token=services.api_client_create(
+        name="beta-reg", scopes=["register"], tenant="beta")[1])
+    acme = selectors.actor_from_token(token=services.api_client_create(
+        name="acme-call", scopes=["call"], tenant="acme")[1])
+    _register("secret", actor=beta, lost=False)
+    services.agent_update(actor=beta, agent_id="secret", visibility="shared",
+                          shared_with=["acme"])
+    return acme
+
+
+async def test_a_shared_agent_stays_in_reach_of_its_tenants_through_every_resync(node):
+    """The tenants an agent is shared with are routing data: a node that reloads its table
+    (every full resync, every start) must still let them call it, and tell the watchers of
+    no change."""
+    acme = await run(_shared_agent)()
+    assert acme.may_call("beta.secret", node.table.get("beta.secret"))
+    heard: list[set[str]] = []
+    unwatch = node.table.watch(lambda ids: heard.append(set(ids)))
+    await node.resync(full=True)
+    await run(Agent.objects.filter(agent_id="secret").update)(routing_changed_at=timezone.now())
+    await _incremental(node)
+    unwatch()
+    route = node.table.get("beta.secret")
+    assert route.shared_with == ("acme",)
+    assert acme.may_call("beta.secret", route)
+    assert heard == []
