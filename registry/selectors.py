@@ -195,6 +195,10 @@ _ROUTE_COLUMNS = (
     "card_sha256", "credential_passthrough", "http_json_url", "tenant_id", "visibility", "pk",
     "push_relay",
 )
+# Where the columns other reads pick out sit in a row (named, so a column added keeps them).
+_AGENT_ID, _EXPIRES_AT, _TENANT, _VISIBILITY, _PK = (
+    _ROUTE_COLUMNS.index(name) for name in ("agent_id", "expires_at", "tenant_id", "visibility",
+                                            "pk"))
 
 
 def _routes(rows, shared: dict[int, tuple[str, ...]], *, pause_every: int = 0
@@ -281,19 +285,19 @@ def agent_route_changes(*, since: datetime) -> RouteChanges:
     routable: list[tuple] = []
     gone: set[str] = set()
     for row in rows:
-        if row[-1] == Agent.Status.ACTIVE and row[4] > now:
+        if row[-1] == Agent.Status.ACTIVE and row[_EXPIRES_AT] > now:
             routable.append(row[:-1])
         else:
-            gone.add(agent_key(row[9], row[0]))
+            gone.add(agent_key(row[_TENANT], row[_AGENT_ID]))
     gone.update(
         agent_key(tenant, agent_id) for tenant, agent_id in
         Agent.objects.filter(status=Agent.Status.ACTIVE, expires_at__lte=now)
         .values_list("tenant_id", "agent_id")
     )
-    changed = {agent_key(row[9], row[0]) for row in routable}
+    changed = {agent_key(row[_TENANT], row[_AGENT_ID]) for row in routable}
     gone.update(deleted - changed)
-    shared = shared_tenants(agent_pks=[row[-2] for row in routable
-                                       if row[-3] == Agent.Visibility.SHARED])
+    shared = shared_tenants(agent_pks=[row[_PK] for row in routable
+                                       if row[_VISIBILITY] == Agent.Visibility.SHARED])
     return RouteChanges(routes=_routes(routable, shared), gone=sorted(gone))
 
 
