@@ -9,7 +9,21 @@ class McpBridgeConfig(AppConfig):
 
     def ready(self) -> None:
         from core import lifecycle as node
-        from mcp_bridge.server import bridge
 
-        node.on_startup(bridge.start)
-        node.on_shutdown(bridge.stop)
+        node.on_startup(_start)
+        node.on_shutdown(_stop)
+
+
+# The bridge's module imports the MCP SDK (about a second of CPU): only a serving node needs
+# it, and its ASGI application has imported it by the time these run. Every other process
+# (manage.py commands, Celery workers) starts without it.
+async def _start() -> None:
+    from mcp_bridge.server import bridge
+
+    await bridge.start()
+
+
+async def _stop() -> None:
+    from mcp_bridge.server import bridge
+
+    await bridge.stop()

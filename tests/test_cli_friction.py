@@ -71,6 +71,18 @@ def _refused(env: dict[str, str]) -> str:
     return last
 
 
+def test_commands_start_without_the_serving_only_libraries(tmp_path):
+    """A command that does not serve (``check``, ``migrate``, ``discover``, a Celery worker)
+    sets Django up without the MCP SDK: importing it costs about a second of CPU on every
+    command, and only a serving node's ASGI application needs it."""
+    code = ("import django, os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', "
+            "'config.settings'); django.setup(); "
+            "print(sorted(m for m in ('mcp', 'mcp_bridge.server') if m in sys.modules))")
+    result = _python(_env(tmp_path), code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
 def test_settings_that_contradict_each_other_refuse_to_start_naming_the_fix(tmp_path, postgres_url):
     env = _env(tmp_path)
     assert "did you mean A2A_SSE_BUFFER_BYTES?" in _refused({**env, "A2A_SSE_BUFER_BYTES": "1"})
