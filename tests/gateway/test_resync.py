@@ -18,7 +18,7 @@ from gateway.layers import InMemoryChannelLayer
 from gateway.runtime import GatewayNode
 from registry import events, selectors, services
 from registry.models import Agent
-from registry.permissions import SYSTEM
+from registry.permissions import SYSTEM, Actor
 from tests.conftest import make_client
 from tests.registry.cards import card_03
 
@@ -219,7 +219,7 @@ async def test_table_watchers_hear_what_events_and_resyncs_changed(node):
     assert heard == [{"watched-event"}, {"watched-missed"}, {"watched-missed"}]
 
 
-def _shared_agent() -> tuple:
+def _shared_agent() -> Actor:
     """Tenants acme and beta; beta's agent ``secret`` shared with acme (its event delivered);
     acme's caller."""
     for slug in ("acme", "beta"):

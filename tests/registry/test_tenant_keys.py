@@ -189,9 +189,10 @@ def test_tenant_quotas_name_themselves(two_tenants):
 
 
 def test_every_read_of_a_shared_agents_route_names_whom_it_is_shared_with(two_tenants):
-    """The route a registration publishes, a full resync's and an incremental resync's agree:
-    watchers (MCP's change notifications) compare them, so a read that lost ``shared_with``
-    announced a change on every resync."""
+    """The route a registration publishes, a full resync's and an incremental resync's agree.
+    The gateway decides a shared agent's reach from its route, and the watchers (MCP's change
+    notifications) compare routes: a resync that lost ``shared_with`` took the agent out of
+    the named tenants' reach and announced a change each time."""
     since = timezone.now() - timedelta(seconds=1)
     secret = _register(two_tenants["beta"], "secret")
     _register(two_tenants["beta"], "plain")
